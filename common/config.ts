@@ -1,0 +1,86 @@
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { z } from 'zod';
+
+// The environment of SPEC section 6, read once at start-up. A bad variable stops
+// the process with one line naming it.
+
+const seconds = (fallback: number) =>
+  z
+    .string()
+    .regex(/^[0-9]+$/, 'must be a whole number of seconds')
+    .transform(Number)
+    .default(fallback);
+
+const hostPort = z
+  .string()
+  .regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:port');
+
+export const Env = z.object({
+  TEMPORAL_ADDRESS: hostPort.optional(),
+  TEMPORAL_NAMESPACE: z.string().min(1).default('default'),
+  STASIS_TASK_QUEUE: z
+    .string()
+    .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
+    .default('stasis'),
+  STASIS_HOST_ID: z
+    .string()
+    .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
+    .default(os.hostname().replace(/[^A-Za-z0-9._-]/g, '-')),
+  STASIS_DATA_DIR: z.string().min(1).default(path.join(process.cwd(), '.stasis')),
+  STASIS_SNAPSHOT_STORE: z.enum(['s3', 'fs']).optional(),
+  STASIS_S3_ENDPOINT: z.url({ message: 'must be a URL such as http://127.0.0.1:9000' }).optional(),
+  STASIS_S3_BUCKET: z.string().min(3).default('stasis'),
+  STASIS_S3_REGION: z.string().min(1).default('us-east-1'),
+  AWS_ACCESS_KEY_ID: z.string().optional(),
+  AWS_SECRET_ACCESS_KEY: z.string().optional(),
+  STASIS_SUSPENDED_RETENTION_SECONDS: seconds(2_592_000),
+  STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS: seconds(86_400),
+  STASIS_HTTP_ADDR: hostPort.default('127.0.0.1:8080'),
+  STASIS_API_TOKENS: z
+    .string()
+    .regex(/^[^:,]+:[^,]+(,[^:,]+:[^,]+)*$/, 'must be name:secret pairs separated by commas')
+    .optional(),
+  /** Extra provider modules to load by path, comma-separated. */
+  STASIS_PROVIDERS: z.string().optional(),
+});
+
+export type Config = z.infer<typeof Env> & { snapshotStore: 's3' | 'fs' };
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(problems.join('\n'));
+    this.name = 'ConfigError';
+  }
+}
+
+/** Reads the configuration; throws ConfigError with one line per bad variable. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const relevant = Object.fromEntries(
+    Object.keys(Env.shape)
+      .filter((key) => env[key] !== undefined && env[key] !== '')
+      .map((key) => [key, env[key]]),
+  );
+  const parsed = Env.safeParse(relevant);
+  if (!parsed.success) {
+    throw new ConfigError(
+      parsed.error.issues.map((issue) => `${String(issue.path[0])}: ${issue.message} (got ${JSON.stringify(relevant[String(issue.path[0])])})`),
+    );
+  }
+  const config = parsed.data;
+  const snapshotStore = config.STASIS_SNAPSHOT_STORE ?? (config.STASIS_S3_ENDPOINT ? 's3' : 'fs');
+  if (snapshotStore === 's3' && !config.STASIS_S3_ENDPOINT && !env.AWS_REGION) {
+    throw new ConfigError(['STASIS_S3_ENDPOINT: must be set when STASIS_SNAPSHOT_STORE is s3 (or set AWS_REGION for AWS S3)']);
+  }
+  return { ...config, STASIS_DATA_DIR: path.resolve(config.STASIS_DATA_DIR), snapshotStore };
+}
+
+/** Parses `STASIS_API_TOKENS` into name → secret. */
+export function parseTokens(tokens: string | undefined): Map<string, string> {
+  const map = new Map<string, string>();
+  for (const pair of (tokens ?? '').split(',').filter(Boolean)) {
+    const at = pair.indexOf(':');
+    map.set(pair.slice(0, at), pair.slice(at + 1));
+  }
+  return map;
+}

@@ -1,0 +1,307 @@
+import { z } from 'zod';
+import { Duration } from './duration';
+
+// The wire types of SPEC sections 1, 2, 3 and 6. Every surface (client, API,
+// workflows, providers) takes its types from here with z.infer.
+
+export const Identifier = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, 'must be letters, digits, ".", "_" or "-"');
+
+export const PauseMode = z.enum(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']);
+export type PauseMode = z.infer<typeof PauseMode>;
+
+export const PauseBehavior = z.enum(['CANCEL', 'CONTINUE', 'DETACH']);
+export const ExecutionAffinity = z.enum(['SANDBOX', 'EXTERNAL']);
+
+export const EnvMap = z.record(
+  z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'),
+  z.string(),
+);
+
+export const Workspace = z.discriminatedUnion('kind', [
+  z.object({ kind: z.literal('isolated') }).strict(),
+  z.object({ kind: z.literal('active'), hostPath: z.string().startsWith('/', 'must be an absolute path') }).strict(),
+]);
+export type Workspace = z.infer<typeof Workspace>;
+
+export const SandboxTemplate = z.string().min(1).max(256);
+
+export const RunPolicy = z
+  .object({
+    pauseMode: z.enum(['auto', 'DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']).optional(),
+    suspendedRetentionSeconds: z.number().int().min(0).optional(),
+    idleTimeout: Duration.optional(),
+    ttl: Duration.optional(),
+  })
+  .strict();
+export type RunPolicy = z.infer<typeof RunPolicy>;
+
+/** A path inside the sandbox workspace: relative, no `..`. */
+export const WorkspacePath = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((p) => !p.startsWith('/') && !p.split('/').includes('..') && !p.includes('\0'), {
+    message: 'must be a relative path inside the workspace without ".."',
+  });
+
+export const ExecStep = z
+  .object({
+    exec: z.string().min(1),
+    pauseBehavior: PauseBehavior.optional(),
+    executionAffinity: ExecutionAffinity.optional(),
+    background: z.boolean().optional(),
+  })
+  .strict();
+export const AskStep = z
+  .object({
+    ask: z.string().min(1),
+    kind: z.enum(['approval', 'input']).optional(),
+    onDeny: z.enum(['fail', 'continue']).optional(),
+  })
+  .strict();
+export const HoldStep = z.object({ hold: z.string().min(1) }).strict();
+export const WriteFileStep = z
+  .object({ writeFile: z.object({ path: WorkspacePath, content: z.string() }).strict() })
+  .strict();
+export const ExpectFileStep = z
+  .object({ expectFile: z.object({ path: WorkspacePath, content: z.string() }).strict() })
+  .strict();
+export const CompleteStep = z.object({ complete: z.unknown() }).strict();
+
+export const SandboxSpec = z
+  .object({
+    provider: z.string().min(1),
+    template: SandboxTemplate.optional(),
+    env: EnvMap.optional(),
+    workspace: Workspace.optional(),
+  })
+  .strict();
+
+export interface RunSpecShape {
+  runId?: string;
+  agent: { driver: 'scripted'; steps: StepShape[] } | { driver: string; input?: unknown };
+  sandbox: z.infer<typeof SandboxSpec>;
+  policy?: RunPolicy;
+  labels?: Record<string, string>;
+}
+export type StepShape =
+  | z.infer<typeof ExecStep>
+  | z.infer<typeof AskStep>
+  | { spawn: RunSpecShape }
+  | z.infer<typeof HoldStep>
+  | z.infer<typeof WriteFileStep>
+  | z.infer<typeof ExpectFileStep>
+  | z.infer<typeof CompleteStep>;
+
+export const Step: z.ZodType<StepShape> = z.lazy(() =>
+  z.union([
+    ExecStep,
+    AskStep,
+    z.object({ spawn: RunSpec }).strict(),
+    HoldStep,
+    WriteFileStep,
+    ExpectFileStep,
+    CompleteStep,
+  ]),
+);
+
+const ScriptedAgent = z.object({ driver: z.literal('scripted'), steps: z.array(Step).min(1) }).strict();
+const OtherAgent = z
+  .object({
+    driver: z
+      .string()
+      .min(1)
+      .refine((d) => d !== 'scripted', { message: 'the scripted driver needs steps' }),
+    input: z.unknown().optional(),
+  })
+  .strict();
+
+export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
+  z
+    .object({
+      runId: Identifier.optional(),
+      agent: z.union([ScriptedAgent, OtherAgent]),
+      sandbox: SandboxSpec,
+      policy: RunPolicy.optional(),
+      labels: z.record(z.string(), z.string()).optional(),
+    })
+    .strict(),
+);
+export type RunSpec = RunSpecShape;
+export type Step = StepShape;
+
+export const Job = z.object({
+  id: z.string(),
+  command: z.string(),
+  pauseBehavior: PauseBehavior,
+  executionAffinity: ExecutionAffinity,
+  background: z.boolean().optional(),
+});
+export type Job = z.infer<typeof Job>;
+
+export const InteractionStatus = z.enum(['pending', 'answered', 'expired', 'cancelled']);
+export const InteractionKind = z.enum(['approval', 'input']);
+
+export const InteractionRequest = z.object({
+  id: z.string(),
+  kind: InteractionKind,
+  prompt: z.string(),
+  options: z.array(z.string()).optional(),
+  createdAt: z.string(),
+  status: InteractionStatus,
+  response: z.unknown().optional(),
+  respondedBy: z.string().optional(),
+  respondedAt: z.string().optional(),
+});
+export type InteractionRequest = z.infer<typeof InteractionRequest>;
+
+/** An answer: an approval decision or free input. */
+export const ApprovalResponse = z
+  .object({ decision: z.enum(['approve', 'deny']), comment: z.string().max(10_000).optional() })
+  .strict();
+export const InputResponse = z.object({ input: z.string().max(1_000_000) }).strict();
+export const InteractionResponse = z.union([ApprovalResponse, InputResponse]);
+export type InteractionResponse = z.infer<typeof InteractionResponse>;
+
+export const RespondInput = z
+  .object({
+    interactionId: z.string().min(1),
+    response: InteractionResponse,
+    respondedBy: z.string().min(1).max(256).optional(),
+  })
+  .strict();
+export type RespondInput = z.infer<typeof RespondInput>;
+
+export const Hashes = z.object({ run: z.string(), spec: z.string(), policy: z.string() });
+export type Hashes = z.infer<typeof Hashes>;
+
+export const SuspensionReason = z.enum(['INTERACTION', 'POLICY_HOLD', 'MANUAL']);
+export type SuspensionReason = z.infer<typeof SuspensionReason>;
+
+export const Suspension = z.object({
+  reason: SuspensionReason,
+  pauseMode: PauseMode,
+  since: z.string(),
+  hashes: Hashes,
+  interactionIds: z.array(z.string()),
+  expiresAt: z.string().optional(),
+});
+export type Suspension = z.infer<typeof Suspension>;
+
+export const Checkpoint = z.object({ uri: z.string(), sha256: z.string(), bytes: z.number().int().nonnegative() });
+export type Checkpoint = z.infer<typeof Checkpoint>;
+
+export const ResourceState = z.enum([
+  'PROVISIONING',
+  'ACTIVE',
+  'RELEASING',
+  'RELEASE_BLOCKED',
+  'RETAINED',
+  'RELEASED',
+  'RESTORING',
+  'DESTROYED',
+]);
+export type ResourceState = z.infer<typeof ResourceState>;
+
+export const ExecutionResourceRecord = z.object({
+  sandboxId: z.string(),
+  provider: z.string(),
+  hostId: z.string().optional(),
+  state: ResourceState,
+  fence: z.number().int().nonnegative(),
+  pauseMode: PauseMode.optional(),
+  checkpoint: Checkpoint.optional(),
+  attempts: z.number().int().nonnegative(),
+  lastError: z.string().optional(),
+  blockedSince: z.string().optional(),
+  releasedAt: z.string().optional(),
+});
+export type ExecutionResourceRecord = z.infer<typeof ExecutionResourceRecord>;
+
+export const RunStatus = z.enum(['RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED']);
+export type RunStatus = z.infer<typeof RunStatus>;
+export const RunPhase = z.enum(['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING']);
+export type RunPhase = z.infer<typeof RunPhase>;
+
+export const RunError = z.object({ code: z.string(), message: z.string() });
+export type RunError = z.infer<typeof RunError>;
+
+/** The user-visible view: never the execution-resource state. */
+export const RunSnapshot = z.object({
+  runId: z.string(),
+  status: RunStatus,
+  interactions: z.array(InteractionRequest),
+  output: z.unknown().optional(),
+  error: RunError.optional(),
+  parentRunId: z.string().optional(),
+  childRunIds: z.array(z.string()),
+});
+export type RunSnapshot = z.infer<typeof RunSnapshot>;
+
+/** The operator view. */
+export const ResourceView = z.object({
+  runId: z.string(),
+  phase: RunPhase,
+  record: ExecutionResourceRecord,
+  suspension: Suspension.optional(),
+  children: z.array(z.object({ runId: z.string(), state: ResourceState })),
+  blockedAgeSeconds: z.number().optional(),
+});
+export type ResourceView = z.infer<typeof ResourceView>;
+
+// Standalone sandboxes (SPEC section 3).
+export const SandboxState = z.enum(['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost']);
+export type SandboxState = z.infer<typeof SandboxState>;
+
+export const SandboxLifecyclePolicy = z.object({ timeout: Duration.optional(), ttl: Duration.optional() }).strict();
+
+export const CreateSandboxInput = z
+  .object({
+    provider: z.string().min(1),
+    template: SandboxTemplate.optional(),
+    env: EnvMap.optional(),
+    workspace: Workspace.optional(),
+    policy: SandboxLifecyclePolicy.optional(),
+  })
+  .strict();
+export type CreateSandboxInput = z.infer<typeof CreateSandboxInput>;
+
+export const ExecInput = z
+  .object({
+    command: z.string().min(1).max(1_000_000),
+    timeoutMs: z.number().int().positive().max(86_400_000).optional(),
+    env: EnvMap.optional(),
+  })
+  .strict();
+export type ExecInput = z.infer<typeof ExecInput>;
+
+export const ExecResult = z.object({ exitCode: z.number().int(), stdout: z.string(), stderr: z.string() });
+export type ExecResult = z.infer<typeof ExecResult>;
+
+export const SandboxView = z.object({
+  sandboxId: z.string(),
+  state: SandboxState,
+  provider: z.string(),
+  hostId: z.string().optional(),
+  createdAt: z.string(),
+  policy: SandboxLifecyclePolicy.optional(),
+  record: ExecutionResourceRecord,
+  error: RunError.optional(),
+});
+export type SandboxView = z.infer<typeof SandboxView>;
+
+export const MetricsSnapshot = z.object({
+  active: z.number(),
+  retained: z.number(),
+  pendingCleanup: z.number(),
+  releaseBlocked: z.number(),
+  failures: z.number(),
+  retries: z.number(),
+  oldestBlockedAgeSeconds: z.number(),
+  releaseLatencyMs: z.object({ count: z.number(), p50: z.number(), p95: z.number(), max: z.number() }),
+});
+export type MetricsSnapshot = z.infer<typeof MetricsSnapshot>;

@@ -1,0 +1,60 @@
+import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
+import type {
+  CreateSandboxInput,
+  ExecInput,
+  ExecResult,
+  InteractionRequest,
+  ResourceState,
+  ResourceView,
+  RespondInput,
+  RunSnapshot,
+  RunSpec,
+  SandboxView,
+} from '../common/schemas';
+import type { SessionAggregate } from './run-state';
+import type { SandboxAggregate } from './sandbox-state';
+
+// Every message of SPEC section 5, defined once and shared by workflows and client.
+
+export interface RunWorkflowInput {
+  spec: RunSpec;
+  parentRunId?: string;
+  /** Set by continue-as-new: the whole session aggregate carried over. */
+  carried?: SessionAggregate;
+}
+
+export interface SandboxWorkflowInput {
+  sandboxId: string;
+  create: CreateSandboxInput;
+  /** STASIS_SUSPENDED_RETENTION_SECONDS of the process that created it (0 = keep). */
+  suspendedRetentionSeconds: number;
+  carried?: SandboxAggregate;
+}
+
+// Runs
+export const respondUpdate = defineUpdate<InteractionRequest, [RespondInput]>('respond');
+export const respondSignal = defineSignal<[RespondInput]>('respondSignal');
+export const suspendRunUpdate = defineUpdate<RunSnapshot, []>('suspend');
+export const resumeRunUpdate = defineUpdate<RunSnapshot, []>('resume');
+export const snapshotQuery = defineQuery<RunSnapshot>('snapshot');
+export const resourceQuery = defineQuery<ResourceView>('resource');
+/** A child Run reports its record state to its parent. */
+export const childStateSignal = defineSignal<[{ runId: string; state: ResourceState }]>('childState');
+
+// Standalone sandboxes
+export const startSandboxUpdate = defineUpdate<SandboxView, []>('start');
+export const stopSandboxUpdate = defineUpdate<SandboxView, []>('stop');
+export const pauseSandboxUpdate = defineUpdate<SandboxView, []>('pause');
+export const resumeSandboxUpdate = defineUpdate<SandboxView, []>('resume');
+export const suspendSandboxUpdate = defineUpdate<SandboxView, []>('suspend');
+export const destroySandboxUpdate = defineUpdate<SandboxView, []>('destroy');
+export const execSandboxUpdate = defineUpdate<ExecResult, [ExecInput]>('exec');
+/** Files travel base64-encoded inside the update payload, up to FILE_LIMIT_BYTES. */
+export const readFileUpdate = defineUpdate<{ contentBase64: string }, [{ path: string }]>('readFile');
+export const writeFileUpdate = defineUpdate<void, [{ path: string; contentBase64: string }]>('writeFile');
+export const sandboxQuery = defineQuery<SandboxView>('sandbox');
+
+/** Largest file the sandbox file routes carry through a Temporal payload. */
+export const FILE_LIMIT_BYTES = 1024 * 1024;
+
+export const sandboxWorkflowId = (sandboxId: string): string => `sandbox-${sandboxId}`;
