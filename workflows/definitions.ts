@@ -53,6 +53,8 @@ export const execSandboxUpdate = defineUpdate<ExecResult, [ExecInput]>('exec');
 export const readFileUpdate = defineUpdate<{ contentBase64: string }, [{ path: string }]>('readFile');
 export const writeFileUpdate = defineUpdate<void, [{ path: string; contentBase64: string }]>('writeFile');
 export const sandboxQuery = defineQuery<SandboxView>('sandbox');
+/** The host's worker, after a restart, reports whether the sandbox's processes survived. */
+export const reconcileSignal = defineSignal<[{ hostId: string; alive: boolean }]>('reconcile');
 
 /** Largest file the sandbox file routes carry through a Temporal payload. */
 export const FILE_LIMIT_BYTES = 1024 * 1024;

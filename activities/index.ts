@@ -1,0 +1,12 @@
+import { withFailures } from './failures';
+import { createProviderActivities, type ProviderActivityDeps } from './provider';
+import { createSharedActivities, type SharedActivityDeps } from './shared';
+
+export type ActivityDeps = ProviderActivityDeps & SharedActivityDeps;
+
+/** Every activity of a worker; provider errors cross as typed, retry-aware failures. */
+export function createActivities(deps: ActivityDeps) {
+  return withFailures({ ...createProviderActivities(deps), ...createSharedActivities(deps) });
+}
+
+export type Activities = ReturnType<typeof createActivities>;

@@ -1,0 +1,122 @@
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import type {
+  Capabilities,
+  ExecOutcome,
+  FencedRequest,
+  ProviderExecRequest,
+  ProvisionRequest,
+  RequestContext,
+  RestoreRequest,
+  RestoreResult,
+  SandboxProvider,
+  SandboxReleaseReceipt,
+  SandboxReleaseRequest,
+} from '../providers/api';
+import { receiptConfirms } from '../workflows/lifecycle';
+import type { WorkerMetrics } from './metrics';
+
+// Thin adapters from the coordinator to the provider registry. They run on the
+// host's own task queue (`<queue>@<hostId>`), or on the shared queue when any
+// host will do (provision, restore elsewhere).
+
+export interface ProviderActivityDeps {
+  hostId: string;
+  provider(name: string): SandboxProvider;
+  metrics: WorkerMetrics;
+}
+
+export interface Owner {
+  provider: string;
+  ownerId: string;
+  labels?: Record<string, string>;
+}
+
+export type SandboxOpName = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
+
+const HEARTBEAT_MS = 5_000;
+
+export function createProviderActivities(deps: ProviderActivityDeps) {
+  /** Runs a provider call with the activity's cancellation and a steady heartbeat. */
+  async function call<T>(owner: Owner, fn: (p: SandboxProvider, ctx: RequestContext) => Promise<T>): Promise<T> {
+    const activity = Context.current();
+    deps.metrics.recordAttempt(activity.info.attempt);
+    const ctx: RequestContext = {
+      ownerId: owner.ownerId,
+      hostId: deps.hostId,
+      ...(owner.labels ? { labels: owner.labels } : {}),
+      signal: activity.cancellationSignal,
+      heartbeat: (details?: unknown) => activity.heartbeat(details),
+    };
+    const timer = setInterval(() => activity.heartbeat(), HEARTBEAT_MS);
+    try {
+      return await fn(deps.provider(owner.provider), ctx);
+    } catch (err) {
+      deps.metrics.recordFailure();
+      throw err;
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
+  return {
+    async provisionSandbox(
+      input: Owner & { request: ProvisionRequest; start: boolean },
+    ): Promise<{ hostId: string; capabilities: Capabilities }> {
+      return call(input, async (p, ctx) => {
+        await p.provision(input.request, ctx);
+        if (input.start) await p.start({ sandboxId: input.request.sandboxId, fence: input.request.fence }, ctx);
+        return { hostId: deps.hostId, capabilities: p.capabilities };
+      });
+    },
+
+    async sandboxOp(input: Owner & { op: SandboxOpName; request: FencedRequest }): Promise<void> {
+      await call(input, (p, ctx) => p[input.op](input.request, ctx));
+    },
+
+    async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {
+      return call(input, (p, ctx) => p.exec(input.request, ctx));
+    },
+
+    async releaseSandbox(
+      input: Owner & { request: SandboxReleaseRequest },
+    ): Promise<SandboxReleaseReceipt & { attempt: number }> {
+      const info = Context.current().info;
+      const receipt = await call(input, (p, ctx) => p.release(input.request, ctx));
+      if (!receiptConfirms(input.request.mode, receipt)) {
+        deps.metrics.recordFailure();
+        // Retried by Temporal: a release counts only when the receipt confirms it.
+        throw ApplicationFailure.create({
+          type: 'COMPUTE_NOT_RELEASED',
+          message: `provider receipt for ${input.request.mode} says computeReleased=${receipt.computeReleased}`,
+        });
+      }
+      deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
+      return { ...receipt, attempt: info.attempt };
+    },
+
+    async restoreSandbox(
+      input: Owner & { request: RestoreRequest },
+    ): Promise<RestoreResult & { hostId: string; capabilities: Capabilities }> {
+      return call(input, async (p, ctx) => ({
+        ...(await p.restore(input.request, ctx)),
+        hostId: deps.hostId,
+        capabilities: p.capabilities,
+      }));
+    },
+
+    async readSandboxFile(input: Owner & { sandboxId: string; path: string }): Promise<{ contentBase64: string }> {
+      return call(input, async (p, ctx) => ({
+        contentBase64: (await p.readFile({ sandboxId: input.sandboxId, path: input.path }, ctx)).toString('base64'),
+      }));
+    },
+
+    async writeSandboxFile(input: Owner & { sandboxId: string; path: string; contentBase64: string }): Promise<void> {
+      await call(input, (p, ctx) =>
+        p.writeFile({ sandboxId: input.sandboxId, path: input.path, content: Buffer.from(input.contentBase64, 'base64') }, ctx),
+      );
+    },
+  };
+}
+
+export type ProviderActivities = ReturnType<typeof createProviderActivities>;

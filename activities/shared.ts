@@ -1,0 +1,71 @@
+import { spawn } from 'node:child_process';
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import { AgentAction, type AgentDriver, type AgentStepInput, type AgentStepOutput } from '../drivers/api';
+import type { ExecResult } from '../common/schemas';
+import type { CheckpointStore } from '../stores/api';
+
+// Host-independent activities on the shared task queue.
+
+export interface SharedActivityDeps {
+  drivers: Map<string, AgentDriver>;
+  store: CheckpointStore;
+}
+
+const OUTPUT_LIMIT = 1024 * 1024;
+
+export function createSharedActivities(deps: SharedActivityDeps) {
+  return {
+    /** One agent step: the driver's answer, validated before the workflow sees it. */
+    async agentStep(input: AgentStepInput & { driver: string }): Promise<AgentStepOutput> {
+      const driver = deps.drivers.get(input.driver);
+      if (!driver) {
+        throw ApplicationFailure.create({
+          type: 'NOT_FOUND',
+          message: `agent driver ${JSON.stringify(input.driver)} is not registered on this worker`,
+          nonRetryable: true,
+        });
+      }
+      const out = await driver.step(input);
+      const action = AgentAction.safeParse(out.action);
+      if (!action.success) {
+        throw ApplicationFailure.create({
+          type: 'INVALID_ARGUMENT',
+          message: `driver ${input.driver} answered an invalid action: ${action.error.message}`,
+          nonRetryable: true,
+        });
+      }
+      return { action: action.data, state: out.state };
+    },
+
+    async deleteCheckpoint(input: { uri: string }): Promise<void> {
+      await deps.store.delete(input.uri);
+    },
+
+    /** An EXTERNAL job runs beside the sandbox, never in it, so it never holds its compute. */
+    async runExternalJob(input: { command: string; env?: Record<string, string> }): Promise<ExecResult> {
+      const activity = Context.current();
+      return new Promise((resolve, reject) => {
+        const child = spawn('/bin/sh', ['-c', input.command], {
+          env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...input.env },
+          signal: activity.cancellationSignal,
+        });
+        let stdout = '';
+        let stderr = '';
+        child.stdout.on('data', (d: Buffer) => (stdout = (stdout + d.toString()).slice(0, OUTPUT_LIMIT)));
+        child.stderr.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(0, OUTPUT_LIMIT)));
+        const beat = setInterval(() => activity.heartbeat(), 5_000);
+        child.on('error', (err) => {
+          clearInterval(beat);
+          reject(err);
+        });
+        child.on('close', (code) => {
+          clearInterval(beat);
+          resolve({ exitCode: code ?? 1, stdout, stderr });
+        });
+      });
+    },
+  };
+}
+
+export type SharedActivities = ReturnType<typeof createSharedActivities>;

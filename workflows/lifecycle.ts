@@ -1,0 +1,261 @@
+// The lifecycle rules of Stasis as pure functions: which transitions are legal,
+// which pause mode applies, whether release is blocked, what a receipt means,
+// how a resume proceeds, which answers are accepted. Workflows are thin shells
+// around these; every rule is unit-tested table by table without Temporal.
+import type { ErrorCode } from '../common/errors';
+import { canonicalJson } from '../common/hashes';
+import type {
+  ExecutionResourceRecord,
+  InteractionRequest,
+  Job,
+  PauseMode,
+  ResourceState,
+  RunStatus,
+  SandboxState,
+  SuspensionReason,
+  Workspace,
+} from '../common/schemas';
+
+export interface Rejection {
+  code: ErrorCode;
+  message: string;
+}
+
+// ---------------------------------------------------------------- sandboxes
+
+export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose';
+
+/** Legal transitions of SPEC section 3 (and of 002_...txt). */
+export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: SandboxState }> = {
+  start: { from: ['created', 'stopped'], to: 'running' },
+  stop: { from: ['running'], to: 'stopped' },
+  pause: { from: ['running'], to: 'paused' },
+  resume: { from: ['paused', 'suspended'], to: 'running' },
+  suspend: { from: ['running'], to: 'suspended' },
+  destroy: { from: ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'], to: 'destroyed' },
+  fail: { from: ['running'], to: 'failed' },
+  lose: { from: ['running', 'paused'], to: 'lost' },
+};
+
+/** Operations that answer with the current state when already there (idempotent). */
+const IDEMPOTENT_AT: Partial<Record<SandboxOp, SandboxState>> = { suspend: 'suspended', resume: 'running' };
+
+export type SandboxDecision = { kind: 'transition'; to: SandboxState } | { kind: 'noop' } | { kind: 'reject'; rejection: Rejection };
+
+export interface SandboxFacts {
+  state: SandboxState;
+  /** A state change is in progress: a second one gets 409 (one wins). */
+  changing: boolean;
+  /** Commands running now. */
+  runningExecs: number;
+  /** Retention expired: the sandbox's route is stale. */
+  expired: boolean;
+}
+
+export const INVALID_TRANSITION: Rejection = {
+  code: 'INVALID_STATE_TRANSITION',
+  message: 'sandbox: invalid state transition',
+};
+
+export function decideSandboxOp(facts: SandboxFacts, op: SandboxOp): SandboxDecision {
+  if (facts.state === 'destroyed') return reject('NOT_FOUND', 'sandbox: not found (destroyed)');
+  if (facts.expired && op !== 'destroy') {
+    return reject('STALE_SANDBOX_ROUTE', 'sandbox: suspended past retention; its route is stale');
+  }
+  if (facts.changing) return reject('INVALID_STATE_TRANSITION', 'sandbox: another state change is in progress');
+  if (IDEMPOTENT_AT[op] === facts.state) return { kind: 'noop' };
+  const rule = SANDBOX_TRANSITIONS[op];
+  if (!rule.from.includes(facts.state)) return { kind: 'reject', rejection: INVALID_TRANSITION };
+  if (op === 'suspend' && facts.runningExecs > 0) {
+    return reject('SANDBOX_SUSPEND_BUSY', `sandbox: ${facts.runningExecs} command(s) running; suspend refused`);
+  }
+  return { kind: 'transition', to: rule.to };
+}
+
+/** Exec is admitted on the same facts that suspend decides on. */
+export function decideExec(facts: SandboxFacts): Rejection | undefined {
+  if (facts.state === 'destroyed') return { code: 'NOT_FOUND', message: 'sandbox: not found (destroyed)' };
+  if (facts.expired) return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
+  if (facts.changing) return { code: 'INVALID_STATE_TRANSITION', message: 'sandbox: a state change is in progress' };
+  if (facts.state !== 'running') {
+    return { code: 'INVALID_STATE_TRANSITION', message: `sandbox: cannot exec while ${facts.state}` };
+  }
+  return undefined;
+}
+
+/** File access needs a workspace on a host: not after release or destroy. */
+export function decideFileAccess(facts: SandboxFacts): Rejection | undefined {
+  if (facts.state === 'destroyed') return { code: 'NOT_FOUND', message: 'sandbox: not found (destroyed)' };
+  if (facts.expired) return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
+  if (facts.state === 'suspended' || facts.state === 'lost' || facts.changing) {
+    return { code: 'INVALID_STATE_TRANSITION', message: `sandbox: files are not reachable while ${facts.changing ? 'changing state' : facts.state}` };
+  }
+  return undefined;
+}
+
+// ---------------------------------------------------------------- pause modes
+
+export interface PauseModeFacts {
+  reason: SuspensionReason;
+  workspace: Workspace['kind'];
+  policyPauseMode?: 'auto' | PauseMode;
+  advertised: PauseMode[];
+}
+
+/** `retained` means no advertised mode is safe: keep the sandbox rather than fake one. */
+export type PauseDecision = { kind: 'release'; mode: PauseMode } | { kind: 'retain'; wanted: PauseMode; why: string };
+
+export function choosePauseMode(facts: PauseModeFacts): PauseDecision {
+  let wanted: PauseMode;
+  if (facts.policyPauseMode && facts.policyPauseMode !== 'auto') wanted = facts.policyPauseMode;
+  else if (facts.reason === 'POLICY_HOLD') wanted = 'DETACH';
+  else wanted = facts.workspace === 'active' ? 'TERMINATE' : 'SNAPSHOT_AND_TERMINATE';
+  // Terminating an isolated workspace without a snapshot would lose it.
+  if (wanted === 'TERMINATE' && facts.workspace === 'isolated') wanted = 'SNAPSHOT_AND_TERMINATE';
+  if (facts.advertised.includes(wanted)) return { kind: 'release', mode: wanted };
+  return { kind: 'retain', wanted, why: `provider does not advertise ${wanted}` };
+}
+
+// ---------------------------------------------------------------- release blocking
+
+export interface JobState extends Job {
+  status: 'running' | 'succeeded' | 'failed' | 'cancelled';
+}
+
+/** Jobs that keep compute busy across a suspension: CONTINUE/DETACH with SANDBOX affinity. */
+export function blockingJobs(jobs: JobState[]): JobState[] {
+  return jobs.filter(
+    (j) => j.status === 'running' && j.executionAffinity === 'SANDBOX' && (j.pauseBehavior === 'CONTINUE' || j.pauseBehavior === 'DETACH'),
+  );
+}
+
+/** Background CANCEL jobs are cancelled when the Run suspends. */
+export function jobsToCancel(jobs: JobState[]): JobState[] {
+  return jobs.filter((j) => j.status === 'running' && j.pauseBehavior === 'CANCEL' && j.executionAffinity === 'SANDBOX');
+}
+
+const SETTLED: ResourceState[] = ['RELEASED', 'DESTROYED'];
+
+/** A parent's release waits until every child's record is released (or gone). */
+export function blockingChildren(children: { runId: string; state: ResourceState }[]): string[] {
+  return children.filter((c) => !SETTLED.includes(c.state)).map((c) => c.runId);
+}
+
+export function isReleaseBlocked(jobs: JobState[], children: { runId: string; state: ResourceState }[]): boolean {
+  return blockingJobs(jobs).length > 0 || blockingChildren(children).length > 0;
+}
+
+// ---------------------------------------------------------------- receipts and retries
+
+/** Temporal retry for release: 1 s doubling to 5 min, no attempt limit. */
+export const RELEASE_RETRY = {
+  initialInterval: '1s',
+  backoffCoefficient: 2,
+  maximumInterval: '5m',
+  maximumAttempts: 0,
+  nonRetryableErrorTypes: ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT'],
+} as const;
+
+/** The backoff Temporal applies before attempt `attempt` (1-based), in ms. */
+export function releaseBackoffMs(attempt: number): number {
+  if (attempt <= 1) return 0;
+  return Math.min(1_000 * 2 ** (attempt - 2), 300_000);
+}
+
+/** Whether a receipt confirms the release. DETACH never frees compute, so it needs no confirmation. */
+export function receiptConfirms(mode: PauseMode, receipt: { computeReleased: boolean; mode: PauseMode }): boolean {
+  if (receipt.mode !== mode) return false;
+  return mode === 'DETACH' || receipt.computeReleased;
+}
+
+export const releaseIdempotencyKey = (ownerId: string, sandboxId: string, fence: number): string =>
+  `${ownerId}/${sandboxId}/${fence}/release`;
+
+// ---------------------------------------------------------------- resume
+
+export type ResumePlan =
+  | { kind: 'attach' }
+  | { kind: 'reprovision' }
+  | { kind: 'restore'; preferHost?: string }
+  | { kind: 'none'; why: string };
+
+/** How a suspended sandbox comes back, from the state its record reached. */
+export function planResume(record: ExecutionResourceRecord): ResumePlan {
+  switch (record.state) {
+    case 'RETAINED':
+    case 'ACTIVE':
+    case 'RELEASING':
+    case 'RELEASE_BLOCKED':
+      // Nothing was released (or the release was cancelled before its receipt): the sandbox lives.
+      return { kind: 'attach' };
+    case 'RELEASED':
+      if (record.pauseMode === 'DETACH') return { kind: 'attach' };
+      if (record.pauseMode === 'TERMINATE') return { kind: 'reprovision' };
+      return { kind: 'restore', preferHost: record.hostId };
+    default:
+      return { kind: 'none', why: `record is ${record.state}` };
+  }
+}
+
+export interface HashSet {
+  run: string;
+  spec: string;
+  policy: string;
+}
+
+/** Names which of run/spec/policy differ between what is computed now and what was stored. */
+export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | undefined)[]): string[] {
+  const bad = new Set<string>();
+  for (const s of stored) {
+    if (!s) continue;
+    for (const k of ['run', 'spec', 'policy'] as const) {
+      if (s[k] !== undefined && s[k] !== now[k]) bad.add(k);
+    }
+  }
+  return [...bad];
+}
+
+// ---------------------------------------------------------------- interactions
+
+export interface AnsweredBy {
+  updateId?: string;
+}
+
+/**
+ * The respond validator: unknown interaction, already answered (unless the identical
+ * answer under the same update id), wrong payload kind, or an expired Run.
+ */
+export function checkRespond(
+  run: { status: RunStatus; interactions: InteractionRequest[]; answeredBy: Record<string, AnsweredBy> },
+  input: { interactionId: string; response: unknown },
+  updateId: string | undefined,
+): Rejection | 'duplicate' | undefined {
+  if (run.status === 'EXPIRED') return { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; answers are no longer accepted' };
+  const interaction = run.interactions.find((i) => i.id === input.interactionId);
+  if (!interaction) return { code: 'NOT_FOUND', message: `interaction ${input.interactionId} not found` };
+  if (interaction.status === 'answered') {
+    const sameUpdate = updateId !== undefined && run.answeredBy[interaction.id]?.updateId === updateId;
+    if (sameUpdate && sameJson(interaction.response, input.response)) return 'duplicate';
+    return { code: 'ALREADY_ANSWERED', message: `interaction ${interaction.id} was already answered` };
+  }
+  if (interaction.status !== 'pending') return { code: 'ALREADY_ANSWERED', message: `interaction ${interaction.id} is ${interaction.status}` };
+  const isApproval = typeof input.response === 'object' && input.response !== null && 'decision' in input.response;
+  if (interaction.kind === 'approval' && !isApproval) {
+    return { code: 'INVALID_ARGUMENT', message: 'response.decision: required for an approval (approve or deny)' };
+  }
+  if (interaction.kind === 'input' && isApproval) {
+    return { code: 'INVALID_ARGUMENT', message: 'response.input: required for an input interaction' };
+  }
+  if (['COMPLETED', 'FAILED', 'CANCELLED'].includes(run.status)) {
+    return { code: 'INVALID_STATE_TRANSITION', message: `run is ${run.status}` };
+  }
+  return undefined;
+}
+
+function sameJson(a: unknown, b: unknown): boolean {
+  return canonicalJson(a) === canonicalJson(b);
+}
+
+function reject(code: ErrorCode, message: string): SandboxDecision {
+  return { kind: 'reject', rejection: { code, message } };
+}

@@ -1,0 +1,76 @@
+import type {
+  ExecutionResourceRecord,
+  InteractionRequest,
+  ResourceState,
+  ResourceView,
+  RunError,
+  RunPhase,
+  RunSnapshot,
+  RunSpec,
+  RunStatus,
+  Suspension,
+} from '../common/schemas';
+import type { Capabilities } from '../providers/api';
+import type { AnsweredBy, HashSet, JobState } from './lifecycle';
+
+/** The agent driver's opaque state after its last step, plus the step index and the hashes it was taken under. */
+export interface AgentCheckpoint {
+  state: unknown;
+  stepIndex: number;
+  hashes: HashSet;
+}
+
+/** The Run's durable state. Temporal history is its store; continue-as-new carries it whole. */
+export interface SessionAggregate {
+  runId: string;
+  spec: RunSpec;
+  parentRunId?: string;
+  hashes: HashSet;
+  status: RunStatus;
+  phase: RunPhase;
+  interactions: InteractionRequest[];
+  answeredBy: Record<string, AnsweredBy>;
+  checkpoint: AgentCheckpoint;
+  lastResult?: unknown;
+  suspension?: Suspension;
+  record: ExecutionResourceRecord;
+  capabilities?: Capabilities;
+  jobs: JobState[];
+  children: { runId: string; state: ResourceState }[];
+  output?: unknown;
+  error?: RunError;
+  /** Absolute time (ms) at which policy.ttl ends the Run; kept across continue-as-new. */
+  ttlDeadlineMs?: number;
+  jobCounter: number;
+}
+
+/** Read-only views of the aggregate: the user snapshot never shows resource state. */
+export function toSnapshot(run: SessionAggregate): RunSnapshot {
+  return {
+    runId: run.runId,
+    status: run.status,
+    interactions: run.interactions,
+    ...(run.output !== undefined ? { output: run.output } : {}),
+    ...(run.error ? { error: run.error } : {}),
+    ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
+    childRunIds: run.children.map((c) => c.runId),
+  };
+}
+
+export function toResourceView(run: SessionAggregate, nowMs: number): ResourceView {
+  const blockedSince = run.record.blockedSince ? Date.parse(run.record.blockedSince) : undefined;
+  return {
+    runId: run.runId,
+    phase: run.phase,
+    record: run.record,
+    ...(run.suspension ? { suspension: run.suspension } : {}),
+    children: run.children,
+    ...(blockedSince !== undefined ? { blockedAgeSeconds: Math.max(0, Math.round((nowMs - blockedSince) / 1000)) } : {}),
+  };
+}
+
+export const pendingInteractions = (run: SessionAggregate): InteractionRequest[] =>
+  run.interactions.filter((i) => i.status === 'pending');
+
+export const isTerminal = (status: RunStatus): boolean =>
+  status === 'COMPLETED' || status === 'FAILED' || status === 'CANCELLED' || status === 'EXPIRED';

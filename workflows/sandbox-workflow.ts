@@ -1,0 +1,324 @@
+import {
+  ApplicationFailure,
+  allHandlersFinished,
+  condition,
+  continueAsNew,
+  log,
+  proxyActivities,
+  setHandler,
+  workflowInfo,
+} from '@temporalio/workflow';
+import type { UpdateDefinition } from '@temporalio/common';
+import type { Activities } from '../activities';
+import { durationMs } from '../common/duration';
+import type { SandboxView } from '../common/schemas';
+import { ExecutionBindingLifecycleCoordinator, failureCode, failureMessage } from './coordinator';
+import {
+  FILE_LIMIT_BYTES,
+  destroySandboxUpdate,
+  execSandboxUpdate,
+  pauseSandboxUpdate,
+  readFileUpdate,
+  reconcileSignal,
+  resumeSandboxUpdate,
+  sandboxQuery,
+  startSandboxUpdate,
+  stopSandboxUpdate,
+  suspendSandboxUpdate,
+  writeFileUpdate,
+  type SandboxWorkflowInput,
+} from './definitions';
+import { choosePauseMode, decideExec, decideFileAccess, decideSandboxOp, type Rejection, type SandboxOp } from './lifecycle';
+import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
+import { nowIso, nowMs } from './clock';
+import { publishSandbox } from './visibility';
+import { ExecInput } from '../common/schemas';
+import { describeIssues } from '../common/errors';
+
+const shared = proxyActivities<Activities>({ startToCloseTimeout: '5m', retry: { maximumInterval: '1m' } });
+
+/** How long a suspend update waits for the receipt before answering with the state so far. */
+const SUSPEND_ANSWER_MS = 60_000;
+
+/** A standalone sandbox (SPEC section 3): an entity workflow around the coordinator. */
+export async function sandboxWorkflow(input: SandboxWorkflowInput): Promise<SandboxView> {
+  return new SandboxEntity(input).run();
+}
+
+class SandboxEntity {
+  readonly s: SandboxAggregate;
+  readonly sandbox: ExecutionBindingLifecycleCoordinator;
+  private changing = false;
+  private runningExecs = 0;
+  private ready: boolean;
+  /** Bumped on every change so the main loop re-plans its timers. */
+  private epoch = 0;
+
+  constructor(private readonly input: SandboxWorkflowInput) {
+    this.s = input.carried ?? {
+      sandboxId: input.sandboxId,
+      create: input.create,
+      createdAt: nowIso(),
+      state: 'created',
+      record: { sandboxId: input.sandboxId, provider: input.create.provider, state: 'PROVISIONING', fence: 0, attempts: 0 },
+      expired: false,
+      lastActivityMs: nowMs(),
+      ...(input.create.policy?.ttl ? { ttlDeadlineMs: nowMs() + durationMs(input.create.policy.ttl) } : {}),
+    };
+    this.ready = input.carried !== undefined;
+    this.sandbox = new ExecutionBindingLifecycleCoordinator(
+      this.s.record,
+      {
+        ownerId: `sandbox-${this.s.sandboxId}`,
+        provider: this.s.create.provider,
+        ...(this.s.create.template ? { template: this.s.create.template } : {}),
+        ...(this.s.create.env ? { env: this.s.create.env } : {}),
+        workspace: this.s.create.workspace ?? { kind: 'isolated' },
+      },
+      () => this.changed(),
+    );
+    if (this.s.capabilities) this.sandbox.capabilities = this.s.capabilities;
+    this.setHandlers();
+  }
+
+  private facts() {
+    return sandboxFacts(this.s, this.changing, this.runningExecs);
+  }
+
+  private view(): SandboxView {
+    return toSandboxView(this.s);
+  }
+
+  private changed(): void {
+    this.epoch += 1;
+    publishSandbox(this.s);
+  }
+
+  private setHandlers(): void {
+    setHandler(sandboxQuery, () => this.view());
+    this.transition(startSandboxUpdate, 'start', () => this.sandbox.op('start'));
+    this.transition(stopSandboxUpdate, 'stop', () => this.sandbox.op('stop'));
+    this.transition(pauseSandboxUpdate, 'pause', () => this.sandbox.op('pause'), () => this.sandbox.capabilities?.pause === false ? 'pause' : undefined);
+    this.transition(resumeSandboxUpdate, 'resume', () => this.resume());
+    this.transition(suspendSandboxUpdate, 'suspend', () => this.suspend(), () => (this.suspendDecision().kind === 'retain' ? 'suspend' : undefined));
+    this.transition(destroySandboxUpdate, 'destroy', () => this.destroy());
+
+    setHandler(
+      execSandboxUpdate,
+      async (request) => {
+        this.runningExecs += 1;
+        this.s.lastActivityMs = nowMs();
+        this.changed();
+        try {
+          await condition(() => this.ready);
+          return await this.sandbox.exec(`exec-${workflowInfo().historyLength}-${this.epoch}`, request.command, {
+            ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
+            ...(request.env ? { env: request.env } : {}),
+          });
+        } catch (err) {
+          throw asFailure(err);
+        } finally {
+          this.runningExecs -= 1;
+          this.s.lastActivityMs = nowMs();
+          this.changed();
+        }
+      },
+      {
+        validator: (request) => {
+          const parsed = ExecInput.safeParse(request);
+          if (!parsed.success) throw failure({ code: 'INVALID_ARGUMENT', message: describeIssues(parsed.error.issues) });
+          const rejection = decideExec(this.facts());
+          if (rejection) throw failure(rejection);
+        },
+      },
+    );
+
+    setHandler(
+      readFileUpdate,
+      async ({ path }) => {
+        this.s.lastActivityMs = nowMs();
+        await condition(() => this.ready);
+        return { contentBase64: await this.sandbox.readFile(path).catch((err: unknown) => Promise.reject(asFailure(err))) };
+      },
+      { validator: ({ path }) => this.checkFile(path) },
+    );
+    setHandler(
+      writeFileUpdate,
+      async ({ path, contentBase64 }) => {
+        this.s.lastActivityMs = nowMs();
+        await condition(() => this.ready);
+        await this.sandbox.writeFile(path, contentBase64).catch((err: unknown) => Promise.reject(asFailure(err)));
+      },
+      {
+        validator: ({ path, contentBase64 }) => {
+          this.checkFile(path);
+          if (typeof contentBase64 !== 'string' || (contentBase64.length * 3) / 4 > FILE_LIMIT_BYTES) {
+            throw failure({ code: 'PAYLOAD_TOO_LARGE', message: `file content must be at most ${FILE_LIMIT_BYTES} bytes` });
+          }
+        },
+      },
+    );
+
+    setHandler(reconcileSignal, ({ hostId, alive }) => {
+      if (alive || hostId !== this.s.record.hostId || this.changing) return;
+      if (decideSandboxOp(this.facts(), 'lose').kind === 'transition') {
+        this.s.state = 'lost';
+        this.s.error = { code: 'LOST', message: `host ${hostId} restarted and the sandbox's processes did not survive` };
+        this.changed();
+      }
+    });
+  }
+
+  private checkFile(path: unknown): void {
+    if (typeof path !== 'string' || path.length === 0) throw failure({ code: 'INVALID_ARGUMENT', message: 'path: required' });
+    const rejection = decideFileAccess(this.facts());
+    if (rejection) throw failure(rejection);
+  }
+
+  /** One update per state change; the validator rejects before anything is written to history. */
+  private transition(
+    def: UpdateDefinition<SandboxView, []>,
+    op: SandboxOp,
+    perform: () => Promise<void>,
+    unsupported: () => string | undefined = () => undefined,
+  ): void {
+    setHandler(
+      def,
+      async () => {
+        const decision = decideSandboxOp(this.facts(), op);
+        if (decision.kind !== 'transition') return this.view();
+        this.changing = true;
+        this.changed();
+        try {
+          await condition(() => this.ready);
+          await perform();
+          this.s.state = decision.to;
+          this.s.lastActivityMs = nowMs();
+          return this.view();
+        } catch (err) {
+          throw asFailure(err);
+        } finally {
+          this.changing = false;
+          this.changed();
+        }
+      },
+      {
+        validator: () => {
+          const decision = decideSandboxOp(this.facts(), op);
+          if (decision.kind === 'reject') throw failure(decision.rejection);
+          const missing = decision.kind === 'transition' ? unsupported() : undefined;
+          if (missing) throw failure({ code: 'NOT_SUPPORTED', message: `provider ${this.s.create.provider} does not support ${missing}` });
+        },
+      },
+    );
+  }
+
+  private suspendDecision() {
+    return choosePauseMode({
+      reason: 'MANUAL',
+      workspace: this.s.create.workspace?.kind ?? 'isolated',
+      advertised: this.sandbox.capabilities?.pauseModes ?? [],
+    });
+  }
+
+  private async suspend(): Promise<void> {
+    const decision = this.suspendDecision();
+    if (decision.kind === 'retain') throw failure({ code: 'NOT_SUPPORTED', message: decision.why });
+    this.sandbox.startRelease(decision.mode, 'MANUAL', { sandboxid: this.s.sandboxId }, () => false);
+    this.s.suspendedAtMs = nowMs();
+    await condition(() => this.s.record.state === 'RELEASED' || this.s.record.lastError !== undefined, SUSPEND_ANSWER_MS);
+  }
+
+  private async resume(): Promise<void> {
+    if (this.s.state === 'paused') {
+      await this.sandbox.op('resume');
+      return;
+    }
+    await this.sandbox.resume();
+    this.s.suspendedAtMs = undefined;
+  }
+
+  private async destroy(): Promise<void> {
+    const checkpoint = this.s.record.checkpoint;
+    await this.sandbox.destroy();
+    if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
+  }
+
+  async run(): Promise<SandboxView> {
+    this.changed();
+    if (!this.ready) {
+      await this.sandbox.provision(false);
+      this.s.capabilities = this.sandbox.capabilities;
+      this.ready = true;
+      this.changed();
+    }
+    while (this.s.state !== 'destroyed') {
+      if (workflowInfo().continueAsNewSuggested && !this.changing && this.runningExecs === 0 && !this.sandbox.releaseInFlight) {
+        await condition(allHandlersFinished);
+        await continueAsNew<typeof sandboxWorkflow>({ ...this.input, carried: this.s });
+      }
+      const due = this.nextDeadline();
+      const epoch = this.epoch;
+      const woke = due
+        ? await condition(() => this.epoch !== epoch, Math.max(1, due.atMs - nowMs()))
+        : (await condition(() => this.epoch !== epoch), true);
+      if (!woke && due) await this.onDeadline(due.kind);
+    }
+    await condition(allHandlersFinished);
+    return this.view();
+  }
+
+  private nextDeadline(): { kind: 'ttl' | 'idle' | 'retention'; atMs: number } | undefined {
+    const candidates: { kind: 'ttl' | 'idle' | 'retention'; atMs: number }[] = [];
+    if (this.s.ttlDeadlineMs !== undefined) candidates.push({ kind: 'ttl', atMs: this.s.ttlDeadlineMs });
+    const timeout = this.s.create.policy?.timeout;
+    if (timeout && this.s.state === 'running' && this.runningExecs === 0 && !this.changing) {
+      candidates.push({ kind: 'idle', atMs: this.s.lastActivityMs + durationMs(timeout) });
+    }
+    const retention = this.input.suspendedRetentionSeconds;
+    if (this.s.state === 'suspended' && retention > 0 && !this.s.expired && this.s.suspendedAtMs !== undefined) {
+      candidates.push({ kind: 'retention', atMs: this.s.suspendedAtMs + retention * 1000 });
+    }
+    return candidates.sort((a, b) => a.atMs - b.atMs)[0];
+  }
+
+  /** Durable lifecycle timers: ttl destroys, idle timeout pauses, retention expires. */
+  private async onDeadline(kind: 'ttl' | 'idle' | 'retention'): Promise<void> {
+    await condition(() => !this.changing);
+    this.changing = true;
+    try {
+      if (kind === 'ttl') {
+        await this.destroy();
+        this.s.state = 'destroyed';
+        this.s.error = { code: 'TTL_EXPIRED', message: `sandbox exceeded its ttl of ${this.s.create.policy?.ttl}` };
+      } else if (kind === 'idle' && this.s.state === 'running' && this.sandbox.capabilities?.pause !== false) {
+        await this.sandbox.op('pause');
+        this.s.state = 'paused';
+      } else if (kind === 'retention' && this.s.state === 'suspended') {
+        await this.sandbox.settleRelease();
+        const checkpoint = this.s.record.checkpoint;
+        if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
+        this.s.expired = true;
+        this.s.error = { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' };
+      }
+    } catch (err) {
+      log.warn('lifecycle timer action failed', { kind, error: failureMessage(err) });
+      this.s.record.lastError = failureMessage(err);
+      this.s.lastActivityMs = nowMs();
+    } finally {
+      this.changing = false;
+      this.changed();
+    }
+  }
+}
+
+function failure(rejection: Rejection): ApplicationFailure {
+  return ApplicationFailure.create({ type: rejection.code, message: rejection.message, nonRetryable: true });
+}
+
+/** Provider failures reach the caller with their code (e.g. NOT_FOUND for a missing file). */
+function asFailure(err: unknown): unknown {
+  if (err instanceof ApplicationFailure) return err;
+  const code = failureCode(err);
+  return ApplicationFailure.create({ type: code ?? 'INTERNAL', message: failureMessage(err), nonRetryable: true });
+}

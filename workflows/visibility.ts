@@ -1,0 +1,76 @@
+import { setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
+import type { SearchAttributeUpdatePair } from '@temporalio/common';
+import type { ExecutionResourceRecord } from '../common/schemas';
+import { pendingInteractions, type SessionAggregate } from './run-state';
+import {
+  StasisBlockedSince,
+  StasisHostId,
+  StasisKind,
+  StasisPendingInteractions,
+  StasisProvider,
+  StasisParentRunId,
+  StasisResourceState,
+  StasisStatus,
+} from './search-attributes';
+
+// Keeps the search attributes and the current details of a workflow current, so
+// operators filter and read Runs and sandboxes in Temporal Web. Only changed
+// values are upserted, so history grows by one event per real change.
+
+const lastPublished = new Map<string, string>();
+
+function upsertChanged(pairs: SearchAttributeUpdatePair[]): void {
+  const changed = pairs.filter((p) => {
+    const value = p.value instanceof Date ? p.value.toISOString() : JSON.stringify(p.value ?? null);
+    if (lastPublished.get(p.key.name) === value) return false;
+    lastPublished.set(p.key.name, value);
+    return true;
+  });
+  if (changed.length > 0) upsertSearchAttributes(changed);
+}
+
+function recordPairs(record: ExecutionResourceRecord): SearchAttributeUpdatePair[] {
+  return [
+    { key: StasisResourceState, value: record.state },
+    { key: StasisProvider, value: record.provider },
+    { key: StasisHostId, value: record.hostId ?? null },
+    { key: StasisBlockedSince, value: record.blockedSince ? new Date(record.blockedSince) : null },
+  ];
+}
+
+let lastDetails = '';
+function details(text: string): void {
+  if (text !== lastDetails) {
+    lastDetails = text;
+    setCurrentDetails(text);
+  }
+}
+
+export function publishRun(run: SessionAggregate): void {
+  const pending = pendingInteractions(run);
+  upsertChanged([
+    { key: StasisKind, value: 'run' },
+    { key: StasisStatus, value: run.status },
+    { key: StasisPendingInteractions, value: pending.length },
+    { key: StasisParentRunId, value: run.parentRunId ?? null },
+    ...recordPairs(run.record),
+  ]);
+  const r = run.record;
+  details(
+    [
+      `**${run.status}** · phase ${run.phase}`,
+      `sandbox \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` +
+        (r.pauseMode ? ` · ${r.pauseMode}` : '') +
+        (r.lastError ? ` · last error: ${r.lastError}` : ''),
+      ...pending.map((i) => `waiting on ${i.id}: ${i.prompt}`),
+      ...(run.children.length ? [`children: ${run.children.map((c) => `${c.runId} ${c.state}`).join(', ')}`] : []),
+      ...(run.error ? [`error ${run.error.code}: ${run.error.message}`] : []),
+    ].join('\n'),
+  );
+}
+
+export function publishSandbox(view: { state: string; record: ExecutionResourceRecord }): void {
+  upsertChanged([{ key: StasisKind, value: 'sandbox' }, { key: StasisStatus, value: view.state }, ...recordPairs(view.record)]);
+  const r = view.record;
+  details(`**${view.state}** · \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` + (r.lastError ? ` · ${r.lastError}` : ''));
+}
