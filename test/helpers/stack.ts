@@ -1,0 +1,98 @@
+import { mkdtempSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { randomUUID } from 'node:crypto';
+import { Client, Connection } from '@temporalio/client';
+import { NativeConnection } from '@temporalio/worker';
+import { loadConfig, type Config } from '../../common/config';
+import { StasisClient } from '../../client';
+import { fileMetricsSource } from '../../client/metrics';
+import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
+
+// A real Stasis stack for one test file: its own task queue (so parallel test
+// files never take each other's tasks) and data dir, a worker per host, and the
+// typed client, against the Temporal dev server and MinIO of the global setup.
+
+export interface TestStack {
+  config: Config;
+  client: StasisClient;
+  temporal: Client;
+  workers: Map<string, StasisWorker>;
+  /** Starts (another) worker for `hostId` on this stack's task queue. */
+  startWorker(hostId: string, extra?: Partial<StasisWorkerOptions>): Promise<StasisWorker>;
+  stopWorker(hostId: string): Promise<void>;
+  stop(): Promise<void>;
+}
+
+export async function startStack(
+  options: { env?: Record<string, string>; hostId?: string; worker?: Partial<StasisWorkerOptions>; startWorker?: boolean } = {},
+): Promise<TestStack> {
+  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'stack-'));
+  const config = loadConfig({
+    ...process.env,
+    STASIS_TASK_QUEUE: `test-${randomUUID().slice(0, 8)}`,
+    STASIS_DATA_DIR: dataDir,
+    STASIS_HOST_ID: options.hostId ?? 'host-a',
+    ...options.env,
+  });
+  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
+  const client = new StasisClient(temporal, {
+    taskQueue: config.STASIS_TASK_QUEUE,
+    suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
+    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+  });
+  const workers = new Map<string, StasisWorker>();
+  const runs = new Map<string, Promise<void>>();
+  const nativeConnections = new Map<string, NativeConnection>();
+
+  const stack: TestStack = {
+    config,
+    client,
+    temporal,
+    workers,
+    async startWorker(hostId, extra = {}) {
+      const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+      nativeConnections.set(hostId, native);
+      const worker = await createStasisWorker({
+        config: { ...config, STASIS_HOST_ID: hostId },
+        connection: native,
+        ...options.worker,
+        ...extra,
+      });
+      workers.set(hostId, worker);
+      runs.set(hostId, worker.run());
+      return worker;
+    },
+    async stopWorker(hostId) {
+      await workers.get(hostId)?.shutdown();
+      await runs.get(hostId);
+      await nativeConnections.get(hostId)?.close();
+      workers.delete(hostId);
+      runs.delete(hostId);
+      nativeConnections.delete(hostId);
+    },
+    async stop() {
+      for (const hostId of [...workers.keys()]) await stack.stopWorker(hostId);
+      await connection.close();
+    },
+  };
+  if (options.startWorker !== false) await stack.startWorker(config.STASIS_HOST_ID);
+  return stack;
+}
+
+/** Polls until `check` returns a value (not undefined/false), or fails after `timeoutMs`. */
+export async function eventually<T>(check: () => Promise<T | undefined | false>, timeoutMs = 30_000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const value = await check();
+      if (value !== undefined && value !== false) return value;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}

@@ -1,0 +1,56 @@
+import type { Client } from '@temporalio/client';
+import type { Config } from '../common/config';
+import type { ProviderRegistry } from '../providers/registry';
+import { reconcileSignal, resourceQuery, sandboxQuery, sandboxWorkflowId } from '../workflows/definitions';
+
+// Host maintenance on each worker: reconcile after a restart, and the sweep of
+// dormant workspace copies that no live record points at.
+
+export interface HostContext {
+  registry: ProviderRegistry;
+  client: Client;
+  hostId: string;
+}
+
+/** The workflow that owns a sandbox id: a Run's sandbox is `<runId>-sbx`, a standalone one `sandbox-<id>`. */
+function ownerOf(sandboxId: string): { kind: 'run' | 'sandbox'; workflowId: string } {
+  return sandboxId.endsWith('-sbx')
+    ? { kind: 'run', workflowId: sandboxId.slice(0, -'-sbx'.length) }
+    : { kind: 'sandbox', workflowId: sandboxWorkflowId(sandboxId) };
+}
+
+/** After a restart: sandboxes whose processes died are reported so their workflow marks them `lost`. */
+export async function reconcileHost({ registry, client, hostId }: HostContext): Promise<void> {
+  for (const provider of registry.list()) {
+    for (const sandbox of await provider.listSandboxes()) {
+      if (sandbox.dormant) continue;
+      const owner = ownerOf(sandbox.sandboxId);
+      if (owner.kind !== 'sandbox') continue;
+      await client.workflow
+        .getHandle(owner.workflowId)
+        .signal(reconcileSignal, { hostId, alive: sandbox.alive })
+        .catch(() => undefined);
+    }
+  }
+}
+
+/** Whether a live record on this host still names the sandbox's directory. */
+export async function isLiveHere(client: Client, hostId: string, sandboxId: string): Promise<boolean> {
+  const owner = ownerOf(sandboxId);
+  const handle = client.workflow.getHandle(owner.workflowId);
+  try {
+    const description = await handle.describe();
+    if (description.status.name !== 'RUNNING') return false;
+    if (owner.kind === 'run') return (await handle.query(resourceQuery)).record.hostId === hostId;
+    const view = await handle.query(sandboxQuery);
+    return view.record.hostId === hostId && view.error?.code !== 'SUSPEND_EXPIRED';
+  } catch (err) {
+    // Unknown workflow: nothing names it. Anything else (Temporal down): keep the directory.
+    return !(err instanceof Error && err.name === 'WorkflowNotFoundError');
+  }
+}
+
+export interface MaintenanceOptions extends HostContext {
+  config: Config;
+  dataDir: string;
+}
