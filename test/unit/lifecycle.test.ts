@@ -1,0 +1,243 @@
+import type { SandboxState } from '../../common/schemas';
+import {
+  blockingChildren,
+  blockingJobs,
+  checkRespond,
+  choosePauseMode,
+  decideExec,
+  decideFileAccess,
+  decideSandboxOp,
+  hashMismatches,
+  isReleaseBlocked,
+  jobsToCancel,
+  planResume,
+  receiptConfirms,
+  releaseBackoffMs,
+  releaseIdempotencyKey,
+  SANDBOX_TRANSITIONS,
+  type JobState,
+  type SandboxOp,
+} from '../../workflows/lifecycle';
+
+const STATES: SandboxState[] = ['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost'];
+const USER_OPS: SandboxOp[] = ['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'];
+const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandboxOp>[0]> = {}) => ({
+  state,
+  changing: false,
+  runningExecs: 0,
+  expired: false,
+  ...extra,
+});
+
+// The legal table of SPEC section 3, written out independently of SANDBOX_TRANSITIONS.
+const LEGAL: Record<string, SandboxState> = {
+  'created/start': 'running',
+  'created/destroy': 'destroyed',
+  'running/stop': 'stopped',
+  'running/pause': 'paused',
+  'running/suspend': 'suspended',
+  'running/destroy': 'destroyed',
+  'stopped/start': 'running',
+  'stopped/destroy': 'destroyed',
+  'paused/resume': 'running',
+  'paused/destroy': 'destroyed',
+  'suspended/resume': 'running',
+  'suspended/destroy': 'destroyed',
+  'failed/destroy': 'destroyed',
+  'lost/destroy': 'destroyed',
+};
+const IDEMPOTENT = new Set(['suspended/suspend', 'running/resume']);
+
+describe('sandbox transition table', () => {
+  const cases = STATES.flatMap((state) => USER_OPS.map((op) => [state, op] as const));
+  test.each(cases)('%s --%s-->', (state, op) => {
+    const decision = decideSandboxOp(facts(state), op);
+    const key = `${state}/${op}`;
+    if (state === 'destroyed') {
+      expect(decision).toEqual({ kind: 'reject', rejection: { code: 'NOT_FOUND', message: expect.any(String) } });
+    } else if (IDEMPOTENT.has(key)) {
+      expect(decision).toEqual({ kind: 'noop' });
+    } else if (LEGAL[key]) {
+      expect(decision).toEqual({ kind: 'transition', to: LEGAL[key] });
+    } else {
+      expect(decision).toEqual({
+        kind: 'reject',
+        rejection: { code: 'INVALID_STATE_TRANSITION', message: 'sandbox: invalid state transition' },
+      });
+    }
+  });
+
+  test('runtime failure and reconcile loss', () => {
+    expect(decideSandboxOp(facts('running'), 'fail')).toEqual({ kind: 'transition', to: 'failed' });
+    expect(decideSandboxOp(facts('running'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
+    expect(decideSandboxOp(facts('paused'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
+    expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
+    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose'].sort());
+  });
+
+  test('a state change in progress makes a second one 409', () => {
+    expect(decideSandboxOp(facts('running', { changing: true }), 'stop')).toMatchObject({
+      kind: 'reject',
+      rejection: { code: 'INVALID_STATE_TRANSITION' },
+    });
+  });
+
+  test('suspend refuses while a command runs; exec refuses once a suspend is admitted', () => {
+    expect(decideSandboxOp(facts('running', { runningExecs: 1 }), 'suspend')).toMatchObject({
+      kind: 'reject',
+      rejection: { code: 'SANDBOX_SUSPEND_BUSY' },
+    });
+    expect(decideExec(facts('running', { changing: true }))?.code).toBe('INVALID_STATE_TRANSITION');
+    expect(decideExec(facts('running'))).toBeUndefined();
+    expect(decideExec(facts('paused'))?.code).toBe('INVALID_STATE_TRANSITION');
+    expect(decideExec(facts('destroyed'))?.code).toBe('NOT_FOUND');
+  });
+
+  test('after retention expiry every call but destroy is a stale route', () => {
+    for (const op of ['start', 'stop', 'pause', 'resume', 'suspend'] as const) {
+      expect(decideSandboxOp(facts('suspended', { expired: true }), op)).toMatchObject({
+        kind: 'reject',
+        rejection: { code: 'STALE_SANDBOX_ROUTE' },
+      });
+    }
+    expect(decideSandboxOp(facts('suspended', { expired: true }), 'destroy')).toEqual({ kind: 'transition', to: 'destroyed' });
+    expect(decideExec(facts('suspended', { expired: true }))?.code).toBe('STALE_SANDBOX_ROUTE');
+    expect(decideFileAccess(facts('suspended', { expired: true }))?.code).toBe('STALE_SANDBOX_ROUTE');
+  });
+
+  test('files are reachable unless suspended, lost or destroyed', () => {
+    for (const state of ['created', 'running', 'stopped', 'paused', 'failed'] as const) expect(decideFileAccess(facts(state))).toBeUndefined();
+    expect(decideFileAccess(facts('suspended'))?.code).toBe('INVALID_STATE_TRANSITION');
+    expect(decideFileAccess(facts('destroyed'))?.code).toBe('NOT_FOUND');
+  });
+});
+
+describe('pause mode choice', () => {
+  const all = ['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'] as const;
+  test.each([
+    ['INTERACTION', 'isolated', undefined, [...all], { kind: 'release', mode: 'SNAPSHOT_AND_TERMINATE' }],
+    ['INTERACTION', 'active', undefined, [...all], { kind: 'release', mode: 'TERMINATE' }],
+    ['POLICY_HOLD', 'isolated', undefined, [...all], { kind: 'release', mode: 'DETACH' }],
+    ['POLICY_HOLD', 'active', 'auto', [...all], { kind: 'release', mode: 'DETACH' }],
+    ['MANUAL', 'isolated', 'DETACH', [...all], { kind: 'release', mode: 'DETACH' }],
+    // Terminating an isolated workspace without a snapshot would lose it.
+    ['INTERACTION', 'isolated', 'TERMINATE', [...all], { kind: 'release', mode: 'SNAPSHOT_AND_TERMINATE' }],
+    ['INTERACTION', 'isolated', undefined, ['DETACH', 'TERMINATE'], { kind: 'retain', wanted: 'SNAPSHOT_AND_TERMINATE' }],
+    ['POLICY_HOLD', 'isolated', undefined, [], { kind: 'retain', wanted: 'DETACH' }],
+    ['INTERACTION', 'active', undefined, ['SNAPSHOT_AND_TERMINATE'], { kind: 'retain', wanted: 'TERMINATE' }],
+  ] as const)('%s on %s workspace (policy %s, advertised %j)', (reason, workspace, policyPauseMode, advertised, expected) => {
+    const decision = choosePauseMode({ reason, workspace, ...(policyPauseMode ? { policyPauseMode } : {}), advertised: [...advertised] });
+    expect(decision).toMatchObject(expected);
+  });
+});
+
+describe('release blocking', () => {
+  const job = (over: Partial<JobState>): JobState => ({
+    id: 'j',
+    command: 'x',
+    pauseBehavior: 'CANCEL',
+    executionAffinity: 'SANDBOX',
+    status: 'running',
+    ...over,
+  });
+  test.each([
+    [job({ pauseBehavior: 'CONTINUE' }), true, false],
+    [job({ pauseBehavior: 'DETACH' }), true, false],
+    [job({ pauseBehavior: 'CANCEL' }), false, true],
+    [job({ pauseBehavior: 'CONTINUE', executionAffinity: 'EXTERNAL' }), false, false],
+    [job({ pauseBehavior: 'CANCEL', executionAffinity: 'EXTERNAL' }), false, false],
+    [job({ pauseBehavior: 'CONTINUE', status: 'succeeded' }), false, false],
+  ])('%j blocks=%s cancels=%s', (j, blocks, cancels) => {
+    expect(blockingJobs([j]).length > 0).toBe(blocks);
+    expect(jobsToCancel([j]).length > 0).toBe(cancels);
+    expect(isReleaseBlocked([j], [])).toBe(blocks);
+  });
+
+  test('a parent is blocked while any child record is not released', () => {
+    expect(blockingChildren([{ runId: 'a', state: 'RELEASED' }, { runId: 'b', state: 'RELEASING' }])).toEqual(['b']);
+    expect(isReleaseBlocked([], [{ runId: 'a', state: 'RELEASED' }, { runId: 'b', state: 'DESTROYED' }])).toBe(false);
+    expect(isReleaseBlocked([], [{ runId: 'a', state: 'ACTIVE' }])).toBe(true);
+  });
+});
+
+describe('receipts, retries and keys', () => {
+  test.each([
+    ['TERMINATE', true, true],
+    ['TERMINATE', false, false],
+    ['SNAPSHOT_AND_TERMINATE', false, false],
+    ['SNAPSHOT_AND_TERMINATE', true, true],
+    ['DETACH', false, true],
+  ] as const)('%s with computeReleased=%s confirms=%s', (mode, computeReleased, confirms) => {
+    expect(receiptConfirms(mode, { mode, computeReleased })).toBe(confirms);
+  });
+
+  test('a receipt for another mode never confirms', () => {
+    expect(receiptConfirms('TERMINATE', { mode: 'DETACH', computeReleased: true })).toBe(false);
+  });
+
+  test('backoff doubles from 1 s and stops at 5 min', () => {
+    expect([1, 2, 3, 4, 5, 10, 50].map(releaseBackoffMs)).toEqual([0, 1_000, 2_000, 4_000, 8_000, 256_000, 300_000]);
+  });
+
+  test('idempotency key names run, sandbox and fence', () => {
+    expect(releaseIdempotencyKey('run-1', 'sbx', 3)).toBe('run-1/sbx/3/release');
+  });
+});
+
+describe('resume plan', () => {
+  const record = { sandboxId: 's', provider: 'local', hostId: 'h1', fence: 2, attempts: 0 };
+  test.each([
+    ['RETAINED', undefined, 'attach'],
+    ['RELEASING', 'SNAPSHOT_AND_TERMINATE', 'attach'],
+    ['RELEASE_BLOCKED', 'TERMINATE', 'attach'],
+    ['RELEASED', 'DETACH', 'attach'],
+    ['RELEASED', 'TERMINATE', 'reprovision'],
+    ['RELEASED', 'SNAPSHOT_AND_TERMINATE', 'restore'],
+    ['DESTROYED', undefined, 'none'],
+  ] as const)('%s (%s) → %s', (state, pauseMode, kind) => {
+    expect(planResume({ ...record, state, ...(pauseMode ? { pauseMode } : {}) }).kind).toBe(kind);
+  });
+
+  test('hash mismatch names what changed', () => {
+    const now = { run: 'r', spec: 's', policy: 'p' };
+    expect(hashMismatches(now, now, { run: 'r' })).toEqual([]);
+    expect(hashMismatches(now, { run: 'r', spec: 'x', policy: 'p' }, { policy: 'y' })).toEqual(['spec', 'policy']);
+    expect(hashMismatches(now, undefined)).toEqual([]);
+  });
+});
+
+describe('respond checks', () => {
+  const pending = { id: 'int-1', kind: 'approval' as const, prompt: 'ok?', createdAt: 't', status: 'pending' as const };
+  const answered = { ...pending, status: 'answered' as const, response: { decision: 'approve' } };
+  const run = (over: Partial<Parameters<typeof checkRespond>[0]> = {}) => ({
+    status: 'WAITING' as const,
+    interactions: [pending],
+    answeredBy: {},
+    ...over,
+  });
+  test('accepts a pending approval', () => {
+    expect(checkRespond(run(), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u1')).toBeUndefined();
+  });
+  test('unknown interaction', () => {
+    expect(checkRespond(run(), { interactionId: 'nope', response: { decision: 'approve' } }, 'u1')).toMatchObject({ code: 'NOT_FOUND' });
+  });
+  test('already answered, unless identical under the same update id', () => {
+    const r = run({ status: 'RUNNING', interactions: [answered], answeredBy: { 'int-1': { updateId: 'u1' } } });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u1')).toBe('duplicate');
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u2')).toMatchObject({ code: 'ALREADY_ANSWERED' });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'deny' } }, 'u1')).toMatchObject({ code: 'ALREADY_ANSWERED' });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, undefined)).toMatchObject({ code: 'ALREADY_ANSWERED' });
+  });
+  test('payload kind must match the interaction', () => {
+    expect(checkRespond(run(), { interactionId: 'int-1', response: { input: 'x' } }, 'u')).toMatchObject({ code: 'INVALID_ARGUMENT' });
+    const input = { ...pending, kind: 'input' as const };
+    expect(checkRespond(run({ interactions: [input] }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
+      code: 'INVALID_ARGUMENT',
+    });
+  });
+  test('an expired Run is a stale route', () => {
+    expect(checkRespond(run({ status: 'EXPIRED' }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
+      code: 'STALE_SANDBOX_ROUTE',
+    });
+  });
+});

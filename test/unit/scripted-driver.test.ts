@@ -1,0 +1,92 @@
+import { scriptedDriver } from '../../drivers/scripted';
+import type { AgentStepOutput } from '../../drivers/api';
+import { RunSpec } from '../../common/schemas';
+import { computeRunHashes } from '../../common/hashes';
+import { durationMs } from '../../common/duration';
+
+async function walk(steps: unknown[], results: unknown[]): Promise<AgentStepOutput[]> {
+  const out: AgentStepOutput[] = [];
+  let state: unknown;
+  let lastResult: unknown;
+  for (let i = 0; i < 20; i++) {
+    const step = await scriptedDriver.step({ runId: 'r', agent: { steps }, state, lastResult });
+    out.push(step);
+    if (step.action.type === 'complete' || step.action.type === 'fail') break;
+    state = step.state;
+    lastResult = results[i];
+  }
+  return out;
+}
+
+describe('scripted driver', () => {
+  test('walks every step kind in order', async () => {
+    const steps = [
+      { writeFile: { path: 'a.txt', content: 'hi' } },
+      { ask: 'go?' },
+      { expectFile: { path: 'a.txt', content: 'hi' } },
+      { exec: 'cat a.txt', background: true, pauseBehavior: 'CONTINUE' },
+      { hold: 'policy' },
+      { spawn: { agent: { driver: 'scripted', steps: [{ complete: 1 }] }, sandbox: { provider: 'local' } } },
+      { complete: { ok: true } },
+    ];
+    const results = [{ written: true }, { decision: 'approve' }, { content: 'hi' }, { jobId: 'j' }, {}, { runId: 'c' }];
+    const actions = (await walk(steps, results)).map((s) => s.action);
+    expect(actions.map((a) => a.type)).toEqual(['writeFile', 'interaction', 'readFile', 'job', 'hold', 'spawn', 'complete']);
+    expect(actions[3]).toEqual({ type: 'job', command: 'cat a.txt', pauseBehavior: 'CONTINUE', executionAffinity: 'SANDBOX', background: true });
+    expect(actions[6]).toEqual({ type: 'complete', output: { ok: true } });
+  });
+
+  test('a denial fails the Run when onDeny is fail, continues otherwise', async () => {
+    const deny = { decision: 'deny' };
+    const failing = await walk([{ ask: 'x', onDeny: 'fail' }, { exec: 'true' }], [deny]);
+    expect(failing.at(-1)?.action).toMatchObject({ type: 'fail', code: 'DENIED' });
+    const going = await walk([{ ask: 'x' }, { exec: 'true' }], [deny]);
+    expect(going.map((s) => s.action.type)).toEqual(['interaction', 'job', 'complete']);
+  });
+
+  test('expectFile fails on a mismatch, naming the file', async () => {
+    const out = await walk([{ expectFile: { path: 'f', content: 'a' } }], [{ content: 'b' }]);
+    expect(out.at(-1)?.action).toMatchObject({ type: 'fail', code: 'EXPECT_FILE_MISMATCH', message: expect.stringContaining('f') });
+  });
+
+  test('without a complete step the last result is the output', async () => {
+    const out = await walk([{ exec: 'echo hi' }], [{ exitCode: 0, stdout: 'hi\n' }]);
+    expect(out.at(-1)?.action).toEqual({ type: 'complete', output: { exitCode: 0, stdout: 'hi\n' } });
+  });
+});
+
+describe('RunSpec', () => {
+  const good = { agent: { driver: 'scripted', steps: [{ exec: 'true' }] }, sandbox: { provider: 'local' } };
+  test('accepts a minimal spec', () => {
+    expect(RunSpec.safeParse(good).success).toBe(true);
+  });
+  test.each([
+    [{ ...good, sandbox: {} }, 'sandbox.provider'],
+    [{ ...good, agent: { driver: 'scripted', steps: [] } }, 'agent'],
+    [{ ...good, policy: { ttl: '5 minutes' } }, 'policy.ttl'],
+    [{ ...good, policy: { pauseMode: 'FREEZE' } }, 'policy.pauseMode'],
+    [{ ...good, sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: 'rel' } } }, 'sandbox.workspace'],
+    [{ ...good, agent: { driver: 'scripted', steps: [{ writeFile: { path: '../x', content: '' } }] } }, 'agent'],
+    [{ ...good, extra: 1 }, 'extra'],
+  ])('rejects %j naming %s', (spec, field) => {
+    const parsed = RunSpec.safeParse(spec);
+    expect(parsed.success).toBe(false);
+    const paths = parsed.error?.issues.map((i) => i.path.join('.') || i.message).join(' ');
+    expect(paths).toContain(field);
+  });
+});
+
+describe('hashes and durations', () => {
+  const spec = { agent: { driver: 'scripted' as const, steps: [{ exec: 'true' }] }, sandbox: { provider: 'local' }, policy: { ttl: '1h' } };
+  test('hashes are canonical: key order does not matter, content does', () => {
+    const reordered = { sandbox: { provider: 'local' }, policy: { ttl: '1h' }, agent: { steps: [{ exec: 'true' }], driver: 'scripted' as const } };
+    expect(computeRunHashes('r', spec)).toEqual(computeRunHashes('r', reordered));
+    expect(computeRunHashes('r', spec).run).not.toBe(computeRunHashes('r2', spec).run);
+    expect(computeRunHashes('r', { ...spec, policy: { ttl: '2h' } }).policy).not.toBe(computeRunHashes('r', spec).policy);
+    expect(computeRunHashes('r', spec).spec).toMatch(/^[0-9a-f]{64}$/);
+  });
+  test('durations', () => {
+    expect(['30s', '5m', '2h', '1d'].map(durationMs)).toEqual([30_000, 300_000, 7_200_000, 86_400_000]);
+    expect(() => durationMs('5 m')).toThrow('invalid duration');
+  });
+});
