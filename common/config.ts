@@ -36,6 +36,8 @@ export const Env = z.object({
   AWS_SECRET_ACCESS_KEY: z.string().optional(),
   STASIS_SUSPENDED_RETENTION_SECONDS: seconds(2_592_000),
   STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS: seconds(86_400),
+  /** Below this much free disk, dormant copies that have a checkpoint are evicted, oldest first. */
+  STASIS_DISK_MIN_FREE_MB: z.string().regex(/^[0-9]+$/, 'must be a whole number of MiB').transform(Number).default(1024),
   STASIS_HTTP_ADDR: hostPort.default('127.0.0.1:8080'),
   STASIS_API_TOKENS: z
     .string()

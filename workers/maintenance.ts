@@ -1,6 +1,9 @@
 import type { Client } from '@temporalio/client';
 import type { Config } from '../common/config';
+import { evictUnderPressure, orphanSweep } from '../providers/maintenance';
 import type { ProviderRegistry } from '../providers/registry';
+import { sandboxesDir } from '../providers/sandbox-state';
+import type { CheckpointStore } from '../stores/api';
 import { reconcileSignal, resourceQuery, sandboxQuery, sandboxWorkflowId } from '../workflows/definitions';
 
 // Host maintenance on each worker: reconcile after a restart, and the sweep of
@@ -21,7 +24,7 @@ function ownerOf(sandboxId: string): { kind: 'run' | 'sandbox'; workflowId: stri
 
 /** After a restart: sandboxes whose processes died are reported so their workflow marks them `lost`. */
 export async function reconcileHost({ registry, client, hostId }: HostContext): Promise<void> {
-  for (const provider of registry.list()) {
+  for (const provider of registry.names().map((name) => registry.get(name))) {
     for (const sandbox of await provider.listSandboxes()) {
       if (sandbox.dormant) continue;
       const owner = ownerOf(sandbox.sandboxId);
@@ -52,5 +55,38 @@ export async function isLiveHere(client: Client, hostId: string, sandboxId: stri
 
 export interface MaintenanceOptions extends HostContext {
   config: Config;
+  /** This host's data directory (`<STASIS_DATA_DIR>/hosts/<hostId>`). */
   dataDir: string;
+  store: CheckpointStore;
+}
+
+/** One maintenance pass: orphaned dormant copies, then disk pressure. */
+export async function maintainHost(options: MaintenanceOptions, now?: () => Date) {
+  const dir = sandboxesDir(options.dataDir);
+  const orphans = await orphanSweep({
+    sandboxesDir: dir,
+    isLive: (sandboxId) => isLiveHere(options.client, options.hostId, sandboxId),
+    ttlSeconds: options.config.STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS,
+    ...(now ? { now } : {}),
+  });
+  const eviction = await evictUnderPressure({
+    sandboxesDir: dir,
+    minFreeBytes: options.config.STASIS_DISK_MIN_FREE_MB * 1024 * 1024,
+    checkpointExists: (uri) => options.store.exists(uri),
+  });
+  return { orphans, eviction };
+}
+
+/** Runs maintainHost every `intervalMs` until the returned function is called. */
+export function startMaintenance(options: MaintenanceOptions, intervalMs = 60_000): () => void {
+  let busy = false;
+  const timer = setInterval(() => {
+    if (busy) return;
+    busy = true;
+    maintainHost(options)
+      .catch((err: unknown) => console.warn(`host maintenance on ${options.hostId} failed: ${String(err)}`))
+      .finally(() => (busy = false));
+  }, intervalMs);
+  timer.unref();
+  return () => clearInterval(timer);
 }

@@ -61,11 +61,8 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   await mkdir(dataDir, { recursive: true });
   const store = options.store ?? createCheckpointStore(config);
   // Validates every provider now: a v2 provider stops the start with its name.
-  const registry = createDefaultRegistry(
-    { hostId, dataDir, store },
-    (config.STASIS_PROVIDERS ?? '').split(',').filter(Boolean),
-    options.providers ?? [],
-  );
+  const registry = createDefaultRegistry({ hostId, dataDir, store }, (config.STASIS_PROVIDERS ?? '').split(',').filter(Boolean));
+  for (const provider of options.providers ?? []) registry.register(provider, 'given in code');
   const metrics = new WorkerMetrics();
   const drivers = new Map<string, AgentDriver>([[scriptedDriver.name, scriptedDriver], ...(options.drivers ?? []).map((d) => [d.name, d] as const)]);
   const activities = createActivities({ hostId, provider: (name) => registry.get(name), metrics, drivers, store });
@@ -91,7 +88,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
 
   const client = new Client({ connection: await clientConnection(config), namespace: config.TEMPORAL_NAMESPACE });
   const metricsFile = path.join(config.STASIS_DATA_DIR, 'metrics', `${hostId}.json`);
-  const stopMaintenance = startMaintenance({ config, dataDir, registry, client, hostId });
+  const stopMaintenance = startMaintenance({ config, dataDir, registry, client, hostId, store });
   const metricsTimer = setInterval(() => void writeMetrics(metricsFile, metrics), 2_000);
 
   let running: Promise<void> | undefined;
@@ -109,7 +106,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
           stopMaintenance();
           await writeMetrics(metricsFile, metrics);
           await client.connection.close();
-          await registry.close();
+          await registry.closeAll();
           if (ownConnection) await connection.close();
         }
       })();

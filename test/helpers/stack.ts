@@ -3,7 +3,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
-import { NativeConnection } from '@temporalio/worker';
+import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
 import { loadConfig, type Config } from '../../common/config';
 import { StasisClient } from '../../client';
 import { fileMetricsSource } from '../../client/metrics';
@@ -24,9 +24,18 @@ export interface TestStack {
   stop(): Promise<void>;
 }
 
+let runtimeInstalled = false;
+/** Worker logs at WARN, so test output shows what matters. */
+function quietRuntime(): void {
+  if (runtimeInstalled) return;
+  runtimeInstalled = true;
+  Runtime.install({ logger: new DefaultLogger('WARN') });
+}
+
 export async function startStack(
   options: { env?: Record<string, string>; hostId?: string; worker?: Partial<StasisWorkerOptions>; startWorker?: boolean } = {},
 ): Promise<TestStack> {
+  quietRuntime();
   const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'stack-'));
   const config = loadConfig({
     ...process.env,
