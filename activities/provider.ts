@@ -32,9 +32,11 @@ export interface Owner {
   labels?: Record<string, string>;
 }
 
+export type FileEncoding = 'utf8' | 'base64';
+
 export type SandboxOpName = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
 
-const HEARTBEAT_MS = 5_000;
+const HEARTBEAT_MS = 1_000;
 
 export function createProviderActivities(deps: ProviderActivityDeps) {
   /** Runs a provider call with the activity's cancellation and a steady heartbeat. */
@@ -105,15 +107,16 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       }));
     },
 
-    async readSandboxFile(input: Owner & { sandboxId: string; path: string }): Promise<{ contentBase64: string }> {
+    /** Files cross as text: utf8 for agents' text files, base64 for raw bytes (workflows have no Buffer). */
+    async readSandboxFile(input: Owner & { sandboxId: string; path: string; encoding: FileEncoding }): Promise<{ content: string }> {
       return call(input, async (p, ctx) => ({
-        contentBase64: (await p.readFile({ sandboxId: input.sandboxId, path: input.path }, ctx)).toString('base64'),
+        content: (await p.readFile({ sandboxId: input.sandboxId, path: input.path }, ctx)).toString(input.encoding),
       }));
     },
 
-    async writeSandboxFile(input: Owner & { sandboxId: string; path: string; contentBase64: string }): Promise<void> {
+    async writeSandboxFile(input: Owner & { sandboxId: string; path: string; content: string; encoding: FileEncoding }): Promise<void> {
       await call(input, (p, ctx) =>
-        p.writeFile({ sandboxId: input.sandboxId, path: input.path, content: Buffer.from(input.contentBase64, 'base64') }, ctx),
+        p.writeFile({ sandboxId: input.sandboxId, path: input.path, content: Buffer.from(input.content, input.encoding) }, ctx),
       );
     },
   };

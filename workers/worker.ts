@@ -77,6 +77,8 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
     workflowBundle: bundle,
     activities,
     identity: `stasis@${hostId}`,
+    // Cancellation reaches an activity with its next heartbeat: keep that prompt.
+    maxHeartbeatThrottleInterval: '1s',
   });
   const host = await Worker.create({
     connection,
@@ -84,6 +86,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
     taskQueue: `${config.STASIS_TASK_QUEUE}@${hostId}`,
     activities,
     identity: `stasis@${hostId}`,
+    maxHeartbeatThrottleInterval: '1s',
   });
 
   const client = new Client({ connection: await clientConnection(config), namespace: config.TEMPORAL_NAMESPACE });

@@ -11,6 +11,7 @@ import {
 } from '@temporalio/workflow';
 import { TimeoutType } from '@temporalio/common';
 import type { Activities } from '../activities';
+import type { FileEncoding } from '../activities/provider';
 import type { ExecOutcome } from '../providers/api';
 import type { EnvMap, ExecutionResourceRecord, PauseMode, Workspace } from '../common/schemas';
 import type { z } from 'zod';
@@ -26,7 +27,8 @@ const NON_RETRYABLE = ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', '
 
 const PROVIDER_CALL: ActivityOptions = {
   startToCloseTimeout: '30m',
-  heartbeatTimeout: '30s',
+  // Short, so a cancelled call (a release overtaken by an answer) stops within seconds.
+  heartbeatTimeout: '10s',
   retry: { initialInterval: '1s', backoffCoefficient: 2, maximumInterval: '30s', maximumAttempts: 5, nonRetryableErrorTypes: NON_RETRYABLE },
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 };
@@ -114,21 +116,23 @@ export class ExecutionBindingLifecycleCoordinator {
     });
   }
 
-  async readFile(path: string): Promise<string> {
+  async readFile(path: string, encoding: FileEncoding): Promise<string> {
     const out = await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).readSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
       path,
+      encoding,
     });
-    return out.contentBase64;
+    return out.content;
   }
 
-  async writeFile(path: string, contentBase64: string): Promise<void> {
+  async writeFile(path: string, content: string, encoding: FileEncoding): Promise<void> {
     await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).writeSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
       path,
-      contentBase64,
+      content,
+      encoding,
     });
   }
 

@@ -147,12 +147,11 @@ export function isReleaseBlocked(jobs: JobState[], children: { runId: string; st
 
 // ---------------------------------------------------------------- receipts and retries
 
-/** Temporal retry for release: 1 s doubling to 5 min, no attempt limit. */
+/** Temporal retry for release: 1 s doubling to 5 min; no maximumAttempts means no attempt limit. */
 export const RELEASE_RETRY = {
   initialInterval: '1s',
   backoffCoefficient: 2,
   maximumInterval: '5m',
-  maximumAttempts: 0,
   nonRetryableErrorTypes: ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT'],
 } as const;
 

@@ -302,11 +302,11 @@ class RunController {
         return this.spawn(action.spec);
       case 'writeFile':
         await this.wake();
-        await this.sandbox.writeFile(action.path, base64(action.content));
+        await this.sandbox.writeFile(action.path, action.content, 'utf8');
         return { path: action.path, written: true };
       case 'readFile': {
         await this.wake();
-        const content = await this.sandbox.readFile(action.path).then(fromBase64, (err: unknown) => {
+        const content = await this.sandbox.readFile(action.path, 'utf8').catch((err: unknown) => {
           if (failureCode(err) === 'NOT_FOUND') return undefined;
           throw err;
         });
@@ -574,18 +574,4 @@ function newAggregate(workflowId: string, input: RunWorkflowInput): SessionAggre
     children: [],
     jobCounter: 0,
   };
-}
-
-function base64(text: string): string {
-  const bytes = new TextEncoder().encode(text);
-  let binary = '';
-  for (const b of bytes) binary += String.fromCharCode(b);
-  return btoa(binary);
-}
-
-function fromBase64(b64: string): string {
-  const binary = atob(b64);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return new TextDecoder().decode(bytes);
 }

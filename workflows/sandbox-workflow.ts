@@ -138,7 +138,7 @@ class SandboxEntity {
       async ({ path }) => {
         this.s.lastActivityMs = nowMs();
         await condition(() => this.ready);
-        return { contentBase64: await this.sandbox.readFile(path).catch((err: unknown) => Promise.reject(asFailure(err))) };
+        return { contentBase64: await this.sandbox.readFile(path, 'base64').catch((err: unknown) => Promise.reject(asFailure(err))) };
       },
       { validator: ({ path }) => this.checkFile(path) },
     );
@@ -147,7 +147,7 @@ class SandboxEntity {
       async ({ path, contentBase64 }) => {
         this.s.lastActivityMs = nowMs();
         await condition(() => this.ready);
-        await this.sandbox.writeFile(path, contentBase64).catch((err: unknown) => Promise.reject(asFailure(err)));
+        await this.sandbox.writeFile(path, contentBase64, 'base64').catch((err: unknown) => Promise.reject(asFailure(err)));
       },
       {
         validator: ({ path, contentBase64 }) => {

@@ -1,0 +1,19 @@
+import { ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+
+/** A plain S3 client on the test MinIO, to look at what Stasis stored. */
+export function testS3(): S3Client {
+  return new S3Client({
+    endpoint: process.env.STASIS_S3_ENDPOINT,
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    forcePathStyle: true,
+    credentials: { accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '', secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '' },
+  });
+}
+
+/** Keys under `checkpoints/<sandboxId>/`. */
+export async function checkpointKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
+  const out = await s3.send(
+    new ListObjectsV2Command({ Bucket: process.env.STASIS_S3_BUCKET, Prefix: `checkpoints/${sandboxId}/` }),
+  );
+  return (out.Contents ?? []).map((o) => o.Key ?? '');
+}
