@@ -1,0 +1,471 @@
+import * as fs from 'node:fs/promises';
+import type { z } from 'zod';
+import { describeIssues, StasisError } from '../common/errors';
+import type { Checkpoint, Workspace } from '../common/schemas';
+import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
+import { hasErrorCode } from '../stores/atomic-file';
+import {
+  FencedRequest,
+  FileRequest,
+  ProviderExecRequest,
+  ProvisionRequest,
+  RestoreRequest,
+  SandboxReleaseRequest,
+  type Capabilities,
+  type ProviderDeps,
+  type RequestContext,
+  type RestoreResult,
+  type SandboxProvider,
+  type SandboxReleaseReceipt,
+} from './api';
+import { hostCommands, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
+import { readWorkspaceFile, writeWorkspaceFile } from './files';
+import { withLifecycleLock } from './lock';
+import {
+  freezeSandbox,
+  killSandbox,
+  markerEnv,
+  sandboxProcesses,
+  scanSandboxProcesses,
+  signalSandbox,
+  type SandboxMarker,
+} from './processes';
+import { ReceiptStore } from './receipts';
+import {
+  newGrant,
+  readState,
+  rotateGrant,
+  sandboxesDir,
+  sandboxPaths,
+  writeState,
+  type SandboxPaths,
+  type SandboxState,
+} from './sandbox-state';
+import { restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
+
+// The `local` provider: a sandbox is a set of directories on the worker's host
+// and the processes started in them. `bwrap` is this same provider with every
+// command wrapped in bubblewrap (see bwrap.ts).
+
+export interface LocalProviderOptions {
+  name?: string;
+  /** How commands run in a sandbox; the host directly by default. */
+  commands?: CommandWrapper;
+  /** Limits applied to a checkpoint archive before it is unpacked. */
+  archiveLimits?: ArchiveLimits;
+  /** Per stream; output beyond it is dropped and the result says so. */
+  maxOutputBytes?: number;
+}
+
+/** The long-lived process that makes a sandbox's compute "run" between commands. */
+const INIT_ARGV = ['/bin/sh', '-c', 'exec sleep infinity'];
+const HEARTBEAT_MS = 2_000;
+
+const CAPABILITIES: Capabilities = {
+  pauseModes: ['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'],
+  pause: true,
+  crossHostRestore: true,
+};
+
+export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOptions = {}): SandboxProvider {
+  const name = options.name ?? 'local';
+  const commands = options.commands ?? hostCommands;
+  const archiveLimits = options.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS;
+  const maxOutputBytes = options.maxOutputBytes ?? 1024 * 1024;
+  const markerOf = (sandboxId: string): SandboxMarker => ({ sandboxId, hostId: deps.hostId });
+  const pathsOf = (sandboxId: string) => sandboxPaths(deps.dataDir, sandboxId);
+
+  async function load(sandboxId: string): Promise<{ paths: SandboxPaths; state: SandboxState }> {
+    const paths = pathsOf(sandboxId);
+    const state = await readState(paths);
+    if (!state) throw new StasisError('NOT_FOUND', `sandbox ${sandboxId} does not exist on host ${deps.hostId}`);
+    return { paths, state };
+  }
+
+  /**
+   * Runs a state change under the sandbox's lifecycle lock after the fence check
+   * (which raises the stored fence); the state is saved afterwards, also when
+   * `fn` fails, so a raised fence is never forgotten.
+   */
+  async function fenced<T>(
+    request: FencedRequest,
+    operation: string,
+    fn: (state: SandboxState, paths: SandboxPaths) => Promise<T>,
+  ): Promise<T> {
+    return withLifecycleLock(request.sandboxId, async () => {
+      const { paths, state } = await load(request.sandboxId);
+      admitFence(state, request.fence, operation);
+      try {
+        return await fn(state, paths);
+      } finally {
+        await writeState(paths, state);
+      }
+    });
+  }
+
+  function envOf(state: SandboxState, extra: Record<string, string> = {}): Record<string, string> {
+    return { ...state.env, ...extra, ...markerEnv(markerOf(state.sandboxId)) };
+  }
+
+  /** Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived). */
+  async function ensureCompute(state: SandboxState, paths: SandboxPaths): Promise<void> {
+    const marker = markerOf(state.sandboxId);
+    if ((await sandboxProcesses(marker)).length > 0) {
+      if (state.status === 'paused') await signalSandbox(marker, 'SIGCONT');
+    } else {
+      await commands.check();
+      await spawnInSandbox(commands, paths, INIT_ARGV, { env: envOf(state), background: true });
+    }
+    state.status = 'running';
+    // Compute now changes the files, so they are no longer a copy of the last checkpoint.
+    delete state.dormant;
+  }
+
+  async function terminate(state: SandboxState): Promise<void> {
+    await killSandbox(markerOf(state.sandboxId));
+    if (state.status === 'running' || state.status === 'paused') rotateGrant(state);
+    state.status = 'stopped';
+  }
+
+  async function snapshotAndTerminate(
+    state: SandboxState,
+    paths: SandboxPaths,
+    request: SandboxReleaseRequest,
+    context: RequestContext,
+  ): Promise<Checkpoint> {
+    // Nothing ran since the last snapshot: its checkpoint still describes the files exactly.
+    if (state.dormant && state.status === 'stopped' && (await deps.store.exists(state.dormant.checkpoint.uri))) {
+      return state.dormant.checkpoint;
+    }
+    const marker = markerOf(state.sandboxId);
+    const wasPaused = state.status === 'paused';
+    const labels = context.labels ?? {};
+    const progress: Progress = { phase: 'freezing processes', bytes: 0 };
+    let checkpoint: Checkpoint | undefined;
+    await withHeartbeat(context, progress, async () => {
+      try {
+        await freezeSandbox(marker);
+        checkpoint = await uploadSnapshot({
+          store: deps.store,
+          paths,
+          sandboxId: state.sandboxId,
+          fence: request.fence,
+          labels,
+          progress,
+          ...(context.signal ? { signal: context.signal } : {}),
+        });
+        context.signal?.throwIfAborted();
+        progress.phase = 'terminating processes';
+        await terminate(state);
+      } catch (err) {
+        // Roll back: the sandbox keeps running as before and no checkpoint is left behind.
+        if (checkpoint) await deps.store.delete(checkpoint.uri).catch(() => undefined);
+        if (!wasPaused) await signalSandbox(marker, 'SIGCONT');
+        throw err;
+      }
+    });
+    if (!checkpoint) throw new StasisError('INTERNAL', `sandbox ${state.sandboxId}: snapshot produced no checkpoint`);
+    state.dormant = { checkpoint, labels, since: new Date().toISOString() };
+    delete state.restoredFrom;
+    return checkpoint;
+  }
+
+  /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
+  async function layOut(paths: SandboxPaths, workspace: Workspace): Promise<void> {
+    for (const dir of [paths.home, paths.envs, paths.receipts]) await fs.mkdir(dir, { recursive: true });
+    if (workspace.kind === 'isolated') {
+      await fs.mkdir(paths.workspace, { recursive: true });
+      return;
+    }
+    await fs.mkdir(workspace.hostPath, { recursive: true });
+    await fs.symlink(workspace.hostPath, paths.workspace).catch((err: unknown) => {
+      if (!hasErrorCode(err, 'EEXIST')) throw err;
+    });
+  }
+
+  function freshState(
+    sandboxId: string,
+    fence: number,
+    workspace: Workspace,
+    env: Record<string, string>,
+  ): SandboxState {
+    const now = new Date().toISOString();
+    return {
+      sandboxId,
+      hostId: deps.hostId,
+      maxFence: fence,
+      generation: 0,
+      grant: newGrant(),
+      status: 'created',
+      workspace,
+      env,
+      createdAt: now,
+      updatedAt: now,
+    };
+  }
+
+  async function restoreLocked(request: RestoreRequest, context: RequestContext): Promise<RestoreResult> {
+    const paths = pathsOf(request.sandboxId);
+    let state = await readState(paths);
+    if (state) admitFence(state, request.fence, 'restore');
+    const { checkpoint } = request;
+    let result: RestoreResult;
+    if (!checkpoint) {
+      if (!state) {
+        throw new StasisError(
+          'NOT_FOUND',
+          `sandbox ${request.sandboxId} has no workspace on host ${deps.hostId}; restoring without a checkpoint needs its host-persistent workspace`,
+        );
+      }
+      result = { source: 'workspace' };
+    } else if (state?.dormant?.checkpoint.sha256 === checkpoint.sha256) {
+      result = { source: 'local-copy', labels: state.dormant.labels };
+    } else if (state?.restoredFrom?.sha256 === checkpoint.sha256 && state.status !== 'stopped') {
+      // A retried restore: the files were restored and have been running since; unpacking again would lose work.
+      result = { source: 'checkpoint', labels: state.restoredFrom.labels };
+    } else {
+      const workspace = request.workspace ?? state?.workspace ?? { kind: 'isolated' };
+      if (state) await terminate(state);
+      else state = freshState(request.sandboxId, request.fence, workspace, request.env ?? {});
+      await layOut(paths, workspace);
+      const progress: Progress = { phase: 'restoring', bytes: 0 };
+      const labels = await withHeartbeat(context, progress, () =>
+        restoreSnapshot({
+          store: deps.store,
+          checkpoint,
+          paths,
+          workspace,
+          limits: archiveLimits,
+          progress,
+          ...(context.signal ? { signal: context.signal } : {}),
+        }),
+      );
+      state.restoredFrom = { sha256: checkpoint.sha256, labels };
+      result = { source: 'checkpoint', labels };
+    }
+    if (request.env) state.env = request.env;
+    await ensureCompute(state, paths);
+    await writeState(paths, state);
+    return result;
+  }
+
+  const provider: SandboxProvider = {
+    apiVersion: 3,
+    name,
+    capabilities: CAPABILITIES,
+
+    async provision(raw) {
+      const request = parse(ProvisionRequest, raw, 'provision request');
+      await commands.check();
+      await withLifecycleLock(request.sandboxId, async () => {
+        const paths = pathsOf(request.sandboxId);
+        const existing = await readState(paths);
+        if (existing) admitFence(existing, request.fence, 'provision');
+        const state =
+          existing ??
+          freshState(request.sandboxId, request.fence, request.workspace ?? { kind: 'isolated' }, request.env ?? {});
+        if (request.template) state.template = request.template;
+        await layOut(paths, state.workspace);
+        await writeState(paths, state);
+      });
+    },
+
+    async attach(raw) {
+      await fenced(parse(FencedRequest, raw, 'attach request'), 'attach', async () => {});
+    },
+
+    async start(raw) {
+      await fenced(parse(FencedRequest, raw, 'start request'), 'start', (state, paths) => ensureCompute(state, paths));
+    },
+
+    async exec(raw, context) {
+      const request = parse(ProviderExecRequest, raw, 'exec request');
+      const { running, grant, paths } = await fenced(request, 'exec', async (state, paths) => {
+        if (state.status !== 'running') {
+          throw new StasisError(
+            'INVALID_STATE_TRANSITION',
+            state.status === 'paused'
+              ? `sandbox ${state.sandboxId} is paused; resume it before exec`
+              : `sandbox ${state.sandboxId} is not running (${state.status}); start or restore it before exec`,
+          );
+        }
+        // Admitted and started under the lock, so no release can slip between the check and the spawn.
+        const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
+          env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
+        });
+        // Listening starts right away: a quick command can exit before the lock is released.
+        const outcome = waitForOutcome(child, {
+          maxOutputBytes,
+          ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
+          ...(context.signal ? { signal: context.signal } : {}),
+        });
+        outcome.catch(() => undefined); // awaited below; this only keeps an early rejection from counting as unhandled
+        return { running: { outcome }, grant: state.grant, paths };
+      });
+      const outcome = await withHeartbeat(
+        context,
+        { phase: `running job ${request.jobId}`, bytes: 0 },
+        () => running.outcome,
+      );
+      const after = await readState(paths).catch(() => undefined);
+      if (after?.grant !== grant) {
+        outcome.stderr += `${outcome.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
+      }
+      return outcome;
+    },
+
+    async stop(raw) {
+      await fenced(parse(FencedRequest, raw, 'stop request'), 'stop', (state) => terminate(state));
+    },
+
+    async pause(raw) {
+      await fenced(parse(FencedRequest, raw, 'pause request'), 'pause', async (state) => {
+        if (state.status !== 'running' && state.status !== 'paused') {
+          throw new StasisError(
+            'INVALID_STATE_TRANSITION',
+            `sandbox ${state.sandboxId} is ${state.status}; only a running sandbox can be paused`,
+          );
+        }
+        await freezeSandbox(markerOf(state.sandboxId));
+        state.status = 'paused';
+      });
+    },
+
+    async resume(raw) {
+      await fenced(parse(FencedRequest, raw, 'resume request'), 'resume', async (state) => {
+        if (state.status !== 'running' && state.status !== 'paused') {
+          throw new StasisError(
+            'INVALID_STATE_TRANSITION',
+            `sandbox ${state.sandboxId} is ${state.status}; only a paused sandbox can be resumed`,
+          );
+        }
+        await signalSandbox(markerOf(state.sandboxId), 'SIGCONT');
+        state.status = 'running';
+      });
+    },
+
+    async restore(raw, context) {
+      const request = parse(RestoreRequest, raw, 'restore request');
+      return withLifecycleLock(request.sandboxId, () => restoreLocked(request, context));
+    },
+
+    async destroy(raw) {
+      const request = parse(FencedRequest, raw, 'destroy request');
+      await withLifecycleLock(request.sandboxId, async () => {
+        const paths = pathsOf(request.sandboxId);
+        const state = await readState(paths);
+        if (!state) return; // already destroyed: destroy is idempotent
+        admitFence(state, request.fence, 'destroy');
+        await killSandbox(markerOf(request.sandboxId));
+        // An active workspace is only a link here: removing it leaves the host's files alone.
+        await fs.rm(paths.root, { recursive: true, force: true });
+      });
+    },
+
+    async readFile(raw) {
+      const request = parse(FileRequest, raw, 'file request');
+      const { paths } = await load(request.sandboxId);
+      return readWorkspaceFile(paths.workspace, request.path);
+    },
+
+    async writeFile(raw) {
+      const request = parse(FileRequest, raw, 'file request');
+      const { paths } = await load(request.sandboxId);
+      await writeWorkspaceFile(paths.workspace, request.path, raw.content);
+    },
+
+    async release(raw, context) {
+      const request = parse(SandboxReleaseRequest, raw, 'release request');
+      return withLifecycleLock(request.sandboxId, async () => {
+        const paths = pathsOf(request.sandboxId);
+        const receipts = new ReceiptStore(paths.receipts);
+        const duplicate = await receipts.replay(request);
+        if (duplicate) return duplicate;
+        const { state } = await load(request.sandboxId);
+        admitFence(state, request.fence, 'release');
+        let checkpoint: Checkpoint | undefined;
+        try {
+          if (request.mode === 'TERMINATE') await terminate(state);
+          if (request.mode === 'SNAPSHOT_AND_TERMINATE')
+            checkpoint = await snapshotAndTerminate(state, paths, request, context);
+        } finally {
+          await writeState(paths, state);
+        }
+        const receipt: SandboxReleaseReceipt = {
+          sandboxId: request.sandboxId,
+          idempotencyKey: request.idempotencyKey,
+          mode: request.mode,
+          computeReleased: request.mode !== 'DETACH',
+          duplicate: false,
+          ...(checkpoint ? { checkpoint } : {}),
+          fence: request.fence,
+          releasedAt: new Date().toISOString(),
+        };
+        // Only a finished release leaves a receipt, so a failed one is simply retried.
+        await receipts.save(request, receipt);
+        return receipt;
+      });
+    },
+
+    async processCount(sandboxId) {
+      return (await sandboxProcesses(markerOf(sandboxId))).length;
+    },
+
+    async listSandboxes() {
+      const dir = sandboxesDir(deps.dataDir);
+      let names: string[];
+      try {
+        names = await fs.readdir(dir);
+      } catch (err) {
+        if (hasErrorCode(err, 'ENOENT')) return [];
+        throw err;
+      }
+      const processes = await scanSandboxProcesses(deps.hostId);
+      const found: { sandboxId: string; alive: boolean; dormant: boolean }[] = [];
+      for (const sandboxId of names) {
+        const state = await readState(pathsOf(sandboxId)).catch(() => undefined);
+        if (!state) continue;
+        found.push({
+          sandboxId,
+          alive: (processes.get(sandboxId)?.length ?? 0) > 0,
+          dormant: state.dormant !== undefined,
+        });
+      }
+      return found;
+    },
+
+    async close() {
+      // Nothing to close: this provider holds no client handles, and closing never touches compute.
+    },
+  };
+  return provider;
+}
+
+/** Refuses a call whose fence is below the highest seen for the sandbox; a higher one becomes the new highest. */
+function admitFence(state: SandboxState, fence: number, operation: string): void {
+  if (fence < state.maxFence) {
+    throw new StasisError(
+      'STALE_FENCE',
+      `sandbox ${state.sandboxId}: ${operation} carries fence ${fence}, but fence ${state.maxFence} has already been seen`,
+    );
+  }
+  state.maxFence = fence;
+}
+
+function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.infer<T> {
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) throw new StasisError('INVALID_ARGUMENT', `${what}: ${describeIssues(parsed.error.issues)}`);
+  return parsed.data;
+}
+
+/** Heartbeats with `progress` while `fn` runs, so Temporal sees a long call is alive. */
+async function withHeartbeat<T>(context: RequestContext, progress: Progress, fn: () => Promise<T>): Promise<T> {
+  const beat = () => context.heartbeat?.({ ...progress });
+  beat();
+  const timer = setInterval(beat, HEARTBEAT_MS);
+  try {
+    return await fn();
+  } finally {
+    clearInterval(timer);
+  }
+}

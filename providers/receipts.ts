@@ -1,0 +1,60 @@
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { z } from 'zod';
+import { StasisError } from '../common/errors';
+import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+import { SandboxReleaseReceipt, type SandboxReleaseRequest } from './api';
+
+// Release receipts on disk, one file per idempotency key, so a retried release
+// gets the first outcome back (duplicate: true) even after the worker restarted.
+
+const StoredReceipt = z.object({ requestHash: z.string(), receipt: SandboxReleaseReceipt });
+
+/**
+ * What makes two requests with one key "the same": mode and fence. The free-text
+ * reason is left out, so a retry that words it differently is still a duplicate.
+ */
+export function releaseRequestHash(request: SandboxReleaseRequest): string {
+  return sha256(JSON.stringify([request.sandboxId, request.mode, request.fence]));
+}
+
+export class ReceiptStore {
+  constructor(private readonly dir: string) {}
+
+  /** The stored outcome for this key marked as a duplicate, or undefined; IDEMPOTENCY_CONFLICT when the key was used for a different request. */
+  async replay(request: SandboxReleaseRequest): Promise<SandboxReleaseReceipt | undefined> {
+    let text: string;
+    try {
+      text = await fs.readFile(this.fileOf(request.idempotencyKey), 'utf8');
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return undefined;
+      throw err;
+    }
+    const stored = StoredReceipt.parse(JSON.parse(text));
+    if (stored.requestHash !== releaseRequestHash(request)) {
+      throw new StasisError(
+        'IDEMPOTENCY_CONFLICT',
+        `sandbox ${request.sandboxId}: idempotency key ${JSON.stringify(request.idempotencyKey)} was already used for a ${stored.receipt.mode} release at fence ${stored.receipt.fence}, not this ${request.mode} release at fence ${request.fence}`,
+      );
+    }
+    return { ...stored.receipt, duplicate: true };
+  }
+
+  async save(request: SandboxReleaseRequest, receipt: SandboxReleaseReceipt): Promise<void> {
+    await fs.mkdir(this.dir, { recursive: true });
+    await writeFileAtomic(
+      this.fileOf(request.idempotencyKey),
+      JSON.stringify({ requestHash: releaseRequestHash(request), receipt }),
+    );
+  }
+
+  /** Keys are hashed: they contain `/` and may be long. */
+  private fileOf(idempotencyKey: string): string {
+    return path.join(this.dir, `${sha256(idempotencyKey)}.json`);
+  }
+}
+
+function sha256(text: string): string {
+  return createHash('sha256').update(text).digest('hex');
+}

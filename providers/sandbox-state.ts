@@ -1,0 +1,108 @@
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { z } from 'zod';
+import { StasisError } from '../common/errors';
+import { Checkpoint, EnvMap, Identifier, Workspace } from '../common/schemas';
+import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+
+// A sandbox on this host is the directory `<dataDir>/sandboxes/<sandboxId>/`:
+// `workspace/` (a symlink to the host path for an active workspace), `home/`,
+// `envs/`, and the provider-private `meta/` with `state.json` and `receipts/`.
+
+export interface SandboxPaths {
+  root: string;
+  workspace: string;
+  home: string;
+  envs: string;
+  meta: string;
+  stateFile: string;
+  receipts: string;
+}
+
+export function sandboxesDir(dataDir: string): string {
+  return path.join(dataDir, 'sandboxes');
+}
+
+export function sandboxPaths(dataDir: string, sandboxId: string): SandboxPaths {
+  return sandboxPathsIn(sandboxesDir(dataDir), sandboxId);
+}
+
+/** The paths of `sandboxId` under a provider's sandboxes directory; refuses ids that are not plain names. */
+export function sandboxPathsIn(dir: string, sandboxId: string): SandboxPaths {
+  const parsed = Identifier.safeParse(sandboxId);
+  if (!parsed.success) {
+    throw new StasisError(
+      'INVALID_ARGUMENT',
+      `sandboxId ${JSON.stringify(sandboxId)}: ${parsed.error.issues[0]?.message}`,
+    );
+  }
+  const root = path.join(dir, sandboxId);
+  const meta = path.join(root, 'meta');
+  return {
+    root,
+    workspace: path.join(root, 'workspace'),
+    home: path.join(root, 'home'),
+    envs: path.join(root, 'envs'),
+    meta,
+    stateFile: path.join(meta, 'state.json'),
+    receipts: path.join(meta, 'receipts'),
+  };
+}
+
+export const ComputeStatus = z.enum(['created', 'running', 'paused', 'stopped']);
+export type ComputeStatus = z.infer<typeof ComputeStatus>;
+
+/** A snapshot release left this directory as a local copy of `checkpoint`. */
+export const Dormant = z.object({
+  checkpoint: Checkpoint,
+  labels: z.record(z.string(), z.string()),
+  since: z.string(),
+});
+export type Dormant = z.infer<typeof Dormant>;
+
+export const SandboxState = z.object({
+  sandboxId: z.string(),
+  hostId: z.string(),
+  /** The highest fence any call has carried; lower ones are refused. */
+  maxFence: z.number().int().nonnegative(),
+  /** Counts compute generations; each termination of compute starts a new one. */
+  generation: z.number().int().nonnegative(),
+  /** The grant of the current generation; rotated whenever compute is terminated. */
+  grant: z.string(),
+  status: ComputeStatus,
+  workspace: Workspace,
+  env: EnvMap,
+  template: z.string().optional(),
+  dormant: Dormant.optional(),
+  /** The checkpoint the running files came from, so a retried restore does not unpack it again. */
+  restoredFrom: z.object({ sha256: z.string(), labels: z.record(z.string(), z.string()) }).optional(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+});
+export type SandboxState = z.infer<typeof SandboxState>;
+
+export async function readState(paths: SandboxPaths): Promise<SandboxState | undefined> {
+  let text: string;
+  try {
+    text = await fs.readFile(paths.stateFile, 'utf8');
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return undefined;
+    throw err;
+  }
+  return SandboxState.parse(JSON.parse(text));
+}
+
+export async function writeState(paths: SandboxPaths, state: SandboxState): Promise<void> {
+  await writeFileAtomic(paths.stateFile, JSON.stringify({ ...state, updatedAt: new Date().toISOString() }, null, 2));
+}
+
+export function newGrant(): string {
+  return randomBytes(16).toString('hex');
+}
+
+/** Ends the current compute generation: grants issued for it stop being valid. */
+export function rotateGrant(state: SandboxState): void {
+  state.generation += 1;
+  state.grant = newGrant();
+}

@@ -1,0 +1,114 @@
+import { randomBytes } from 'node:crypto';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { pipeline, Transform } from 'node:stream';
+import type { Checkpoint, Workspace } from '../common/schemas';
+import type { CheckpointStore } from '../stores/api';
+import { CHECKPOINT_DIRS, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
+import { hasErrorCode } from '../stores/atomic-file';
+import type { SandboxPaths } from './sandbox-state';
+
+// Moving a sandbox's files to and from the checkpoint store. The caller freezes
+// or kills the processes; these functions only deal with bytes and directories.
+
+/** What a long transfer reports in its heartbeats. */
+export interface Progress {
+  phase: string;
+  bytes: number;
+}
+
+export async function uploadSnapshot(input: {
+  store: CheckpointStore;
+  paths: SandboxPaths;
+  sandboxId: string;
+  fence: number;
+  labels: Record<string, string>;
+  progress: Progress;
+  signal?: AbortSignal;
+}): Promise<Checkpoint> {
+  // Random suffix: a retried release never overwrites the object an earlier attempt may have left.
+  const key = `checkpoints/${input.sandboxId}/${input.fence}-${randomBytes(8).toString('hex')}.tar.gz`;
+  input.progress.phase = 'uploading checkpoint';
+  // Counted in the pipe (not with a 'data' listener, which would start the flow before the store reads it).
+  const counted = new Transform({
+    transform(chunk: Buffer, _encoding, callback) {
+      input.progress.bytes += chunk.length;
+      callback(null, chunk);
+    },
+  });
+  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), counted, () => {}); // errors reach the store through `counted`
+  return input.store.put(key, counted, input.labels, input.signal);
+}
+
+/**
+ * Downloads and verifies `checkpoint`, unpacks it into a staging directory
+ * inside the sandbox root, then swaps the directories into place. Returns the
+ * checkpoint's labels. An active workspace is host-persistent: its host path is
+ * only filled from the checkpoint when it is empty (a restore on another host).
+ */
+export async function restoreSnapshot(input: {
+  store: CheckpointStore;
+  checkpoint: Checkpoint;
+  paths: SandboxPaths;
+  workspace: Workspace;
+  limits: ArchiveLimits;
+  progress: Progress;
+  signal?: AbortSignal;
+}): Promise<Record<string, string>> {
+  const { paths } = input;
+  const staging = path.join(paths.root, `.restore-${randomBytes(6).toString('hex')}`);
+  const archive = `${staging}.tar.gz`;
+  await fs.mkdir(staging);
+  try {
+    input.progress.phase = 'downloading checkpoint';
+    const { labels } = await input.store.download(input.checkpoint, archive, input.signal);
+    input.progress.phase = 'unpacking checkpoint';
+    await unpackCheckpoint(archive, staging, input.limits);
+    input.signal?.throwIfAborted();
+    for (const dir of CHECKPOINT_DIRS) await fs.mkdir(path.join(staging, dir), { recursive: true });
+    await swapInto(path.join(staging, 'home'), paths.home);
+    await swapInto(path.join(staging, 'envs'), paths.envs);
+    if (input.workspace.kind === 'isolated') await swapInto(path.join(staging, 'workspace'), paths.workspace);
+    else await fillIfEmpty(path.join(staging, 'workspace'), input.workspace.hostPath);
+    return labels;
+  } finally {
+    await fs.rm(staging, { recursive: true, force: true });
+    await fs.rm(archive, { force: true });
+  }
+}
+
+/** Replaces `dest` with `src` (same filesystem) by two renames; the old tree is removed afterwards. */
+async function swapInto(src: string, dest: string): Promise<void> {
+  const old = `${dest}.old-${randomBytes(6).toString('hex')}`;
+  const hadOld = await fs.rename(dest, old).then(
+    () => true,
+    (err: unknown) => {
+      if (hasErrorCode(err, 'ENOENT')) return false;
+      throw err;
+    },
+  );
+  await fs.rename(src, dest);
+  if (hadOld) await fs.rm(old, { recursive: true, force: true });
+}
+
+async function fillIfEmpty(src: string, hostPath: string): Promise<void> {
+  await fs.mkdir(hostPath, { recursive: true });
+  if ((await fs.readdir(hostPath)).length > 0) return;
+  for (const name of await fs.readdir(src)) {
+    const from = path.join(src, name);
+    const to = path.join(hostPath, name);
+    try {
+      await fs.rename(from, to);
+    } catch (err) {
+      // The host path may be on another filesystem than the data dir.
+      if (!hasErrorCode(err, 'EXDEV')) throw err;
+      await fs.cp(from, to, {
+        recursive: true,
+        verbatimSymlinks: true,
+        preserveTimestamps: true,
+        errorOnExist: true,
+        force: false,
+      });
+    }
+  }
+}

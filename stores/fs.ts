@@ -1,0 +1,126 @@
+import { randomBytes } from 'node:crypto';
+import { createReadStream, createWriteStream } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import type { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { z } from 'zod';
+import { StasisError } from '../common/errors';
+import type { Checkpoint } from '../common/schemas';
+import type { CheckpointStore } from './api';
+import { abortReason } from './abort';
+import { hasErrorCode, writeFileAtomic } from './atomic-file';
+import { HashingStream, verifyDownload } from './hashing';
+import { checkKey } from './keys';
+
+// A checkpoint store in a local (or shared, e.g. NFS) directory: the embedded
+// default when no S3 endpoint is configured. Each object is `<dir>/<key>` with
+// its labels in a `<key>.labels.json` sidecar.
+
+const Sidecar = z.object({ labels: z.record(z.string(), z.string()), sha256: z.string(), bytes: z.number() });
+
+export class FsCheckpointStore implements CheckpointStore {
+  readonly kind = 'fs' as const;
+  private readonly dir: string;
+
+  constructor(dir: string) {
+    this.dir = path.resolve(dir);
+  }
+
+  async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
+    const file = path.join(this.dir, checkKey(key));
+    await fs.mkdir(path.dirname(file), { recursive: true });
+    // Stream into a temp file first so a failed or cancelled put leaves nothing under the key.
+    const temp = `${file}.part-${randomBytes(6).toString('hex')}`;
+    const hasher = new HashingStream();
+    try {
+      await pipeline(body, hasher, createWriteStream(temp, { mode: 0o600 }), signal ? { signal } : {});
+      const checkpoint: Checkpoint = { uri: pathToFileURL(file).href, sha256: hasher.digest(), bytes: hasher.bytes };
+      await writeFileAtomic(
+        sidecarOf(file),
+        JSON.stringify({ labels, sha256: checkpoint.sha256, bytes: checkpoint.bytes }),
+      );
+      await fs.rename(temp, file);
+      return checkpoint;
+    } catch (err) {
+      await fs.rm(temp, { force: true });
+      throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
+    }
+  }
+
+  async download(
+    checkpoint: Checkpoint,
+    file: string,
+    signal?: AbortSignal,
+  ): Promise<{ labels: Record<string, string> }> {
+    const source = this.fileOf(checkpoint.uri);
+    const sidecar = await this.readSidecar(source, checkpoint.uri);
+    const hasher = new HashingStream();
+    try {
+      await pipeline(
+        createReadStream(source),
+        hasher,
+        createWriteStream(file, { mode: 0o600 }),
+        signal ? { signal } : {},
+      );
+      verifyDownload(checkpoint, hasher.digest(), hasher.bytes);
+    } catch (err) {
+      await fs.rm(file, { force: true });
+      if (hasErrorCode(err, 'ENOENT')) throw notFound(checkpoint.uri);
+      throw err;
+    }
+    return { labels: sidecar.labels };
+  }
+
+  async delete(uri: string): Promise<void> {
+    const file = this.fileOf(uri);
+    await fs.rm(file, { force: true });
+    await fs.rm(sidecarOf(file), { force: true });
+  }
+
+  async exists(uri: string): Promise<boolean> {
+    try {
+      return (await fs.stat(this.fileOf(uri))).isFile();
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return false;
+      throw err;
+    }
+  }
+
+  /** The file a `file://` uri names; refuses uris outside this store's directory. */
+  private fileOf(uri: string): string {
+    let file: string;
+    try {
+      file = fileURLToPath(uri);
+    } catch {
+      throw new StasisError(
+        'INVALID_ARGUMENT',
+        `checkpoint uri ${JSON.stringify(uri)} is not a file:// uri of the fs store`,
+      );
+    }
+    const relative = path.relative(this.dir, file);
+    if (relative === '..' || relative.startsWith(`..${path.sep}`) || path.isAbsolute(relative)) {
+      throw new StasisError('INVALID_ARGUMENT', `checkpoint uri ${uri} is outside the fs store ${this.dir}`);
+    }
+    checkKey(relative.split(path.sep).join('/'));
+    return file;
+  }
+
+  private async readSidecar(file: string, uri: string): Promise<z.infer<typeof Sidecar>> {
+    try {
+      return Sidecar.parse(JSON.parse(await fs.readFile(sidecarOf(file), 'utf8')));
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) throw notFound(uri);
+      throw new StasisError('CHECKPOINT_INVALID', `checkpoint ${uri} has an unreadable labels file: ${String(err)}`);
+    }
+  }
+}
+
+function sidecarOf(file: string): string {
+  return `${file}.labels.json`;
+}
+
+function notFound(uri: string): StasisError {
+  return new StasisError('NOT_FOUND', `checkpoint ${uri} does not exist in the store`);
+}

@@ -1,0 +1,31 @@
+import { createHash, type Hash } from 'node:crypto';
+import { Transform, type TransformCallback } from 'node:stream';
+import { StasisError } from '../common/errors';
+import type { Checkpoint } from '../common/schemas';
+
+/** A pass-through that hashes (sha-256) and counts what flows through it, so a store hashes while it streams. */
+export class HashingStream extends Transform {
+  private readonly hash: Hash = createHash('sha256');
+  bytes = 0;
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
+    this.hash.update(chunk);
+    this.bytes += chunk.length;
+    callback(null, chunk);
+  }
+
+  /** The hex digest; call once, after the stream has ended. */
+  digest(): string {
+    return this.hash.digest('hex');
+  }
+}
+
+/** Refuses a download whose bytes differ from what the checkpoint record says. */
+export function verifyDownload(checkpoint: Checkpoint, sha256: string, bytes: number): void {
+  if (sha256 !== checkpoint.sha256 || bytes !== checkpoint.bytes) {
+    throw new StasisError(
+      'CHECKPOINT_INVALID',
+      `checkpoint ${checkpoint.uri} is corrupt: expected sha256 ${checkpoint.sha256} (${checkpoint.bytes} bytes), got ${sha256} (${bytes} bytes)`,
+    );
+  }
+}

@@ -1,0 +1,161 @@
+import {
+  DeleteObjectCommand,
+  GetObjectCommand,
+  HeadObjectCommand,
+  S3Client,
+  S3ServiceException,
+} from '@aws-sdk/client-s3';
+import { Upload } from '@aws-sdk/lib-storage';
+import { createWriteStream } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { z } from 'zod';
+import { StasisError } from '../common/errors';
+import type { Checkpoint } from '../common/schemas';
+import type { CheckpointStore } from './api';
+import { abortReason } from './abort';
+import { HashingStream, verifyDownload } from './hashing';
+import { checkKey } from './keys';
+
+// Checkpoints in any S3-compatible store (MinIO locally, AWS S3 in production).
+// Uploads stream through a hashing tee into a multipart upload, so a workspace
+// of any size never sits in memory or on local disk twice.
+
+export interface S3StoreOptions {
+  bucket: string;
+  region: string;
+  /** An S3-compatible endpoint such as http://127.0.0.1:9000; unset for AWS S3. */
+  endpoint?: string;
+  /** Unset: the SDK's default credential chain. */
+  credentials?: { accessKeyId: string; secretAccessKey: string };
+  /** Multipart part size (at least 5 MiB); at most two parts are buffered at once. */
+  partSizeBytes?: number;
+}
+
+/** Labels travel as one metadata entry, base64 JSON: S3 lowercases metadata keys and limits their characters. */
+const LABELS_METADATA = 'stasis-labels';
+const Labels = z.record(z.string(), z.string());
+
+export class S3CheckpointStore implements CheckpointStore {
+  readonly kind = 's3' as const;
+  private readonly client: S3Client;
+
+  constructor(private readonly options: S3StoreOptions) {
+    this.client = new S3Client({
+      region: options.region,
+      ...(options.endpoint ? { endpoint: options.endpoint, forcePathStyle: true } : {}),
+      ...(options.credentials ? { credentials: options.credentials } : {}),
+      // Temporal retries the activity; a long SDK retry loop would only delay that.
+      maxAttempts: 2,
+      // sha-256 is verified end to end by Stasis; the SDK's extra checksums break some S3-compatible stores.
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
+    });
+  }
+
+  async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
+    checkKey(key);
+    const hasher = new HashingStream();
+    // Cancelling ends the body with an error, so the upload fails the normal way and aborts its multipart upload itself.
+    const onAbort = () => hasher.destroy(abortReason(signal, 'checkpoint upload'));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const feeding = pipeline(body, hasher).catch((err: unknown) => err);
+    const upload = new Upload({
+      client: this.client,
+      params: {
+        Bucket: this.options.bucket,
+        Key: key,
+        Body: hasher,
+        ContentType: 'application/gzip',
+        Metadata: { [LABELS_METADATA]: Buffer.from(JSON.stringify(labels)).toString('base64') },
+      },
+      partSize: this.options.partSizeBytes ?? 16 * 1024 * 1024,
+      queueSize: 2,
+      leavePartsOnError: false,
+    });
+    try {
+      await upload.done();
+      if (signal?.aborted) throw abortReason(signal, 'checkpoint upload');
+      const feedError = await feeding;
+      if (feedError) throw feedError;
+      return { uri: `s3://${this.options.bucket}/${key}`, sha256: hasher.digest(), bytes: hasher.bytes };
+    } catch (err) {
+      // A single-part upload can complete just as it is cancelled: leave nothing under the key.
+      await this.client.send(new DeleteObjectCommand({ Bucket: this.options.bucket, Key: key })).catch(() => undefined);
+      throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      body.destroy();
+    }
+  }
+
+  async download(
+    checkpoint: Checkpoint,
+    file: string,
+    signal?: AbortSignal,
+  ): Promise<{ labels: Record<string, string> }> {
+    const { bucket, key } = parseUri(checkpoint.uri);
+    const hasher = new HashingStream();
+    try {
+      const response = await this.client.send(
+        new GetObjectCommand({ Bucket: bucket, Key: key }),
+        signal ? { abortSignal: signal } : {},
+      );
+      if (!(response.Body instanceof Readable)) throw new Error(`GetObject for ${checkpoint.uri} returned no stream`);
+      await pipeline(response.Body, hasher, createWriteStream(file, { mode: 0o600 }), signal ? { signal } : {});
+      verifyDownload(checkpoint, hasher.digest(), hasher.bytes);
+      return { labels: decodeLabels(response.Metadata?.[LABELS_METADATA], checkpoint.uri) };
+    } catch (err) {
+      await fs.rm(file, { force: true });
+      if (isNotFound(err))
+        throw new StasisError('NOT_FOUND', `checkpoint ${checkpoint.uri} does not exist in the store`);
+      throw err;
+    }
+  }
+
+  async delete(uri: string): Promise<void> {
+    const { bucket, key } = parseUri(uri);
+    await this.client.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  }
+
+  async exists(uri: string): Promise<boolean> {
+    const { bucket, key } = parseUri(uri);
+    try {
+      await this.client.send(new HeadObjectCommand({ Bucket: bucket, Key: key }));
+      return true;
+    } catch (err) {
+      if (isNotFound(err)) return false;
+      throw err;
+    }
+  }
+}
+
+function parseUri(uri: string): { bucket: string; key: string } {
+  const match = /^s3:\/\/([^/]+)\/(.+)$/.exec(uri);
+  if (!match)
+    throw new StasisError('INVALID_ARGUMENT', `checkpoint uri ${JSON.stringify(uri)} is not an s3://bucket/key uri`);
+  return { bucket: match[1], key: checkKey(match[2]) };
+}
+
+function decodeLabels(encoded: string | undefined, uri: string): Record<string, string> {
+  if (encoded === undefined) return {};
+  const parsed = Labels.safeParse(safeJson(Buffer.from(encoded, 'base64').toString('utf8')));
+  if (!parsed.success) throw new StasisError('CHECKPOINT_INVALID', `checkpoint ${uri} has unreadable labels metadata`);
+  return parsed.data;
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+function isNotFound(err: unknown): boolean {
+  return (
+    err instanceof S3ServiceException &&
+    (err.name === 'NoSuchKey' || err.name === 'NotFound' || err.$metadata.httpStatusCode === 404)
+  );
+}

@@ -1,0 +1,103 @@
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { RequestContext } from '../../providers/api';
+import { StasisError, type ErrorCode } from '../../common/errors';
+import { S3CheckpointStore } from '../../stores/s3';
+
+// Shared by the provider and store tests: temp dirs, a real S3 store from the
+// environment the jest global setup exports, and a manifest of a directory tree.
+
+export async function tempDir(prefix: string): Promise<string> {
+  return fs.mkdtemp(path.join(os.tmpdir(), `stasis-${prefix}-`));
+}
+
+export function uniqueId(prefix: string): string {
+  return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+}
+
+/** The MinIO (or other S3) store the global setup started; the tests need a real one. */
+export function s3StoreFromEnv(partSizeBytes?: number): S3CheckpointStore {
+  const endpoint = process.env.STASIS_S3_ENDPOINT;
+  const accessKeyId = process.env.AWS_ACCESS_KEY_ID;
+  const secretAccessKey = process.env.AWS_SECRET_ACCESS_KEY;
+  if (!endpoint || !accessKeyId || !secretAccessKey) {
+    throw new Error(
+      'STASIS_S3_ENDPOINT, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set (the jest global setup starts MinIO)',
+    );
+  }
+  return new S3CheckpointStore({
+    endpoint,
+    bucket: process.env.STASIS_S3_BUCKET ?? 'stasis',
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    credentials: { accessKeyId, secretAccessKey },
+    ...(partSizeBytes ? { partSizeBytes } : {}),
+  });
+}
+
+export function context(overrides: Partial<RequestContext> = {}): RequestContext {
+  return { ownerId: 'test-owner', hostId: 'test-host', ...overrides };
+}
+
+export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(25);
+  }
+}
+
+/** Resolves to the StasisError `promise` rejects with, failing the test if it resolves or rejects otherwise. */
+export async function stasisError(promise: Promise<unknown>, code: ErrorCode): Promise<StasisError> {
+  try {
+    await promise;
+  } catch (err) {
+    if (err instanceof StasisError && err.code === code) return err;
+    throw new Error(
+      `expected StasisError ${code}, got ${err instanceof Error ? `${err.name}: ${err.message}` : String(err)}`,
+      { cause: err },
+    );
+  }
+  throw new Error(`expected StasisError ${code}, but the call succeeded`);
+}
+
+export async function sha256File(file: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(file)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+/**
+ * One line per path under `root`: type, mode, and content hash (files), link
+ * target (symlinks) or nothing (dirs); files also carry their mtime in seconds.
+ */
+export async function manifest(root: string): Promise<string[]> {
+  const lines: string[] = [];
+  async function walk(dir: string): Promise<void> {
+    const names = (await fs.readdir(dir)).sort();
+    for (const name of names) {
+      const full = path.join(dir, name);
+      const rel = path.relative(root, full);
+      const stat = await fs.lstat(full);
+      const mode = (stat.mode & 0o7777).toString(8);
+      if (stat.isSymbolicLink()) lines.push(`link ${rel} -> ${await fs.readlink(full)}`);
+      else if (stat.isDirectory()) {
+        lines.push(`dir ${rel} ${mode}`);
+        await walk(full);
+      } else if (stat.isFile()) {
+        lines.push(`file ${rel} ${mode} ${stat.size} ${Math.floor(stat.mtimeMs / 1000)} ${await sha256File(full)}`);
+      } else lines.push(`other ${rel}`);
+    }
+  }
+  await walk(root);
+  return lines;
+}
+
+/** Every path under `dir`, to show nothing was written somewhere. */
+export async function listTree(dir: string): Promise<string[]> {
+  const entries = await fs.readdir(dir, { recursive: true });
+  return entries.map(String).sort();
+}

@@ -1,0 +1,150 @@
+import { ListMultipartUploadsCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import { randomBytes } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { Readable } from 'node:stream';
+import type { CheckpointStore } from '../../stores/api';
+import { FsCheckpointStore } from '../../stores/fs';
+import { createCheckpointStore } from '../../stores/index';
+import { loadConfig } from '../../common/config';
+import { listTree, s3StoreFromEnv, sha256File, stasisError, tempDir, uniqueId } from '../providers/helpers';
+
+// Both checkpoint stores against the same contract, with real files and a real MinIO.
+
+/** An endless stream of random 256 KiB chunks, one every few milliseconds, to cancel mid-upload. */
+function endless(): Readable {
+  return new Readable({
+    read() {
+      setTimeout(() => this.push(randomBytes(256 * 1024)), 2);
+    },
+  });
+}
+
+function s3Client(): S3Client {
+  return new S3Client({
+    endpoint: process.env.STASIS_S3_ENDPOINT,
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    forcePathStyle: true,
+    credentials: {
+      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+    },
+  });
+}
+const bucket = () => process.env.STASIS_S3_BUCKET ?? 'stasis';
+
+const stores: {
+  kind: string;
+  make: () => Promise<{ store: CheckpointStore; leftovers: (prefix: string) => Promise<string[]> }>;
+}[] = [
+  {
+    kind: 'fs',
+    make: async () => {
+      const dir = await tempDir('fs-store');
+      return {
+        store: new FsCheckpointStore(dir),
+        leftovers: async (prefix) => (await listTree(dir)).filter((p) => p.startsWith(prefix) && p !== prefix),
+      };
+    },
+  },
+  {
+    kind: 's3',
+    make: async () => ({
+      store: s3StoreFromEnv(5 * 1024 * 1024),
+      leftovers: async (prefix) => {
+        const client = s3Client();
+        const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
+        const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
+        return [
+          ...(objects.Contents ?? []).map((o) => `object ${o.Key}`),
+          ...(uploads.Uploads ?? []).map((u) => `upload ${u.Key}`),
+        ];
+      },
+    }),
+  },
+];
+
+describe.each(stores)('$kind checkpoint store', ({ make }) => {
+  it('streams a multipart-sized object in, with labels, and back out verified', async () => {
+    const { store } = await make();
+    const work = await tempDir('store-data');
+    const source = path.join(work, 'source');
+    await fs.writeFile(source, randomBytes(12 * 1024 * 1024 + 17)); // spans three 5 MiB parts
+    const key = `checkpoints/${uniqueId('sbx')}/1-a.tar.gz`;
+    const labels = { run: 'R'.repeat(64), Spec: 'mixed Case ü', policy: 'p' };
+    const checkpoint = await store.put(key, createReadStream(source), labels);
+    expect(checkpoint.uri).toMatch(store.kind === 's3' ? `s3://${bucket()}/${key}` : /^file:\/\//);
+    expect(checkpoint.bytes).toBe(12 * 1024 * 1024 + 17);
+    expect(checkpoint.sha256).toBe(await sha256File(source));
+    expect(await store.exists(checkpoint.uri)).toBe(true);
+
+    const copy = path.join(work, 'copy');
+    expect(await store.download(checkpoint, copy)).toEqual({ labels });
+    expect(await sha256File(copy)).toBe(checkpoint.sha256);
+
+    await store.delete(checkpoint.uri);
+    expect(await store.exists(checkpoint.uri)).toBe(false);
+    await stasisError(store.download(checkpoint, path.join(work, 'gone')), 'NOT_FOUND');
+    await store.delete(checkpoint.uri); // idempotent
+  });
+
+  it('refuses a download whose sha-256 or size differs from the checkpoint record', async () => {
+    const { store } = await make();
+    const work = await tempDir('store-verify');
+    const checkpoint = await store.put(
+      `checkpoints/${uniqueId('sbx')}/1-b.tar.gz`,
+      Readable.from([Buffer.from('hello')]),
+      {},
+    );
+    const target = path.join(work, 'copy');
+    const err = await stasisError(
+      store.download({ ...checkpoint, sha256: '0'.repeat(64) }, target),
+      'CHECKPOINT_INVALID',
+    );
+    expect(err.message).toContain('is corrupt');
+    await stasisError(store.download({ ...checkpoint, bytes: 6 }, target), 'CHECKPOINT_INVALID');
+    await expect(fs.access(target)).rejects.toThrow(); // no half-verified file is left
+  });
+
+  it('leaves nothing under the key when the upload is cancelled or its source fails', async () => {
+    const { store, leftovers } = await make();
+    const prefix = `checkpoints/${uniqueId('cancel')}/`;
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(new Error('cancelled by test')), 400);
+    await expect(store.put(`${prefix}1-c.tar.gz`, endless(), {}, controller.signal)).rejects.toThrow(
+      'cancelled by test',
+    );
+
+    const failing = new Readable({ read() {} });
+    failing.push(randomBytes(6 * 1024 * 1024));
+    setTimeout(() => failing.destroy(new Error('disk read failed')), 200);
+    await expect(store.put(`${prefix}2-d.tar.gz`, failing, {})).rejects.toThrow('disk read failed');
+    expect(await leftovers(prefix)).toEqual([]);
+  });
+
+  it('refuses keys outside checkpoints/', async () => {
+    const { store } = await make();
+    await stasisError(store.put('../escape', Readable.from([Buffer.from('x')]), {}), 'INVALID_ARGUMENT');
+    await stasisError(store.put('checkpoints/../x', Readable.from([Buffer.from('x')]), {}), 'INVALID_ARGUMENT');
+  });
+});
+
+describe('createCheckpointStore', () => {
+  it('picks s3 when an endpoint is configured and fs under the data dir otherwise', async () => {
+    const dataDir = await tempDir('config');
+    expect(createCheckpointStore(loadConfig({ STASIS_DATA_DIR: dataDir })).kind).toBe('fs');
+    const s3 = createCheckpointStore(
+      loadConfig({
+        STASIS_DATA_DIR: dataDir,
+        STASIS_S3_ENDPOINT: 'http://127.0.0.1:9',
+        AWS_ACCESS_KEY_ID: 'a',
+        AWS_SECRET_ACCESS_KEY: 'b',
+      }),
+    );
+    expect(s3.kind).toBe('s3');
+    const fsStore = createCheckpointStore(loadConfig({ STASIS_DATA_DIR: dataDir }));
+    const checkpoint = await fsStore.put('checkpoints/x/1.tar.gz', Readable.from([Buffer.from('x')]), {});
+    expect(checkpoint.uri).toBe(`file://${path.join(dataDir, 'checkpoints-store', 'checkpoints', 'x', '1.tar.gz')}`);
+  });
+});
