@@ -1,3 +1,4 @@
+import { mkdir } from 'node:fs/promises';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../common/config';
 import { evictUnderPressure, orphanSweep } from '../providers/maintenance';
@@ -63,6 +64,7 @@ export interface MaintenanceOptions extends HostContext {
 /** One maintenance pass: orphaned dormant copies, then disk pressure. */
 export async function maintainHost(options: MaintenanceOptions, now?: () => Date) {
   const dir = sandboxesDir(options.dataDir);
+  await mkdir(dir, { recursive: true });
   const orphans = await orphanSweep({
     sandboxesDir: dir,
     isLive: (sandboxId) => isLiveHere(options.client, options.hostId, sandboxId),

@@ -1,0 +1,117 @@
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { createBwrapProvider } from '../../providers/bwrap';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { context, stasisError, waitFor } from './helpers';
+import { makeHost, readCounter, sh } from './harness';
+
+// The bwrap provider: the same lifecycle as local, with each command isolated
+// by bubblewrap. Needs the `bubblewrap` package on the test machine.
+
+const bwrapHost = () => makeHost({ make: (deps) => createBwrapProvider(deps) });
+
+describe('bwrap provider', () => {
+  it('advertises the same capabilities as local', async () => {
+    const host = await bwrapHost();
+    expect(host.provider.name).toBe('bwrap');
+    expect(host.provider.capabilities).toEqual({
+      pauseModes: ['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'],
+      pause: true,
+      crossHostRestore: true,
+    });
+  });
+
+  it('runs each command in its own pid namespace, without network, on a read-only system', async () => {
+    const host = await bwrapHost();
+    const id = await host.sandbox();
+    expect(await sh(host.provider, id, 'pwd; echo $HOME')).toBe('/workspace\n/home/sandbox\n');
+    const pids = (await sh(host.provider, id, 'ls /proc | grep -E "^[0-9]+$"')).trim().split('\n');
+    expect(pids.length).toBeLessThanOrEqual(5);
+    expect(pids).toContain('1');
+    const interfaces = (await sh(host.provider, id, 'tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "'))
+      .trim()
+      .split('\n');
+    expect(interfaces).toEqual(['lo']);
+    const readOnly = await host.provider.exec(
+      { sandboxId: id, fence: 1, jobId: 'j', command: 'touch /usr/stasis-probe' },
+      context(),
+    );
+    expect(readOnly.exitCode).not.toBe(0);
+    expect(readOnly.stderr).toContain('Read-only file system');
+    await expect(fs.access('/usr/stasis-probe')).rejects.toThrow();
+  });
+
+  it('binds only its own directories: another sandbox and the data dir are not visible', async () => {
+    const host = await bwrapHost();
+    const mine = await host.sandbox();
+    const other = await host.sandbox();
+    await host.provider.writeFile(
+      { sandboxId: other, path: 'secret.txt', content: Buffer.from('other tenant') },
+      context(),
+    );
+    const otherWorkspace = sandboxPaths(host.dataDir, other).workspace;
+    const probe = await host.provider.exec(
+      {
+        sandboxId: mine,
+        fence: 1,
+        jobId: 'j',
+        command: `cat ${otherWorkspace}/secret.txt; ls ${host.dataDir}; ls /envs /home/sandbox >/dev/null && echo own-dirs-ok`,
+      },
+      context(),
+    );
+    expect(probe.stdout).toBe('own-dirs-ok\n');
+    expect(probe.stderr).toContain('No such file or directory');
+    expect(probe.stderr).not.toContain('other tenant');
+
+    await sh(host.provider, mine, 'echo from-inside > /workspace/out.txt; echo rc > /home/sandbox/.rc');
+    expect((await host.provider.readFile({ sandboxId: mine, path: 'out.txt' }, context())).toString()).toBe(
+      'from-inside\n',
+    );
+    expect(await fs.readFile(path.join(sandboxPaths(host.dataDir, mine).home, '.rc'), 'utf8')).toBe('rc\n');
+  });
+
+  it('pauses, resumes, snapshots and restores like local, killing every bubblewrap process', async () => {
+    const host = await bwrapHost();
+    const id = await host.sandbox();
+    const workspace = sandboxPaths(host.dataDir, id).workspace;
+    // A background loop does not outlive its command's pid namespace, so it runs in the foreground of a long exec.
+    const running = host.provider.exec(
+      {
+        sandboxId: id,
+        fence: 1,
+        jobId: 'loop',
+        command: 'i=0; while true; do i=$((i+1)); echo $i > counter; sleep 0.02; done',
+      },
+      context(),
+    );
+    await waitFor('the counter to run', async () => (await readCounter(workspace)) > 3);
+    expect(await host.provider.processCount(id)).toBeGreaterThanOrEqual(3); // bwrap + init, bwrap + loop
+    await host.provider.pause({ sandboxId: id, fence: 1 }, context());
+    const frozen = await readCounter(workspace);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await readCounter(workspace)).toBe(frozen);
+    await host.provider.resume({ sandboxId: id, fence: 1 }, context());
+    await waitFor('the counter to advance', async () => (await readCounter(workspace)) > frozen + 3);
+
+    const receipt = await host.provider.release(
+      { sandboxId: id, idempotencyKey: 'k', mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
+      context(),
+    );
+    expect(await host.provider.processCount(id)).toBe(0);
+    const outcome = await running;
+    expect(outcome.exitCode).toBe(137);
+    expect(outcome.stderr).toContain("the sandbox's compute was released while the command ran");
+    if (!receipt.checkpoint) throw new Error('no checkpoint');
+    expect(await host.provider.restore({ sandboxId: id, fence: 3, checkpoint: receipt.checkpoint }, context())).toEqual(
+      {
+        source: 'local-copy',
+        labels: {},
+      },
+    );
+    expect(Number(await sh(host.provider, id, 'cat counter', 3))).toBeGreaterThan(frozen);
+    await stasisError(
+      host.provider.exec({ sandboxId: id, fence: 2, jobId: 'late', command: 'true' }, context()),
+      'STALE_FENCE',
+    );
+  });
+});
