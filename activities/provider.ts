@@ -36,10 +36,11 @@ export type FileEncoding = 'utf8' | 'base64';
 
 export type SandboxOpName = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
 
-const HEARTBEAT_MS = 1_000;
-
 export function createProviderActivities(deps: ProviderActivityDeps) {
-  /** Runs a provider call with the activity's cancellation and a steady heartbeat. */
+  /**
+   * Runs a provider call with the activity's cancellation. The provider heartbeats
+   * itself while it makes progress, so a hung call is cut by the heartbeat timeout.
+   */
   async function call<T>(owner: Owner, fn: (p: SandboxProvider, ctx: RequestContext) => Promise<T>): Promise<T> {
     const activity = Context.current();
     deps.metrics.recordAttempt(activity.info.attempt);
@@ -50,14 +51,11 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       signal: activity.cancellationSignal,
       heartbeat: (details?: unknown) => activity.heartbeat(details),
     };
-    const timer = setInterval(() => activity.heartbeat(), HEARTBEAT_MS);
     try {
       return await fn(deps.provider(owner.provider), ctx);
     } catch (err) {
       deps.metrics.recordFailure();
       throw err;
-    } finally {
-      clearInterval(timer);
     }
   }
 
