@@ -307,7 +307,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         { phase: `running job ${request.jobId}`, bytes: 0 },
         () => running.outcome,
       );
-      const after = await readState(paths).catch(() => undefined);
+      // Under the lock: a release that killed the command has finished recording it by then.
+      const after = await withLifecycleLock(request.sandboxId, () => readState(paths)).catch(() => undefined);
       if (after?.grant !== grant) {
         outcome.stderr += `${outcome.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
       }

@@ -1,4 +1,4 @@
-import * as fs from 'node:fs/promises';
+import { readdirSync, readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 
@@ -26,23 +26,42 @@ interface ProcessInfo {
   state: string;
 }
 
-/** Live (non-zombie) processes of every sandbox of `hostId`, by sandbox id. */
+/**
+ * Live (non-zombie) processes of every sandbox of `hostId`, by sandbox id.
+ * /proc files are read synchronously: they are generated in memory and never
+ * block, and a few hundred of them through the libuv thread pool take 20x longer.
+ */
 export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
   const bySandbox = new Map<string, ProcessInfo[]>();
-  const pids = (await fs.readdir('/proc')).filter((name) => /^[0-9]+$/.test(name)).map(Number);
-  await Promise.all(
-    pids
-      .filter((pid) => pid !== process.pid)
-      .map(async (pid) => {
-        const sandboxId = await markedSandbox(pid, hostId);
-        if (sandboxId === undefined) return;
-        const state = await processState(pid);
-        if (state === undefined || state === 'Z' || state === 'X') return;
-        const list = bySandbox.get(sandboxId) ?? [];
-        list.push({ pid, state });
-        bySandbox.set(sandboxId, list);
-      }),
-  );
+  const add = (pid: number, state: string, environ: string | undefined) => {
+    const sandboxId = markedSandbox(environ, hostId);
+    if (sandboxId === undefined) return;
+    const list = bySandbox.get(sandboxId) ?? [];
+    list.push({ pid, state });
+    bySandbox.set(sandboxId, list);
+  };
+  let unreadable: { pid: number; state: string }[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
+    const pid = Number(name);
+    const stat = processStat(pid);
+    if (!stat || stat.kernelThread || stat.state === 'Z' || stat.state === 'X') continue;
+    const environ = readEnviron(pid);
+    if (environ === '') unreadable.push({ pid, state: stat.state });
+    else add(pid, stat.state, environ);
+  }
+  // During execve the new image's environment is briefly unreadable (empty): a process
+  // missed then would escape a kill, so look again until it shows one.
+  for (let retry = 0; unreadable.length > 0 && retry < EXEC_WINDOW_RETRIES; retry += 1) {
+    await sleep(1);
+    const still: typeof unreadable = [];
+    for (const entry of unreadable) {
+      const environ = readEnviron(entry.pid);
+      if (environ === '') still.push(entry);
+      else add(entry.pid, entry.state, environ);
+    }
+    unreadable = still;
+  }
   return bySandbox;
 }
 
@@ -104,27 +123,37 @@ export function sendSignal(pid: number, signal: NodeJS.Signals): boolean {
   }
 }
 
-async function markedSandbox(pid: number, hostId: string): Promise<string | undefined> {
-  let environ: string;
-  try {
-    environ = await fs.readFile(`/proc/${pid}/environ`, 'latin1');
-  } catch {
-    return undefined; // gone, or not ours to read
-  }
+/** Rescans of an empty environ while a process may be in execve. */
+const EXEC_WINDOW_RETRIES = 20;
+
+function markedSandbox(environ: string | undefined, hostId: string): string | undefined {
   let sandboxId: string | undefined;
   let host: string | undefined;
-  for (const entry of environ.split('\0')) {
+  for (const entry of (environ ?? '').split('\0')) {
     if (entry.startsWith(`${ID_VAR}=`)) sandboxId = entry.slice(ID_VAR.length + 1);
     else if (entry.startsWith(`${HOST_VAR}=`)) host = entry.slice(HOST_VAR.length + 1);
   }
   return host === hostId ? sandboxId : undefined;
 }
 
-async function processState(pid: number): Promise<string | undefined> {
+/** The environ of `pid`, or undefined when it is gone or not ours to read. */
+function readEnviron(pid: number): string | undefined {
   try {
-    const stat = await fs.readFile(`/proc/${pid}/stat`, 'latin1');
-    // The command name may contain spaces and parentheses; the state follows the last ')'.
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    return readFileSync(`/proc/${pid}/environ`, 'latin1');
+  } catch {
+    return undefined;
+  }
+}
+
+/** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
+const PF_KTHREAD = 0x00200000;
+
+function processStat(pid: number): { state: string; kernelThread: boolean } | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return { state: fields[0], kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0 };
   } catch {
     return undefined;
   }
