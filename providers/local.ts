@@ -225,23 +225,32 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       result = { source: 'checkpoint', labels: state.restoredFrom.labels };
     } else {
       const workspace = request.workspace ?? state?.workspace ?? { kind: 'isolated' };
-      if (state) await terminate(state);
-      else state = freshState(request.sandboxId, request.fence, workspace, request.env ?? {});
-      await layOut(paths, workspace);
-      const progress: Progress = { phase: 'restoring', bytes: 0 };
-      const labels = await withHeartbeat(context, progress, () =>
-        restoreSnapshot({
-          store: deps.store,
-          checkpoint,
-          paths,
-          workspace,
-          limits: archiveLimits,
-          progress,
-          ...(context.signal ? { signal: context.signal } : {}),
-        }),
-      );
-      state.restoredFrom = { sha256: checkpoint.sha256, labels };
-      result = { source: 'checkpoint', labels };
+      const existing = state;
+      if (existing) await terminate(existing);
+      const restoring = existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {});
+      try {
+        await layOut(paths, workspace);
+        const progress: Progress = { phase: 'restoring', bytes: 0 };
+        const labels = await withHeartbeat(context, progress, () =>
+          restoreSnapshot({
+            store: deps.store,
+            checkpoint,
+            paths,
+            workspace,
+            limits: archiveLimits,
+            progress,
+            ...(context.signal ? { signal: context.signal } : {}),
+          }),
+        );
+        restoring.restoredFrom = { sha256: checkpoint.sha256, labels };
+        result = { source: 'checkpoint', labels };
+      } catch (err) {
+        // A sandbox that was only being brought here leaves nothing behind; an existing one keeps its raised fence.
+        if (existing) await writeState(paths, existing);
+        else await fs.rm(paths.root, { recursive: true, force: true });
+        throw err;
+      }
+      state = restoring;
     }
     if (request.env) state.env = request.env;
     await ensureCompute(state, paths);
@@ -424,7 +433,10 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const processes = await scanSandboxProcesses(deps.hostId);
       const found: { sandboxId: string; alive: boolean; dormant: boolean }[] = [];
       for (const sandboxId of names) {
-        const state = await readState(pathsOf(sandboxId)).catch(() => undefined);
+        // Anything that is not a readable sandbox (a stray file, a half-deleted directory) is not listed.
+        const state = await Promise.resolve()
+          .then(() => readState(pathsOf(sandboxId)))
+          .catch(() => undefined);
         if (!state) continue;
         found.push({
           sandboxId,

@@ -69,11 +69,9 @@ export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessIn
   return (await scanSandboxProcesses(marker.hostId)).get(marker.sandboxId) ?? [];
 }
 
-/** Sends `signal` to every process of the sandbox; returns how many got it. */
-export async function signalSandbox(marker: SandboxMarker, signal: NodeJS.Signals): Promise<number> {
-  let sent = 0;
-  for (const { pid } of await sandboxProcesses(marker)) if (sendSignal(pid, signal)) sent += 1;
-  return sent;
+/** Sends `signal` to every process of the sandbox. */
+export async function signalSandbox(marker: SandboxMarker, signal: NodeJS.Signals): Promise<void> {
+  for (const { pid } of await sandboxProcesses(marker)) sendSignal(pid, signal);
 }
 
 /**
@@ -113,13 +111,12 @@ export async function killSandbox(marker: SandboxMarker, timeoutMs = 10_000): Pr
   }
 }
 
-/** Signals a process or, with a negative id, a process group; false when it is already gone. */
-export function sendSignal(pid: number, signal: NodeJS.Signals): boolean {
+/** Signals a process or, with a negative id, a process group; one that is already gone is no error. */
+export function sendSignal(pid: number, signal: NodeJS.Signals): void {
   try {
     process.kill(pid, signal);
-    return true;
   } catch {
-    return false;
+    // ESRCH: it exited meanwhile
   }
 }
 

@@ -2,7 +2,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
-import { context, stasisError, waitFor } from './helpers';
+import { context, stasisError, tempDir, waitFor } from './helpers';
 import { makeHost, readCounter, sh } from './harness';
 
 // The bwrap provider: the same lifecycle as local, with each command isolated
@@ -68,6 +68,14 @@ describe('bwrap provider', () => {
       'from-inside\n',
     );
     expect(await fs.readFile(path.join(sandboxPaths(host.dataDir, mine).home, '.rc'), 'utf8')).toBe('rc\n');
+  });
+
+  it('binds an active workspace host path at /workspace', async () => {
+    const host = await bwrapHost();
+    const hostPath = path.join(await tempDir('active'), 'project');
+    const id = await host.sandbox({ hostPath });
+    await sh(host.provider, id, 'echo persisted > /workspace/notes.txt');
+    expect(await fs.readFile(path.join(hostPath, 'notes.txt'), 'utf8')).toBe('persisted\n');
   });
 
   it('pauses, resumes, snapshots and restores like local, killing every bubblewrap process', async () => {

@@ -368,9 +368,19 @@ describe('local provider: release', () => {
       ),
       'CHECKPOINT_INVALID',
     );
-    expect((await fs.readdir(sandboxPaths(other.dataDir, id).root)).filter((n) => n.startsWith('.restore'))).toEqual(
-      [],
+    // The other host had no copy of the sandbox: it keeps nothing of the failed restore.
+    await expect(fs.access(sandboxPaths(other.dataDir, id).root)).rejects.toThrow();
+    // The original host keeps its copy, its raised fence, and no staging leftovers.
+    await stasisError(
+      host.provider.restore(
+        { sandboxId: id, fence: 4, checkpoint: { ...checkpoint, sha256: 'e'.repeat(64) } },
+        context(),
+      ),
+      'CHECKPOINT_INVALID',
     );
+    await stasisError(host.provider.attach({ sandboxId: id, fence: 3 }, context()), 'STALE_FENCE');
+    const root = sandboxPaths(host.dataDir, id).root;
+    expect((await fs.readdir(root)).sort()).toEqual(['envs', 'home', 'meta', 'workspace']);
   });
 
   it('close() never touches compute', async () => {
