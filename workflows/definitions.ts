@@ -9,6 +9,7 @@ import type {
   RespondInput,
   RunSnapshot,
   RunSpec,
+  RunStatus,
   SandboxView,
 } from '../common/schemas';
 import type { SessionAggregate } from './run-state';
@@ -39,7 +40,7 @@ export const resumeRunUpdate = defineUpdate<RunSnapshot, []>('resume');
 export const snapshotQuery = defineQuery<RunSnapshot>('snapshot');
 export const resourceQuery = defineQuery<ResourceView>('resource');
 /** A child Run reports its record state to its parent. */
-export const childStateSignal = defineSignal<[{ runId: string; state: ResourceState }]>('childState');
+export const childStateSignal = defineSignal<[{ runId: string; state: ResourceState; status?: RunStatus }]>('childState');
 
 // Standalone sandboxes
 export const startSandboxUpdate = defineUpdate<SandboxView, []>('start');

@@ -37,6 +37,8 @@ export interface SessionAggregate {
   capabilities?: Capabilities;
   jobs: JobState[];
   children: { runId: string; state: ResourceState }[];
+  /** Each child's last reported Run status; a parent finishes after its children do. */
+  childStatus: Record<string, RunStatus>;
   output?: unknown;
   error?: RunError;
   /** Absolute time (ms) at which policy.ttl ends the Run; kept across continue-as-new. */

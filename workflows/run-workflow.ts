@@ -68,6 +68,9 @@ class RunController {
   private idlePaused = false;
   private readonly jobScopes = new Map<string, CancellationScope>();
   private lastReportedState?: string;
+  private reporting: Promise<void> = Promise.resolve();
+  /** Set by the `complete` action; the Run is COMPLETED once finish() has settled everything. */
+  private completed?: { output: unknown };
 
   constructor(input: RunWorkflowInput) {
     const info = workflowInfo();
@@ -152,10 +155,11 @@ class RunController {
         },
       },
     );
-    setHandler(childStateSignal, ({ runId, state }) => {
+    setHandler(childStateSignal, ({ runId, state, status }) => {
       const child = this.run.children.find((c) => c.runId === runId);
       if (child) child.state = state;
       else this.run.children.push({ runId, state });
+      if (status) this.run.childStatus[runId] = status;
       this.changed();
     });
   }
@@ -183,10 +187,14 @@ class RunController {
   /** Keeps Temporal Web and the parent Run current after every change. */
   private changed(): void {
     publishRun(this.run);
-    if (this.run.parentRunId && this.run.record.state !== this.lastReportedState) {
-      this.lastReportedState = this.run.record.state;
-      getExternalWorkflowHandle(this.run.parentRunId)
-        .signal(childStateSignal, { runId: this.run.runId, state: this.run.record.state })
+    const report = `${this.run.record.state}/${this.run.status}`;
+    if (this.run.parentRunId && report !== this.lastReportedState) {
+      this.lastReportedState = report;
+      const parent = getExternalWorkflowHandle(this.run.parentRunId);
+      const message = { runId: this.run.runId, state: this.run.record.state, status: this.run.status };
+      // Chained so reports arrive in order; awaited before the Run closes so the last one is delivered.
+      this.reporting = this.reporting
+        .then(() => parent.signal(childStateSignal, message))
         .catch((err: unknown) => log.warn('could not report to parent', { error: failureMessage(err) }));
     }
   }
@@ -208,6 +216,7 @@ class RunController {
       }
     } finally {
       ttlScope?.cancel();
+      await CancellationScope.nonCancellable(() => this.reporting);
     }
     return this.finalResult();
   }
@@ -243,7 +252,7 @@ class RunController {
       await this.sandbox.provision(true);
       this.run.capabilities = this.sandbox.capabilities;
     }
-    while (!isTerminal(this.run.status)) {
+    while (!isTerminal(this.run.status) && !this.completed) {
       if (this.manualSuspendRequested) {
         await this.suspendAndWait('MANUAL', []);
         continue;
@@ -313,9 +322,8 @@ class RunController {
         return { path: action.path, content };
       }
       case 'complete':
-        this.run.output = action.output;
-        this.run.status = 'COMPLETED';
-        this.changed();
+        // COMPLETED only once children and the sandbox are settled (finish()).
+        this.completed = { output: action.output };
         return action.output;
       case 'fail':
         this.run.error = { code: action.code, message: action.message };
@@ -492,8 +500,20 @@ class RunController {
 
   /** A finished Run waits for its children's compute, then destroys its own sandbox. */
   private async finish(): Promise<void> {
-    await condition(() => blockingChildren(this.run.children).length === 0);
+    if (!this.completed) {
+      await this.endWith(() => this.sandbox.destroy());
+      return;
+    }
+    // Children first: their Runs end and their compute is released before the parent completes.
+    await condition(
+      () =>
+        blockingChildren(this.run.children).length === 0 &&
+        this.run.children.every((c) => isTerminal(this.run.childStatus[c.runId] ?? 'RUNNING')),
+    );
     await this.endWith(() => this.sandbox.destroy());
+    this.run.output = this.completed.output;
+    this.run.status = 'COMPLETED';
+    this.changed();
   }
 
   private async endTtl(): Promise<void> {
@@ -572,6 +592,7 @@ function newAggregate(workflowId: string, input: RunWorkflowInput): SessionAggre
     },
     jobs: [],
     children: [],
+    childStatus: {},
     jobCounter: 0,
   };
 }

@@ -1,0 +1,82 @@
+import { startStack, eventually, type TestStack } from '../helpers/stack';
+
+let stack: TestStack;
+beforeAll(async () => {
+  stack = await startStack();
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+const child = (runId: string) => ({
+  runId,
+  agent: { driver: 'scripted', steps: [{ ask: `child ${runId} may go?` }, { complete: runId }] },
+  sandbox: { provider: 'local' },
+});
+
+test('a parent stays RELEASE_BLOCKED until both children are RELEASED, and completes after them', async () => {
+  const parentId = `parent-${Date.now()}`;
+  const { runId } = await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [{ spawn: child(`${parentId}.c1`) }, { spawn: child(`${parentId}.c2`) }, { ask: 'parent may go?' }, { complete: 'parent done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const children = [`${parentId}.c1`, `${parentId}.c2`];
+  const parent = stack.temporal.workflow.getHandle(runId);
+  await eventually(async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASED', 60_000, 'parent RELEASED');
+
+  // Order of events in the parent's history: both children reported RELEASED before the parent's release started.
+  const events = (await parent.fetchHistory()).events ?? [];
+  const signalIndex = (childId: string) =>
+    events.findIndex((e) => {
+      const attrs = e.workflowExecutionSignaledEventAttributes;
+      if (attrs?.signalName !== 'childState') return false;
+      const input = JSON.parse(Buffer.from(attrs.input?.payloads?.[0]?.data ?? []).toString()) as { runId: string; state: string };
+      return input.runId === childId && input.state === 'RELEASED';
+    });
+  const releaseIndex = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'releaseSandbox');
+  for (const id of children) {
+    expect(signalIndex(id)).toBeGreaterThan(-1);
+    expect(signalIndex(id)).toBeLessThan(releaseIndex);
+  }
+  const view = await stack.client.runs.resource(runId);
+  expect(view.children).toEqual(children.map((id) => ({ runId: id, state: 'RELEASED' })));
+  expect((await stack.client.runs.get(runId)).childRunIds).toEqual(children);
+  expect((await stack.client.runs.get(children[0])).parentRunId).toBe(runId);
+
+  // The parent answered first still waits for its children's compute before completing.
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await eventually(async () => (await stack.client.runs.resource(runId)).phase === 'ACTIVE', 30_000, 'parent resumed');
+  expect((await stack.client.runs.get(runId)).status).toBe('RUNNING');
+  for (const id of children) await stack.client.runs.respond(id, 'int-1', { decision: 'approve' });
+  await expect(parent.result()).resolves.toBe('parent done');
+  for (const id of children) expect((await stack.client.runs.resource(id)).record.state).toBe('DESTROYED');
+});
+
+test('while a child holds compute the parent is RELEASE_BLOCKED with a blocked age', async () => {
+  const parentId = `parent-blocked-${Date.now()}`;
+  await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { spawn: { ...child(`${parentId}.c1`), agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'x' }] } } },
+        { ask: 'parent?' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const blocked = await eventually(async () => {
+    const view = await stack.client.runs.resource(parentId);
+    return view.record.state === 'RELEASE_BLOCKED' && view.children[0]?.state === 'RELEASE_BLOCKED' ? view : undefined;
+  }, 30_000, 'parent and child RELEASE_BLOCKED');
+  expect(blocked.blockedAgeSeconds).toEqual(expect.any(Number));
+  expect(blocked.children).toEqual([{ runId: `${parentId}.c1`, state: 'RELEASE_BLOCKED' }]);
+  await stack.client.runs.cancel(parentId);
+  // Cancelling the parent cancels the child too (parent-close policy REQUEST_CANCEL).
+  await eventually(async () => (await stack.client.runs.get(`${parentId}.c1`)).status === 'CANCELLED', 30_000, 'child cancelled');
+  expect((await stack.client.runs.get(parentId)).status).toBe('CANCELLED');
+});
