@@ -2,7 +2,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { SandboxProvider } from '../../providers/api';
 import { createLocalProvider, type LocalProviderOptions } from '../../providers/local';
-import { killSandbox } from '../../providers/processes';
+import { killSandbox, scanSandboxProcesses } from '../../providers/processes';
 import type { CheckpointStore } from '../../stores/api';
 import { FsCheckpointStore } from '../../stores/fs';
 import { context, tempDir, uniqueId } from './helpers';
@@ -22,10 +22,15 @@ export interface Host {
   sandbox(options?: { env?: Record<string, string>; hostPath?: string; start?: boolean }): Promise<string>;
 }
 
-const started: { hostId: string; sandboxId: string }[] = [];
+const hostIds: string[] = [];
 
+// Every process of every sandbox these hosts ran, restored copies included.
 afterAll(async () => {
-  await Promise.all(started.map((marker) => killSandbox(marker).catch(() => undefined)));
+  for (const hostId of hostIds) {
+    for (const sandboxId of (await scanSandboxProcesses(hostId)).keys()) {
+      await killSandbox({ hostId, sandboxId }).catch(() => undefined);
+    }
+  }
 });
 
 export async function makeHost(
@@ -35,6 +40,7 @@ export async function makeHost(
   } & LocalProviderOptions = {},
 ): Promise<Host> {
   const hostId = uniqueId('host');
+  hostIds.push(hostId);
   const dataDir = await tempDir('host');
   const store = options.store ?? new FsCheckpointStore(path.join(dataDir, 'store'));
   const make = () =>
@@ -47,7 +53,6 @@ export async function makeHost(
     restart: make,
     async sandbox(sandboxOptions = {}) {
       const sandboxId = uniqueId('sbx');
-      started.push({ hostId, sandboxId });
       await host.provider.provision(
         {
           sandboxId,
