@@ -1,0 +1,98 @@
+import { readFile } from 'node:fs/promises';
+import type { AgentDriver } from '../../drivers/api';
+import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { checkpointKeys, testS3 } from '../helpers/s3';
+
+// A driver that "thinks" until the test lets it go, so idle time is real.
+let release: (() => void) | undefined;
+const thinking: AgentDriver = {
+  name: 'thinking',
+  async step({ state }) {
+    const step = (state as number | undefined) ?? 0;
+    if (step === 0) return { action: { type: 'job', command: 'echo start', pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false }, state: 1 };
+    if (step === 1) {
+      await new Promise<void>((resolve) => (release = resolve));
+      return { action: { type: 'job', command: 'echo awake', pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false }, state: 2 };
+    }
+    return { action: { type: 'complete', output: 'woke up' }, state: 3 };
+  },
+};
+
+let stack: TestStack;
+const s3 = testS3();
+beforeAll(async () => {
+  stack = await startStack({ worker: { drivers: [thinking] } });
+});
+afterAll(async () => {
+  release?.();
+  await stack?.stop();
+});
+
+test('retention expiry: compute released, checkpoint deleted, interactions expired, answers get STALE_SANDBOX_ROUTE', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ ask: 'anyone?' }] },
+    sandbox: { provider: 'local' },
+    policy: { suspendedRetentionSeconds: 3 },
+  });
+  const sandboxId = await eventually(async () => {
+    const view = await stack.client.runs.resource(runId);
+    return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
+  }, 30_000, 'released');
+  expect(await checkpointKeys(s3, sandboxId)).toHaveLength(1);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  const snapshot = await stack.client.runs.get(runId);
+  expect(snapshot.status).toBe('EXPIRED');
+  expect(snapshot.error?.code).toBe('SUSPEND_EXPIRED');
+  expect(snapshot.interactions[0].status).toBe('expired');
+  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' })).rejects.toMatchObject({
+    code: 'STALE_SANDBOX_ROUTE',
+    httpStatus: 409,
+  });
+});
+
+test('idleTimeout freezes the sandbox while the agent is quiet; the next job thaws it', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'thinking' },
+    sandbox: { provider: 'local' },
+    policy: { idleTimeout: '1s' },
+  });
+  const sandboxId = `${runId}-sbx`;
+  // No job runs while the agent thinks: every process of the sandbox (its init) is stopped (state T).
+  await eventually(async () => {
+    const states = await processStates(sandboxId);
+    return states.length > 0 && states.every((s) => s === 'T');
+  }, 30_000, 'sandbox frozen');
+  release?.();
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('woke up');
+});
+
+test('ttl ends the Run with TTL_EXPIRED whatever its state and leaves no process', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'forever?' }] },
+    sandbox: { provider: 'local' },
+    policy: { ttl: '3s' },
+  });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  const snapshot = await stack.client.runs.get(runId);
+  expect(snapshot.status).toBe('EXPIRED');
+  expect(snapshot.error?.code).toBe('TTL_EXPIRED');
+  expect(snapshot.interactions[0].status).toBe('cancelled');
+  const provider = stack.workers.get('host-a')!.registry.get('local');
+  expect(await provider.processCount(`${runId}-sbx`)).toBe(0);
+  expect((await stack.client.runs.resource(runId)).record.state).toBe('DESTROYED');
+});
+
+/** Scheduler states (R, S, T, ...) of the sandbox's processes, read from /proc. */
+async function processStates(sandboxId: string): Promise<string[]> {
+  const { readdir } = await import('node:fs/promises');
+  const states: string[] = [];
+  for (const pid of (await readdir('/proc')).filter((d) => /^\d+$/.test(d))) {
+    const environ = await readFile(`/proc/${pid}/environ`).catch(() => Buffer.alloc(0));
+    if (!environ.toString().split('\0').includes(`STASIS_SANDBOX_ID=${sandboxId}`)) continue;
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    if (state && state !== 'Z') states.push(state);
+  }
+  return states;
+}
