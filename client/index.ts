@@ -35,6 +35,7 @@ import {
   writeFileUpdate,
 } from '../workflows/definitions';
 import type { runWorkflow, sandboxWorkflow } from '../workflows';
+import { isTerminal } from '../workflows/run-state';
 import { StasisKind, StasisProvider, StasisStatus, StasisResourceState } from '../workflows/search-attributes';
 import { isClosedWorkflow, toStasisError } from './errors';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
@@ -199,6 +200,9 @@ export class RunsApi {
   }
 
   async cancel(runId: string): Promise<RunSnapshot> {
+    // Temporal accepts a cancel request for a closed workflow; the contract answers 409.
+    const current = await this.get(runId);
+    if (isTerminal(current.status)) throw new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${current.status}`);
     try {
       await this.handle(runId).cancel();
     } catch (err) {

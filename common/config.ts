@@ -43,6 +43,11 @@ export const Env = z.object({
     .string()
     .regex(/^[^:,]+:[^,]+(,[^:,]+:[^,]+)*$/, 'must be name:secret pairs separated by commas')
     .optional(),
+  /** The Temporal SDK's Prometheus exporter of `stasis worker` / `stasis dev`; `off` disables it. */
+  STASIS_WORKER_METRICS_ADDR: z
+    .string()
+    .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
+    .default('127.0.0.1:9464'),
   /** Extra provider modules to load by path, comma-separated. */
   STASIS_PROVIDERS: z.string().optional(),
 });

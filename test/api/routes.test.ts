@@ -108,9 +108,11 @@ describe('authentication', () => {
     expect(missing.json).toEqual({ error: { code: 'NOT_FOUND', message: 'no route GET /api/v1/nothing' } });
   });
 
-  test('the page and /metrics need no token', async () => {
+  test('the page and /metrics need no token; a miss outside /api is a plain 404', async () => {
     expect((await call('GET', '/')).status).toBe(200);
     expect((await call('GET', '/metrics')).status).toBe(200);
+    const miss = await call('GET', '/favicon.ico');
+    expect({ status: miss.status, code: errorCode(miss) }).toEqual({ status: 404, code: 'NOT_FOUND' });
   });
 });
 
@@ -198,6 +200,9 @@ describe('runs', () => {
     ]);
     expect(view).not.toHaveProperty('record');
 
+    const duplicate = await alice('POST', '/api/v1/runs', { body: { ...twoQuestions, runId } });
+    expect({ status: duplicate.status, code: errorCode(duplicate) }).toEqual({ status: 409, code: 'ALREADY_EXISTS' });
+
     const resource = await alice('GET', `/api/v1/runs/${runId}/resource`);
     expect(resource.status).toBe(200);
     expect(resource.json).toMatchObject({
@@ -239,9 +244,6 @@ describe('runs', () => {
     const closed = await alice('POST', `/api/v1/runs/${runId}/interactions/int-2`, { body: { input: 'again' } });
     expect(closed.status).toBe(409);
     expect(errorCode(closed)).toBe('INVALID_STATE_TRANSITION');
-    const duplicate = await alice('POST', '/api/v1/runs', { body: { ...twoQuestions, runId } });
-    expect(duplicate.status).toBe(409);
-    expect(errorCode(duplicate)).toBe('ALREADY_EXISTS');
   });
 
   test.each([
@@ -357,6 +359,12 @@ describe('runs', () => {
     expect(resumed.status).toBe(200);
     await waitFor(runId, 'COMPLETED');
     expect(snapshot(await alice('GET', `/api/v1/runs/${runId}`)).output).toMatchObject({ stdout: 'after\n' });
+    await stack.temporal.workflow.getHandle(runId).result();
+    const cancelDone = await alice('POST', `/api/v1/runs/${runId}/cancel`);
+    expect({ status: cancelDone.status, code: errorCode(cancelDone) }).toEqual({
+      status: 409,
+      code: 'INVALID_STATE_TRANSITION',
+    });
   });
 
   test('cancel a waiting Run, then 409 for a second cancel', async () => {
@@ -366,6 +374,11 @@ describe('runs', () => {
     expect(cancelled.status).toBe(200);
     await waitFor(runId, 'CANCELLED');
     expect(snapshot(await alice('GET', `/api/v1/runs/${runId}`)).interactions[0].status).toBe('cancelled');
+    // Once the workflow has closed (its compute released), there is nothing left to cancel.
+    await stack.temporal.workflow
+      .getHandle(runId)
+      .result()
+      .catch(() => undefined);
     const again = await alice('POST', `/api/v1/runs/${runId}/cancel`);
     expect({ status: again.status, code: errorCode(again) }).toEqual({ status: 409, code: 'INVALID_STATE_TRANSITION' });
   });
@@ -390,7 +403,15 @@ describe('sandboxes', () => {
   const exec = (id: string, body: unknown) => alice('POST', `/api/v1/sandboxes/${id}/exec`, { body });
   const expectState = async (response: Promise<HttpResult>, state: string) => {
     const result = await response;
-    expect({ status: result.status, state: sandbox(result).state }).toEqual({ status: 200, state });
+    expect({
+      status: result.status,
+      state: sandbox(result).state,
+      error: result.status === 200 ? undefined : result.json,
+    }).toEqual({
+      status: 200,
+      state,
+      error: undefined,
+    });
   };
   const expectRefused = async (response: Promise<HttpResult>, status: number, code: string) => {
     const result = await response;
@@ -428,7 +449,7 @@ describe('sandboxes', () => {
     await expectRefused(alice('GET', `/api/v1/sandboxes/${id}/files?path=missing.txt`), 404, 'NOT_FOUND');
 
     await expectState(op(id, 'pause'), 'paused');
-    await expectState(op(id, 'pause'), 'paused');
+    await expectRefused(op(id, 'pause'), 409, 'INVALID_STATE_TRANSITION');
     await expectRefused(exec(id, { command: 'true' }), 409, 'INVALID_STATE_TRANSITION');
     await expectState(op(id, 'resume'), 'running');
 

@@ -1,0 +1,30 @@
+import type { StasisClient } from '../../client';
+import { MetricsSnapshot } from '../../common/schemas';
+import { prometheusText } from '../prometheus';
+import { defineRoute, type RouteDef } from '../route';
+
+// Diagnostics (SPEC section 5): the snapshot as JSON, and as Prometheus text for scrapers.
+
+export function metricsRoutes(client: StasisClient): RouteDef[] {
+  return [
+    defineRoute({
+      method: 'GET',
+      path: '/api/v1/metrics',
+      summary: 'The metrics snapshot',
+      status: 200,
+      response: MetricsSnapshot,
+      errors: [],
+      handle: () => client.metricsSnapshot(),
+    }),
+    defineRoute({
+      method: 'GET',
+      path: '/metrics',
+      summary: 'The metrics snapshot in Prometheus text format (no token: for scrapers)',
+      status: 200,
+      response: 'text',
+      errors: [],
+      public: true,
+      handle: async () => prometheusText(await client.metricsSnapshot()),
+    }),
+  ];
+}

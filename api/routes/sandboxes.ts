@@ -1,0 +1,100 @@
+import type { StasisClient } from '../../client';
+import { CreateSandboxInput, ExecInput, ExecResult, SandboxView } from '../../common/schemas';
+import type { ErrorCode } from '../../common/errors';
+import { defineRoute, type RouteDef } from '../route';
+import { FileQuery, SandboxParams } from '../schemas';
+
+// Standalone sandboxes (SPEC section 3).
+
+const CHANGE_ERRORS: ErrorCode[] = ['NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE', 'NOT_SUPPORTED'];
+
+const CHANGES = {
+  start: 'Start the sandbox (created or stopped → running)',
+  stop: 'Stop every process; the workspace stays (running → stopped)',
+  pause: 'Freeze the processes (running → paused)',
+  resume: 'Thaw a paused sandbox or restore a suspended one (→ running)',
+  suspend:
+    'Release the compute and keep the workspace (running → suspended); 409 SANDBOX_SUSPEND_BUSY while a command runs',
+} as const;
+
+export function sandboxRoutes(client: StasisClient): RouteDef[] {
+  const changes = (Object.keys(CHANGES) as (keyof typeof CHANGES)[]).map((op) =>
+    defineRoute({
+      method: 'POST',
+      path: `/api/v1/sandboxes/{id}/${op}`,
+      summary: CHANGES[op],
+      params: SandboxParams,
+      status: 200,
+      response: SandboxView,
+      errors: op === 'suspend' ? [...CHANGE_ERRORS, 'SANDBOX_SUSPEND_BUSY'] : CHANGE_ERRORS,
+      handle: ({ params }) => client.sandboxes[op](params.id),
+    }),
+  );
+  return [
+    defineRoute({
+      method: 'POST',
+      path: '/api/v1/sandboxes',
+      summary: 'Create a standalone sandbox (state created)',
+      body: CreateSandboxInput,
+      status: 201,
+      response: SandboxView,
+      errors: ['INVALID_ARGUMENT'],
+      handle: ({ body }) => client.sandboxes.create(body),
+    }),
+    defineRoute({
+      method: 'GET',
+      path: '/api/v1/sandboxes/{id}',
+      summary: 'A sandbox and its state',
+      params: SandboxParams,
+      status: 200,
+      response: SandboxView,
+      errors: ['NOT_FOUND'],
+      handle: ({ params }) => client.sandboxes.get(params.id),
+    }),
+    ...changes,
+    defineRoute({
+      method: 'POST',
+      path: '/api/v1/sandboxes/{id}/exec',
+      summary: 'Run a command in the sandbox and wait for it',
+      params: SandboxParams,
+      body: ExecInput,
+      status: 200,
+      response: ExecResult,
+      errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
+      handle: ({ params, body }) => client.sandboxes.exec(params.id, body),
+    }),
+    defineRoute({
+      method: 'GET',
+      path: '/api/v1/sandboxes/{id}/files',
+      summary: 'Read a workspace file (raw bytes)',
+      params: SandboxParams,
+      query: FileQuery,
+      status: 200,
+      response: 'bytes',
+      errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
+      handle: ({ params, query }) => client.sandboxes.readFile(params.id, query.path),
+    }),
+    defineRoute({
+      method: 'PUT',
+      path: '/api/v1/sandboxes/{id}/files',
+      summary: 'Write a workspace file (raw bytes)',
+      params: SandboxParams,
+      query: FileQuery,
+      body: 'bytes',
+      status: 204,
+      response: 'none',
+      errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE', 'PAYLOAD_TOO_LARGE'],
+      handle: ({ params, query, body }) => client.sandboxes.writeFile(params.id, query.path, body),
+    }),
+    defineRoute({
+      method: 'DELETE',
+      path: '/api/v1/sandboxes/{id}',
+      summary: 'Destroy the sandbox, its workspace and checkpoint',
+      params: SandboxParams,
+      status: 200,
+      response: SandboxView,
+      errors: ['NOT_FOUND'],
+      handle: ({ params }) => client.sandboxes.destroy(params.id),
+    }),
+  ];
+}

@@ -1,0 +1,25 @@
+import { z } from 'zod';
+import type { StasisError } from '../common/errors';
+import { Identifier, RunSnapshot, RunStatus, WorkspacePath } from '../common/schemas';
+
+// The REST API's own request and response shapes, built from the wire schemas.
+
+export const RunParams = z.object({ id: Identifier });
+export const InteractionParams = z.object({ id: Identifier, iid: Identifier });
+export const SandboxParams = z.object({ id: Identifier });
+
+export const ListRunsQuery = z.object({
+  status: RunStatus.optional(),
+  limit: z.coerce.number().int().min(1).max(1000).optional(),
+});
+export const FileQuery = z.object({ path: WorkspacePath });
+
+export const RunStarted = z.object({ runId: z.string() });
+export const RunList = z.object({ runs: z.array(RunSnapshot) });
+
+export const ErrorBody = z.object({ error: z.object({ code: z.string(), message: z.string() }) });
+export type ErrorBody = z.infer<typeof ErrorBody>;
+
+export function errorBody(err: StasisError): ErrorBody {
+  return { error: { code: err.code, message: err.message } };
+}

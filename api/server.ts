@@ -1,0 +1,153 @@
+import fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import type { DestinationStream, LevelWithSilent } from 'pino';
+import type { StasisClient } from '../client';
+import { ConfigError } from '../common/config';
+import { StasisError } from '../common/errors';
+import { FILE_LIMIT_BYTES } from '../workflows/definitions';
+import { registerWebPage } from '../web/assets';
+import { bearerAuth } from './auth';
+import { httpFailure } from './errors';
+import { openApiDocument } from './openapi';
+import { PROMETHEUS_CONTENT_TYPE } from './prometheus';
+import type { RouteDef } from './route';
+import { metricsRoutes } from './routes/metrics';
+import { runRoutes } from './routes/runs';
+import { sandboxRoutes } from './routes/sandboxes';
+import { errorBody } from './schemas';
+
+// The REST API of SPEC section 5 and the approval page, on fastify.
+
+export interface ApiLogOptions {
+  level?: LevelWithSilent;
+  /** Where log lines go; stdout by default. */
+  destination?: DestinationStream;
+}
+
+export interface ApiOptions {
+  client: StasisClient;
+  /** name → secret, from STASIS_API_TOKENS (config.parseTokens). */
+  tokens: Map<string, string>;
+  /** false: no logging. */
+  logger?: ApiLogOptions | false;
+}
+
+/** Largest JSON request body. */
+export const JSON_BODY_LIMIT = 1024 * 1024;
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Name of the API token that signed the request. */
+    caller: string;
+  }
+  interface FastifyContextConfig {
+    /** Served without a token: the page's files and /metrics. */
+    public?: boolean;
+  }
+}
+
+const API_PATH = /^\/api(\/|\?|$)/;
+
+/** A `?token=` sign-in link must not end up in a log line. */
+const redactUrl = (url: string): string => url.replace(/([?&]token=)[^&#]*/gi, '$1[redacted]');
+
+function loggerOptions(options: ApiLogOptions | false | undefined) {
+  if (options === false) return false;
+  return {
+    level: options?.level ?? 'info',
+    ...(options?.destination ? { stream: options.destination } : {}),
+    redact: { paths: ['req.headers.authorization', 'req.headers.cookie'], censor: '[redacted]' },
+    serializers: {
+      req: (req: FastifyRequest) => ({ method: req.method, url: redactUrl(req.url), remoteAddress: req.ip }),
+    },
+  };
+}
+
+export function buildApi(options: ApiOptions): FastifyInstance {
+  const app = fastify({ logger: loggerOptions(options.logger), bodyLimit: JSON_BODY_LIMIT });
+  const authenticate = bearerAuth(options.tokens);
+  const routes: RouteDef[] = [
+    ...runRoutes(options.client),
+    ...sandboxRoutes(options.client),
+    ...metricsRoutes(options.client),
+  ];
+  const openApi = openApiDocument(routes);
+
+  app.decorateRequest('caller', '');
+  // Every route needs a token unless it is marked public; so does a miss under /api.
+  app.addHook('onRequest', async (request, reply) => {
+    if (request.routeOptions.config.public || (request.is404 && !API_PATH.test(request.url))) return;
+    const name = authenticate(request.headers.authorization);
+    if (name === undefined) {
+      const refusal = new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required');
+      return reply.code(refusal.httpStatus).send(errorBody(refusal));
+    }
+    request.caller = name;
+  });
+
+  // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) =>
+    body === '' ? done(null, undefined) : parseJson(request, body as string, done),
+  );
+
+  app.setErrorHandler((err, request, reply) => {
+    const failure = httpFailure(err, request.routeOptions.bodyLimit ?? JSON_BODY_LIMIT);
+    if (failure.httpStatus >= 500) request.log.error({ err }, 'request failed');
+    return reply.code(failure.httpStatus).send(errorBody(failure));
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const missing = new StasisError('NOT_FOUND', `no route ${request.method} ${request.url.split('?')[0]}`);
+    return reply.code(missing.httpStatus).send(errorBody(missing));
+  });
+
+  for (const route of routes.filter((r) => r.body !== 'bytes')) register(app, route);
+  // File content is raw bytes of any content type, up to the file limit.
+  void app.register(async (files) => {
+    files.removeAllContentTypeParsers();
+    files.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: FILE_LIMIT_BYTES }, (_request, body, done) =>
+      done(null, body),
+    );
+    for (const route of routes.filter((r) => r.body === 'bytes')) register(files, route);
+  });
+  app.get('/api/openapi.json', async () => openApi);
+  registerWebPage(app);
+  return app;
+}
+
+function register(app: FastifyInstance, route: RouteDef): void {
+  app.route({
+    method: route.method,
+    url: route.path.replace(/\{(\w+)\}/g, ':$1'),
+    config: { public: route.public },
+    ...(route.body === 'bytes' ? { bodyLimit: FILE_LIMIT_BYTES } : {}),
+    handler: async (request, reply) => {
+      const result = await route.run({
+        params: request.params,
+        query: request.query,
+        body: request.body,
+        caller: request.caller,
+      });
+      reply.code(route.status);
+      if (route.response === 'none') return reply.send();
+      if (route.response === 'bytes') return reply.type('application/octet-stream').send(result);
+      if (route.response === 'text') return reply.type(PROMETHEUS_CONTENT_TYPE).send(result);
+      return reply.send(result);
+    },
+  });
+}
+
+/** Parses STASIS_HTTP_ADDR (`host:port`) and listens; resolves with the base URL. */
+export async function startApi(options: ApiOptions & { addr: string }): Promise<{ app: FastifyInstance; url: string }> {
+  const app = buildApi(options);
+  const at = options.addr.lastIndexOf(':');
+  try {
+    await app.listen({ host: options.addr.slice(0, at), port: Number(options.addr.slice(at + 1)) });
+  } catch (err) {
+    await app.close();
+    throw new ConfigError([`STASIS_HTTP_ADDR: cannot listen on ${options.addr} (${(err as Error).message})`]);
+  }
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : Number(options.addr.slice(at + 1));
+  return { app, url: `http://${options.addr.slice(0, at)}:${port}` };
+}

@@ -1,0 +1,73 @@
+import type { Writable } from 'node:stream';
+import { StasisClient, type StasisClientOptions } from '../client';
+import { fileMetricsSource } from '../client/metrics';
+import { loadConfig, type Config } from '../common/config';
+import { StasisError } from '../common/errors';
+
+// What every command works with: the streams, the --json switch, the
+// configuration (read once, on first use) and one typed client.
+
+export interface CliIo {
+  stdout: Writable & { isTTY?: boolean };
+  stderr: Writable & { isTTY?: boolean };
+  env: NodeJS.ProcessEnv;
+}
+
+/** The typed client's options for a configuration (also used by `stasis dev` for its own servers). */
+export function clientOptions(config: Config): StasisClientOptions & { address: string } {
+  return {
+    address: config.TEMPORAL_ADDRESS ?? 'localhost:7233',
+    namespace: config.TEMPORAL_NAMESPACE,
+    taskQueue: config.STASIS_TASK_QUEUE,
+    suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
+    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+  };
+}
+
+export class CliContext {
+  json = false;
+  /** What the process exits with when the command succeeds (sandbox exec passes the command's on). */
+  exitCode = 0;
+  private loaded?: Config;
+  private connecting?: Promise<StasisClient>;
+
+  constructor(readonly io: CliIo) {}
+
+  /** Throws ConfigError naming each bad variable (the CLI exits 2). */
+  config(): Config {
+    this.loaded ??= loadConfig(this.io.env);
+    return this.loaded;
+  }
+
+  client(): Promise<StasisClient> {
+    this.connecting ??= this.connect();
+    return this.connecting;
+  }
+
+  private async connect(): Promise<StasisClient> {
+    const options = clientOptions(this.config());
+    try {
+      return await StasisClient.connect(options);
+    } catch (err) {
+      throw new StasisError(
+        'UNAVAILABLE',
+        `Temporal is not reachable at ${options.address} (${err instanceof Error ? err.message : String(err)}); start \`stasis dev\` or set TEMPORAL_ADDRESS`,
+      );
+    }
+  }
+
+  /** Machine output with --json, the human text otherwise. */
+  print(value: unknown, human: string): void {
+    this.io.stdout.write(this.json ? `${JSON.stringify(value, null, 2)}\n` : `${human.replace(/\n?$/, '\n')}`);
+  }
+
+  /** Progress and notes go to stderr, so stdout stays parseable. */
+  note(line: string): void {
+    this.io.stderr.write(`${line}\n`);
+  }
+
+  async close(): Promise<void> {
+    const client = await this.connecting?.catch(() => undefined);
+    await client?.close();
+  }
+}

@@ -1,0 +1,292 @@
+import type { ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { mkdtempSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import type { InteractionRequest, MetricsSnapshot, RunSnapshot, SandboxView } from '../../common/schemas';
+import { freePorts } from '../../platform/servers';
+import { eventually } from '../helpers/stack';
+import { CLI, runStasis, spawnStasis } from './spawn';
+
+// The `stasis` executable as a user runs it: `stasis dev` in the background
+// (against the jest global setup's Temporal and MinIO), and every other command
+// as its own process against it.
+
+interface DevSummary {
+  temporal: { address: string; namespace: string; webUrl: string | null };
+  store: string;
+  worker: { hostId: string; taskQueue: string; metricsUrl: string | null };
+  apiUrl: string;
+  pageUrl: string;
+  signInUrl: string | null;
+}
+
+const EXAMPLES = path.join(CLI.cwd, 'examples');
+let env: NodeJS.ProcessEnv;
+let dev: ChildProcess;
+let devExit: Promise<number | null>;
+let devOut = '';
+let devErr = '';
+let summary: DevSummary;
+
+beforeAll(async () => {
+  const [httpPort, metricsPort] = await freePorts(2);
+  const { STASIS_API_TOKENS: _none, ...inherited } = process.env;
+  env = {
+    ...inherited,
+    STASIS_TASK_QUEUE: `cli-${randomUUID().slice(0, 8)}`,
+    STASIS_DATA_DIR: mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'cli-')),
+    STASIS_HOST_ID: 'cli-host',
+    STASIS_HTTP_ADDR: `127.0.0.1:${httpPort}`,
+    STASIS_WORKER_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
+  };
+  dev = spawnStasis(['dev', '--json'], env);
+  devExit = new Promise((resolve) => dev.once('exit', (code) => resolve(code)));
+  dev.stdout?.on('data', (chunk: Buffer) => (devOut += chunk.toString('utf8')));
+  dev.stderr?.on('data', (chunk: Buffer) => (devErr += chunk.toString('utf8')));
+  summary = await eventually(
+    async () => {
+      if (dev.exitCode !== null) throw new Error(`stasis dev exited ${dev.exitCode}: ${devErr}`);
+      try {
+        return JSON.parse(devOut) as DevSummary;
+      } catch {
+        return undefined;
+      }
+    },
+    150_000,
+    'stasis dev to be ready',
+  );
+}, 180_000);
+
+afterAll(async () => {
+  if (dev && dev.exitCode === null) {
+    dev.kill('SIGKILL');
+    await devExit;
+  }
+});
+
+const stasis = (...args: string[]) => runStasis(args, env);
+async function json<T>(...args: string[]): Promise<T> {
+  const result = await stasis(...args, '--json');
+  if (result.code !== 0)
+    throw new Error(`stasis ${args.join(' ')} exited ${result.code}: ${result.stdout}${result.stderr}`);
+  return JSON.parse(result.stdout) as T;
+}
+const signInToken = () => new URL(summary.signInUrl ?? '').searchParams.get('token') ?? '';
+
+test('stasis dev prints its URLs and a sign-in link with a generated token that the API accepts', async () => {
+  expect(summary).toMatchObject({
+    temporal: { address: process.env.TEMPORAL_ADDRESS, webUrl: null },
+    store: `S3 at ${process.env.STASIS_S3_ENDPOINT} (bucket ${process.env.STASIS_S3_BUCKET})`,
+    worker: {
+      hostId: 'cli-host',
+      taskQueue: env.STASIS_TASK_QUEUE,
+      metricsUrl: `http://${env.STASIS_WORKER_METRICS_ADDR}/metrics`,
+    },
+    apiUrl: `http://${env.STASIS_HTTP_ADDR}/api/v1`,
+    pageUrl: `http://${env.STASIS_HTTP_ADDR}/`,
+  });
+  expect(summary.signInUrl).toMatch(new RegExp(`^http://${env.STASIS_HTTP_ADDR}/\\?token=[A-Za-z0-9_-]{32}$`));
+  const authorized = await fetch(`${summary.apiUrl}/runs?status=WAITING`, {
+    headers: { authorization: `Bearer ${signInToken()}` },
+  });
+  expect(authorized.status).toBe(200);
+  expect((await fetch(`${summary.apiUrl}/runs`)).status).toBe(401);
+  expect((await fetch(summary.pageUrl)).headers.get('content-type')).toContain('text/html');
+});
+
+test("the worker started by stasis dev serves the Temporal SDK's own metrics", async () => {
+  const text = await eventually(
+    async () => {
+      const body = await (await fetch(summary.worker.metricsUrl ?? '')).text();
+      return /^temporal_\w+/m.test(body) && body;
+    },
+    30_000,
+    'SDK metrics',
+  );
+  expect(text).toMatch(/temporal_worker_start|temporal_.*task_queue="/);
+});
+
+test('run start examples/approval.json, run list --waiting, approve, and the Run completes (--json parses)', async () => {
+  const { runId } = await json<{ runId: string }>('run', 'start', path.join(EXAMPLES, 'approval.json'));
+  const waiting = await eventually(
+    async () => {
+      const { runs } = await json<{ runs: RunSnapshot[] }>('run', 'list', '--waiting');
+      return runs.find((r) => r.runId === runId);
+    },
+    60_000,
+    'the Run in run list --waiting',
+  );
+  expect(waiting.interactions).toEqual([
+    expect.objectContaining({ id: 'int-1', status: 'pending', prompt: 'Publish release-notes.md for 1.4.0?' }),
+  ]);
+  const answered = await json<InteractionRequest>('approve', runId, 'int-1', '--comment', 'ship it', '--as', 'ana');
+  expect(answered).toMatchObject({
+    status: 'answered',
+    respondedBy: 'ana',
+    response: { decision: 'approve', comment: 'ship it' },
+  });
+  const done = await eventually(
+    async () => {
+      const run = await json<RunSnapshot>('run', 'get', runId);
+      return run.status === 'COMPLETED' && run;
+    },
+    60_000,
+    'COMPLETED',
+  );
+  expect(done.output).toEqual({ published: 'release-notes.md' });
+
+  const human = await stasis('run', 'get', runId);
+  expect(human.code).toBe(0);
+  expect(human.stdout).toContain(`${runId}  COMPLETED`);
+  expect(human.stdout).toContain('int-1  answered  approval  "Publish release-notes.md for 1.4.0?"');
+});
+
+test('human output: the waiting list says how to answer, and approve --input answers an input interaction', async () => {
+  const started = await stasis('run', 'start', path.join(EXAMPLES, 'input.json'));
+  expect(started.code).toBe(0);
+  const runId = /^Started run (\S+)/.exec(started.stdout)?.[1] ?? '';
+  expect(runId).toMatch(/^run-/);
+  const listed = await eventually(
+    async () => {
+      const list = await stasis('run', 'list', '--waiting');
+      return list.stdout.includes(runId) && list.stdout;
+    },
+    60_000,
+    'the Run in the waiting list',
+  );
+  expect(listed).toContain(`answer: stasis approve ${runId} int-1 --input <text>`);
+  const answered = await stasis('approve', runId, 'int-1', '--input', 'main', '--as', 'ana');
+  expect({ code: answered.code, stdout: answered.stdout }).toEqual({
+    code: 0,
+    stdout: `Answered int-1 of ${runId} as ana\n`,
+  });
+  await eventually(
+    async () => (await json<RunSnapshot>('run', 'get', runId)).status === 'COMPLETED',
+    60_000,
+    'COMPLETED',
+  );
+});
+
+test('sandbox create, exec, suspend, resume (with progress on stderr), exec, destroy', async () => {
+  const created = await json<SandboxView>('sandbox', 'create', '--env', 'WHO=cli');
+  expect(created).toMatchObject({ state: 'running', provider: 'local', hostId: 'cli-host' });
+  const id = created.sandboxId;
+  expect(await json('sandbox', 'exec', id, 'echo "$WHO" > who.txt; cat who.txt')).toEqual({
+    exitCode: 0,
+    stdout: 'cli\n',
+    stderr: '',
+  });
+  // Human exec: the command's output and exit code are the CLI's.
+  const failing = await stasis('sandbox', 'exec', id, '--', 'echo', 'out;', 'echo', 'err', '>&2;', 'exit', '7');
+  expect(failing).toEqual({ code: 7, stdout: 'out\n', stderr: 'err\n' });
+
+  const suspend = await stasis('sandbox', 'suspend', id, '--json');
+  expect(suspend.code).toBe(0);
+  expect(JSON.parse(suspend.stdout)).toMatchObject({ state: 'suspended', record: { state: 'RELEASED' } });
+  expect(suspend.stderr).toMatch(new RegExp(`suspending sandbox ${id}: done in [0-9.]+ s`));
+  const resume = await stasis('sandbox', 'resume', id, '--json');
+  expect(resume.code).toBe(0);
+  expect(JSON.parse(resume.stdout)).toMatchObject({ state: 'running' });
+  expect(resume.stderr).toMatch(
+    new RegExp(`restoring sandbox ${id} \\([0-9.]+ (B|KiB|MiB) checkpoint\\): done in [0-9.]+ s`),
+  );
+  expect(await json('sandbox', 'exec', id, 'cat who.txt')).toMatchObject({ stdout: 'cli\n' });
+
+  const got = await stasis('sandbox', 'get', id);
+  expect(got.stdout).toContain(`${id}  running  (local on cli-host)`);
+  expect(await json<SandboxView>('sandbox', 'destroy', id)).toMatchObject({ state: 'destroyed' });
+  const gone = await stasis('sandbox', 'get', id, '--json');
+  expect(gone.code).toBe(1);
+  expect(JSON.parse(gone.stdout)).toMatchObject({ error: { code: 'NOT_FOUND' } });
+});
+
+test('metrics: the snapshot as JSON and as text', async () => {
+  const metrics = await json<MetricsSnapshot>('metrics');
+  for (const key of [
+    'active',
+    'retained',
+    'pendingCleanup',
+    'releaseBlocked',
+    'failures',
+    'retries',
+    'oldestBlockedAgeSeconds',
+  ] as const) {
+    expect(typeof metrics[key]).toBe('number');
+  }
+  expect(metrics.releaseLatencyMs).toEqual({
+    count: expect.any(Number),
+    p50: expect.any(Number),
+    p95: expect.any(Number),
+    max: expect.any(Number),
+  });
+  const human = await stasis('metrics');
+  expect(human.stdout).toMatch(/^release blocked\s+\d+ \(oldest \d+ s\)$/m);
+});
+
+test('errors: a refused operation exits 1, a bad variable or usage exits 2', async () => {
+  const missing = await stasis('run', 'get', 'run-missing');
+  expect(missing.code).toBe(1);
+  expect(missing.stderr).toMatch(/^stasis: NOT_FOUND: run run-missing not found/);
+  const missingJson = await stasis('run', 'get', 'run-missing', '--json');
+  expect(JSON.parse(missingJson.stdout)).toMatchObject({ error: { code: 'NOT_FOUND' } });
+  const noFile = await stasis('run', 'start', path.join(EXAMPLES, 'nope.json'));
+  expect(noFile.code).toBe(1);
+  expect(noFile.stderr).toContain('INVALID_ARGUMENT: spec: cannot read');
+  const badSpec = await stasis('run', 'start', path.join(CLI.cwd, 'package.json'));
+  expect(badSpec.code).toBe(1);
+  expect(badSpec.stderr).toMatch(/INVALID_ARGUMENT: spec: .*agent/);
+
+  const badEnv = await runStasis(['run', 'list'], {
+    ...env,
+    TEMPORAL_ADDRESS: 'not an address',
+    STASIS_WORKER_METRICS_ADDR: 'nowhere',
+  });
+  expect(badEnv.code).toBe(2);
+  expect(badEnv.stderr).toContain('TEMPORAL_ADDRESS: must be host:port (got "not an address")');
+  expect(badEnv.stderr).toContain('STASIS_WORKER_METRICS_ADDR: must be host:port or off (got "nowhere")');
+  const usage = await stasis('approve', 'run-x');
+  expect(usage.code).toBe(2);
+  expect(usage.stderr).toContain("missing required argument 'interactionId'");
+  const metricsBusy = await runStasis(['worker'], {
+    ...env,
+    STASIS_WORKER_METRICS_ADDR: env.STASIS_WORKER_METRICS_ADDR,
+  });
+  expect(metricsBusy.code).toBe(2);
+  expect(metricsBusy.stderr).toContain(
+    `STASIS_WORKER_METRICS_ADDR: cannot serve worker metrics on ${env.STASIS_WORKER_METRICS_ADDR}`,
+  );
+  const httpBusy = await runStasis(['api'], { ...env, STASIS_API_TOKENS: 'ops:x' });
+  expect(httpBusy.code).toBe(2);
+  expect(httpBusy.stderr).toContain(`STASIS_HTTP_ADDR: cannot listen on ${env.STASIS_HTTP_ADDR}`);
+  const noTokens = await stasis('api');
+  expect(noTokens.code).toBe(2);
+  expect(noTokens.stderr).toContain('STASIS_API_TOKENS: must be set');
+});
+
+test('stasis api serves with configured tokens and stops on SIGTERM', async () => {
+  const [port] = await freePorts(1);
+  const api = spawnStasis(['api'], {
+    ...env,
+    STASIS_HTTP_ADDR: `127.0.0.1:${port}`,
+    STASIS_API_TOKENS: 'ops:s3cret-token',
+  });
+  let out = '';
+  api.stdout?.on('data', (chunk: Buffer) => (out += chunk.toString('utf8')));
+  const exited = new Promise<number | null>((resolve) => api.once('exit', resolve));
+  await eventually(async () => out.includes('approval page:'), 60_000, 'stasis api to listen');
+  expect(out).toContain(`stasis api: http://127.0.0.1:${port}/api/v1\n  approval page: http://127.0.0.1:${port}/`);
+  const metrics = await fetch(`http://127.0.0.1:${port}/api/v1/metrics`, {
+    headers: { authorization: 'Bearer s3cret-token' },
+  });
+  expect(metrics.status).toBe(200);
+  api.kill('SIGTERM');
+  expect(await exited).toBe(0);
+});
+
+test('SIGTERM stops stasis dev and everything it started', async () => {
+  dev.kill('SIGTERM');
+  expect(await devExit).toBe(0);
+  await expect(fetch(summary.pageUrl)).rejects.toThrow();
+  await expect(fetch(summary.worker.metricsUrl ?? '')).rejects.toThrow();
+});
