@@ -26,6 +26,7 @@ import {
   resumeRunUpdate,
   resumeSandboxUpdate,
   sandboxQuery,
+  sandboxReadyUpdate,
   sandboxWorkflowId,
   snapshotQuery,
   startSandboxUpdate,
@@ -248,10 +249,10 @@ export class SandboxesApi {
         ],
         staticSummary: `Stasis sandbox ${sandboxId} (${create.provider})`,
       });
+      return await this.handle(sandboxId).executeUpdate(sandboxReadyUpdate);
     } catch (err) {
       throw toStasisError(err, `sandbox ${sandboxId}`);
     }
-    return this.get(sandboxId);
   }
 
   async get(sandboxId: string): Promise<SandboxView> {

@@ -17,6 +17,8 @@ export const ERROR_STATUS = {
   PAYLOAD_TOO_LARGE: 413,
   NOT_SUPPORTED: 501,
   INTERNAL: 500,
+  /** A provider's word that a sandbox broke beyond repair (the sandbox becomes `failed`). */
+  SANDBOX_FAILED: 500,
   UNAVAILABLE: 503,
 } as const;
 
@@ -48,6 +50,7 @@ export const NON_RETRYABLE_CODES: ErrorCode[] = [
   'NOT_SUPPORTED',
   'CHECKPOINT_INVALID',
   'INVALID_STATE_TRANSITION',
+  'SANDBOX_FAILED',
 ];
 
 /** zod issues as one line naming each field. */

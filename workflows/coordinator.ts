@@ -23,7 +23,7 @@ import { nowIso } from './clock';
 // ExecutionResourceRecord. It provisions, attaches, restores and releases the
 // sandbox by calling provider activities on the host's own task queue.
 
-const NON_RETRYABLE = ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT', 'NOT_FOUND', 'CHECKPOINT_INVALID'];
+const NON_RETRYABLE = ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT', 'NOT_FOUND', 'CHECKPOINT_INVALID', 'SANDBOX_FAILED', 'INVALID_STATE_TRANSITION'];
 
 const PROVIDER_CALL: ActivityOptions = {
   startToCloseTimeout: '30m',

@@ -54,6 +54,8 @@ export const execSandboxUpdate = defineUpdate<ExecResult, [ExecInput]>('exec');
 export const readFileUpdate = defineUpdate<{ contentBase64: string }, [{ path: string }]>('readFile');
 export const writeFileUpdate = defineUpdate<void, [{ path: string; contentBase64: string }]>('writeFile');
 export const sandboxQuery = defineQuery<SandboxView>('sandbox');
+/** Answers once the sandbox is provisioned (state `created`), so create returns a usable sandbox. */
+export const sandboxReadyUpdate = defineUpdate<SandboxView, []>('ready');
 /** The host's worker, after a restart, reports whether the sandbox's processes survived. */
 export const reconcileSignal = defineSignal<[{ hostId: string; alive: boolean }]>('reconcile');
 

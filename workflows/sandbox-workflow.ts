@@ -22,6 +22,7 @@ import {
   reconcileSignal,
   resumeSandboxUpdate,
   sandboxQuery,
+  sandboxReadyUpdate,
   startSandboxUpdate,
   stopSandboxUpdate,
   suspendSandboxUpdate,
@@ -96,6 +97,10 @@ class SandboxEntity {
 
   private setHandlers(): void {
     setHandler(sandboxQuery, () => this.view());
+    setHandler(sandboxReadyUpdate, async () => {
+      await condition(() => this.ready);
+      return this.view();
+    });
     this.transition(startSandboxUpdate, 'start', () => this.sandbox.op('start'));
     this.transition(stopSandboxUpdate, 'stop', () => this.sandbox.op('stop'));
     this.transition(pauseSandboxUpdate, 'pause', () => this.sandbox.op('pause'), () => this.sandbox.capabilities?.pause === false ? 'pause' : undefined);
@@ -116,6 +121,7 @@ class SandboxEntity {
             ...(request.env ? { env: request.env } : {}),
           });
         } catch (err) {
+          this.failIfBroken(err);
           throw asFailure(err);
         } finally {
           this.runningExecs -= 1;
@@ -169,6 +175,14 @@ class SandboxEntity {
     });
   }
 
+  /** running → failed when the provider says the sandbox broke beyond repair. */
+  private failIfBroken(err: unknown): void {
+    if (failureCode(err) !== 'SANDBOX_FAILED') return;
+    if (decideSandboxOp({ ...this.facts(), changing: false }, 'fail').kind !== 'transition') return;
+    this.s.state = 'failed';
+    this.s.error = { code: 'SANDBOX_FAILED', message: failureMessage(err) };
+  }
+
   private checkFile(path: unknown): void {
     if (typeof path !== 'string' || path.length === 0) throw failure({ code: 'INVALID_ARGUMENT', message: 'path: required' });
     const rejection = decideFileAccess(this.facts());
@@ -196,6 +210,7 @@ class SandboxEntity {
           this.s.lastActivityMs = nowMs();
           return this.view();
         } catch (err) {
+          this.failIfBroken(err);
           throw asFailure(err);
         } finally {
           this.changing = false;

@@ -1,10 +1,13 @@
 import type { ProviderDeps, SandboxProvider, SandboxReleaseReceipt } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
+import { StasisError } from '../../common/errors';
 
 /** Faults a test switches on and off while Runs use the `faulty` provider. */
 export interface ReleaseFaults {
   /** `throw`: release fails; `not-released`: a receipt with computeReleased false; `hang`: never answers. */
   release?: 'throw' | 'not-released' | 'hang';
+  /** Operations that answer SANDBOX_FAILED (a sandbox broken beyond repair). */
+  broken?: ('exec' | 'stop' | 'pause')[];
   /** Every release request the provider saw, in order. */
   calls: { fence: number; idempotencyKey: string; outcome: string }[];
 }
@@ -16,8 +19,23 @@ export interface ReleaseFaults {
 export function faultyProvider(faults: ReleaseFaults) {
   return (deps: ProviderDeps): SandboxProvider => {
     const local = createLocalProvider(deps, { name: 'faulty' });
+    const breakable = (op: 'exec' | 'stop' | 'pause') => {
+      if (faults.broken?.includes(op)) throw new StasisError('SANDBOX_FAILED', `injected: sandbox broke during ${op}`);
+    };
     return {
       ...local,
+      async exec(request, context) {
+        breakable('exec');
+        return local.exec(request, context);
+      },
+      async stop(request, context) {
+        breakable('stop');
+        return local.stop(request, context);
+      },
+      async pause(request, context) {
+        breakable('pause');
+        return local.pause(request, context);
+      },
       async release(request, context): Promise<SandboxReleaseReceipt> {
         const fault = faults.release;
         if (fault === 'throw') {

@@ -1,0 +1,118 @@
+import type { SandboxState } from '../../common/schemas';
+import type { StasisClient } from '../../client';
+import { killSandbox } from '../../providers/processes';
+import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
+import { startStack, eventually, type TestStack } from '../helpers/stack';
+
+// Every state of SPEC section 3, reached for real, and every operation tried on it
+// through the sandbox workflow's Updates.
+
+const faults: ReleaseFaults = { calls: [], broken: ['stop'] };
+let stack: TestStack;
+let client: StasisClient;
+beforeAll(async () => {
+  stack = await startStack({ worker: { providers: [faultyProvider(faults)] } });
+  client = stack.client;
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+type Op = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy';
+const OPS: Op[] = ['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'];
+const LEGAL: Record<string, SandboxState> = {
+  'created/start': 'running',
+  'created/destroy': 'destroyed',
+  'running/stop': 'stopped',
+  'running/pause': 'paused',
+  'running/suspend': 'suspended',
+  'running/destroy': 'destroyed',
+  'stopped/start': 'running',
+  'stopped/destroy': 'destroyed',
+  'paused/resume': 'running',
+  'paused/destroy': 'destroyed',
+  'suspended/resume': 'running',
+  'suspended/destroy': 'destroyed',
+  'failed/destroy': 'destroyed',
+  'lost/destroy': 'destroyed',
+};
+const IDEMPOTENT = new Set(['suspended/suspend', 'running/resume']);
+
+/** A fresh sandbox brought into `state` the way a user (or a fault) would. */
+async function sandboxIn(state: Exclude<SandboxState, 'destroyed'>): Promise<string> {
+  const provider = state === 'failed' ? 'faulty' : 'local';
+  const { sandboxId } = await client.sandboxes.create({ provider });
+  if (state === 'created') return sandboxId;
+  await client.sandboxes.start(sandboxId);
+  if (state === 'stopped') await client.sandboxes.stop(sandboxId);
+  if (state === 'paused') await client.sandboxes.pause(sandboxId);
+  if (state === 'suspended') await client.sandboxes.suspend(sandboxId);
+  if (state === 'failed') await expect(client.sandboxes.stop(sandboxId)).rejects.toMatchObject({ code: 'SANDBOX_FAILED' });
+  if (state === 'lost') await loseAfterWorkerRestart(sandboxId);
+  expect((await client.sandboxes.get(sandboxId)).state).toBe(state);
+  return sandboxId;
+}
+
+/** The worker restarts and finds the sandbox's processes gone: reconcile marks it lost. */
+async function loseAfterWorkerRestart(sandboxId: string): Promise<void> {
+  await stack.stopWorker('host-a');
+  // The processes die with the worker's restart (as they would with the host's).
+  await killSandbox({ sandboxId, hostId: 'host-a' });
+  await stack.startWorker('host-a');
+  await eventually(async () => (await client.sandboxes.get(sandboxId)).state === 'lost', 30_000, 'lost after reconcile');
+}
+
+const STATES = ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'] as const;
+
+describe.each(STATES)('from %s', (state) => {
+  let shared: string;
+  beforeAll(async () => {
+    shared = await sandboxIn(state);
+  });
+
+  const illegal = OPS.filter((op) => !LEGAL[`${state}/${op}`] && !IDEMPOTENT.has(`${state}/${op}`));
+  const idempotent = OPS.filter((op) => IDEMPOTENT.has(`${state}/${op}`));
+  const legal = OPS.filter((op) => LEGAL[`${state}/${op}`]);
+
+  test.each(illegal)(
+    '%s is refused with 409 and changes nothing',
+    async (op) => {
+      const handle = stack.temporal.workflow.getHandle(`sandbox-${shared}`);
+      const before = (await handle.fetchHistory()).events?.length;
+      await expect(client.sandboxes[op](shared)).rejects.toMatchObject({
+        code: 'INVALID_STATE_TRANSITION',
+        httpStatus: 409,
+        message: 'sandbox: invalid state transition',
+      });
+      expect((await handle.fetchHistory()).events?.length).toBe(before);
+      expect((await client.sandboxes.get(shared)).state).toBe(state);
+    },
+  );
+
+  if (idempotent.length > 0) {
+    test.each(idempotent)('%s is idempotent: 200 with the current state', async (op) => {
+      await expect(client.sandboxes[op](shared)).resolves.toMatchObject({ state });
+    });
+  }
+
+  test.each(legal)('%s is legal', async (op) => {
+    const sandboxId = await sandboxIn(state);
+    const to = LEGAL[`${state}/${op}`];
+    const view = await client.sandboxes[op](sandboxId);
+    expect(view.state).toBe(to);
+    if (to === 'destroyed') {
+      await expect(client.sandboxes.get(sandboxId)).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
+      await expect(client.sandboxes.start(sandboxId)).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
+    } else {
+      expect((await client.sandboxes.get(sandboxId)).state).toBe(to);
+    }
+    if (to === 'running') {
+      await expect(client.sandboxes.exec(sandboxId, { command: 'echo ok' })).resolves.toMatchObject({ exitCode: 0, stdout: 'ok\n' });
+    }
+  });
+});
+
+test('an unknown sandbox is 404', async () => {
+  await expect(client.sandboxes.get('sbx-nope')).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
+  await expect(client.sandboxes.start('sbx-nope')).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
+});
