@@ -1,0 +1,39 @@
+import { startStack, type TestStack } from '../helpers/stack';
+
+let stack: TestStack;
+beforeAll(async () => {
+  stack = await startStack({ hostId: 'host-a' });
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+test('resume on the original host reuses it while its worker answers', async () => {
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(sandboxId);
+  await stack.client.sandboxes.suspend(sandboxId);
+  const resumed = await stack.client.sandboxes.resume(sandboxId);
+  expect(resumed.hostId).toBe('host-a');
+  await stack.client.sandboxes.destroy(sandboxId);
+});
+
+test('suspend on host A, stop A, resume: the sandbox runs on host B with the same files', async () => {
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  expect((await stack.client.sandboxes.start(sandboxId)).hostId).toBe('host-a');
+  await stack.client.sandboxes.writeFile(sandboxId, 'state/progress.json', Buffer.from('{"step":41}'));
+  await stack.client.sandboxes.exec(sandboxId, { command: 'mkdir -p out && seq 1 2000 > out/numbers.txt' });
+  await stack.client.sandboxes.suspend(sandboxId);
+
+  await stack.startWorker('host-b');
+  await stack.stopWorker('host-a');
+  // Host A no longer takes its queue: after the schedule-to-start timeout, any host restores.
+  const resumed = await stack.client.sandboxes.resume(sandboxId);
+  expect(resumed).toMatchObject({ state: 'running', hostId: 'host-b' });
+  expect((await stack.client.sandboxes.readFile(sandboxId, 'state/progress.json')).toString()).toBe('{"step":41}');
+  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < out/numbers.txt && echo $STASIS_SANDBOX_HOST' })).resolves.toMatchObject({
+    exitCode: 0,
+    stdout: '2000\nhost-b\n',
+  });
+  await stack.client.sandboxes.destroy(sandboxId);
+  expect(await stack.workers.get('host-b')!.registry.get('local').processCount(sandboxId)).toBe(0);
+}, 180_000);
