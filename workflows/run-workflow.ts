@@ -43,7 +43,7 @@ import {
 } from './lifecycle';
 import { isTerminal, pendingInteractions, toResourceView, toSnapshot, type SessionAggregate } from './run-state';
 import { nowIso, nowMs } from './clock';
-import { publishRun } from './visibility';
+import { Publisher } from './visibility';
 
 const shared = proxyActivities<Activities>({
   startToCloseTimeout: '10m',
@@ -69,6 +69,7 @@ class RunController {
   private readonly jobScopes = new Map<string, CancellationScope>();
   private lastReportedState?: string;
   private reporting: Promise<void> = Promise.resolve();
+  private readonly publisher = new Publisher();
   /** Set by the `complete` action; the Run is COMPLETED once finish() has settled everything. */
   private completed?: { output: unknown };
 
@@ -186,7 +187,7 @@ class RunController {
 
   /** Keeps Temporal Web and the parent Run current after every change. */
   private changed(): void {
-    publishRun(this.run);
+    this.publisher.run(this.run);
     const report = `${this.run.record.state}/${this.run.status}`;
     if (this.run.parentRunId && report !== this.lastReportedState) {
       this.lastReportedState = report;

@@ -32,7 +32,7 @@ import {
 import { choosePauseMode, decideExec, decideFileAccess, decideSandboxOp, type Rejection, type SandboxOp } from './lifecycle';
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
 import { nowIso, nowMs } from './clock';
-import { publishSandbox } from './visibility';
+import { Publisher } from './visibility';
 import { ExecInput } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 
@@ -54,6 +54,7 @@ class SandboxEntity {
   private ready: boolean;
   /** Bumped on every change so the main loop re-plans its timers. */
   private epoch = 0;
+  private readonly publisher = new Publisher();
 
   constructor(private readonly input: SandboxWorkflowInput) {
     this.s = input.carried ?? {
@@ -92,7 +93,7 @@ class SandboxEntity {
 
   private changed(): void {
     this.epoch += 1;
-    publishSandbox(this.s);
+    this.publisher.sandbox(this.s);
   }
 
   private setHandlers(): void {

@@ -15,18 +15,37 @@ import {
 
 // Keeps the search attributes and the current details of a workflow current, so
 // operators filter and read Runs and sandboxes in Temporal Web. Only changed
-// values are upserted, so history grows by one event per real change.
+// values are upserted, so history grows by one event per real change. The
+// memory of what was published lives in each workflow's own Publisher: module
+// state would be shared between workflows on a worker and break replay.
 
-const lastPublished = new Map<string, string>();
+export class Publisher {
+  private readonly published = new Map<string, string>();
+  private details = '';
 
-function upsertChanged(pairs: SearchAttributeUpdatePair[]): void {
-  const changed = pairs.filter((p) => {
-    const value = p.value instanceof Date ? p.value.toISOString() : JSON.stringify(p.value ?? null);
-    if (lastPublished.get(p.key.name) === value) return false;
-    lastPublished.set(p.key.name, value);
-    return true;
-  });
-  if (changed.length > 0) upsertSearchAttributes(changed);
+  upsertChanged(pairs: SearchAttributeUpdatePair[]): void {
+    const changed = pairs.filter((p) => {
+      const value = p.value instanceof Date ? p.value.toISOString() : JSON.stringify(p.value ?? null);
+      if (this.published.get(p.key.name) === value) return false;
+      this.published.set(p.key.name, value);
+      return true;
+    });
+    if (changed.length > 0) upsertSearchAttributes(changed);
+  }
+
+  setDetails(text: string): void {
+    if (text === this.details) return;
+    this.details = text;
+    setCurrentDetails(text);
+  }
+
+  run(run: SessionAggregate): void {
+    publishRun(this, run);
+  }
+
+  sandbox(view: { state: string; record: ExecutionResourceRecord }): void {
+    publishSandbox(this, view);
+  }
 }
 
 function recordPairs(record: ExecutionResourceRecord): SearchAttributeUpdatePair[] {
@@ -38,17 +57,9 @@ function recordPairs(record: ExecutionResourceRecord): SearchAttributeUpdatePair
   ];
 }
 
-let lastDetails = '';
-function details(text: string): void {
-  if (text !== lastDetails) {
-    lastDetails = text;
-    setCurrentDetails(text);
-  }
-}
-
-export function publishRun(run: SessionAggregate): void {
+function publishRun(publisher: Publisher, run: SessionAggregate): void {
   const pending = pendingInteractions(run);
-  upsertChanged([
+  publisher.upsertChanged([
     { key: StasisKind, value: 'run' },
     { key: StasisStatus, value: run.status },
     { key: StasisPendingInteractions, value: pending.length },
@@ -56,7 +67,7 @@ export function publishRun(run: SessionAggregate): void {
     ...recordPairs(run.record),
   ]);
   const r = run.record;
-  details(
+  publisher.setDetails(
     [
       `**${run.status}** · phase ${run.phase}`,
       `sandbox \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` +
@@ -69,8 +80,8 @@ export function publishRun(run: SessionAggregate): void {
   );
 }
 
-export function publishSandbox(view: { state: string; record: ExecutionResourceRecord }): void {
-  upsertChanged([{ key: StasisKind, value: 'sandbox' }, { key: StasisStatus, value: view.state }, ...recordPairs(view.record)]);
+function publishSandbox(publisher: Publisher, view: { state: string; record: ExecutionResourceRecord }): void {
+  publisher.upsertChanged([{ key: StasisKind, value: 'sandbox' }, { key: StasisStatus, value: view.state }, ...recordPairs(view.record)]);
   const r = view.record;
-  details(`**${view.state}** · \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` + (r.lastError ? ` · ${r.lastError}` : ''));
+  publisher.setDetails(`**${view.state}** · \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` + (r.lastError ? ` · ${r.lastError}` : ''));
 }

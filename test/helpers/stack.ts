@@ -1,4 +1,5 @@
-import { mkdtempSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { historyToJSON } from '@temporalio/common/lib/proto-utils';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { randomUUID } from 'node:crypto';
@@ -22,6 +23,21 @@ export interface TestStack {
   startWorker(hostId: string, extra?: Partial<StasisWorkerOptions>): Promise<StasisWorker>;
   stopWorker(hostId: string): Promise<void>;
   stop(): Promise<void>;
+}
+
+/**
+ * Saves the histories of the closed workflows this stack ran, for the replay test.
+ * `STASIS_RECORD_HISTORIES=<dir>` turns it on (see test/histories/README.md).
+ */
+async function recordHistories(temporal: Client, taskQueue: string, dir: string): Promise<void> {
+  mkdirSync(dir, { recursive: true });
+  for await (const wf of temporal.workflow.list({ query: `TaskQueue = '${taskQueue}'` })) {
+    if (wf.status.name === 'RUNNING') continue;
+    // The workflow id is part of what a workflow computes (the Run's hashes): keep it in the name.
+    const name = `${wf.workflowId}__${wf.runId}`;
+    const history = await temporal.workflow.getHandle(wf.workflowId, wf.runId).fetchHistory();
+    writeFileSync(path.join(dir, `${name}.json`), historyToJSON(history));
+  }
 }
 
 let runtimeInstalled = false;
@@ -82,6 +98,7 @@ export async function startStack(
       nativeConnections.delete(hostId);
     },
     async stop() {
+      if (process.env.STASIS_RECORD_HISTORIES) await recordHistories(temporal, config.STASIS_TASK_QUEUE, process.env.STASIS_RECORD_HISTORIES);
       for (const hostId of [...workers.keys()]) await stack.stopWorker(hostId);
       await connection.close();
     },
