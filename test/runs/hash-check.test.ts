@@ -1,0 +1,45 @@
+import { readFile, writeFile } from 'node:fs/promises';
+import * as path from 'node:path';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { checkpointKeys, testS3 } from '../helpers/s3';
+import { startStack, eventually, type TestStack } from '../helpers/stack';
+
+let stack: TestStack;
+const s3 = testS3();
+beforeAll(async () => {
+  stack = await startStack();
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MISMATCH and releases compute, keeping the checkpoint', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }] },
+    sandbox: { provider: 'local' },
+  });
+  const view = await eventually(async () => {
+    const v = await stack.client.runs.resource(runId);
+    return v.record.state === 'RELEASED' ? v : undefined;
+  }, 30_000, 'released');
+  // The dormant copy on the host now claims to belong to another spec.
+  const stateFile = sandboxPaths(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'), view.record.sandboxId).stateFile;
+  const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
+  state.dormant.labels.spechash = '0'.repeat(64);
+  await writeFile(stateFile, JSON.stringify(state));
+
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  const snapshot = await stack.client.runs.get(runId);
+  expect(snapshot.status).toBe('FAILED');
+  expect(snapshot.error).toMatchObject({ code: 'RESUME_HASH_MISMATCH', message: expect.stringContaining('spec') });
+  const after = await stack.client.runs.resource(runId);
+  expect(after.record.state).toBe('RELEASED');
+  expect(await stack.workers.get('host-a')!.registry.get('local').processCount(view.record.sandboxId)).toBe(0);
+  // Nothing lost: the workspace's checkpoints stay in the store.
+  expect((await checkpointKeys(s3, view.record.sandboxId)).length).toBeGreaterThanOrEqual(1);
+  // The job after the answer never ran.
+  const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
+  const execs = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'execInSandbox');
+  expect(execs).toEqual([]);
+});
