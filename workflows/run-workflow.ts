@@ -1,6 +1,7 @@
 import {
   ApplicationFailure,
   CancellationScope,
+  ContinueAsNew,
   ParentClosePolicy,
   allHandlersFinished,
   condition,
@@ -207,6 +208,7 @@ class RunController {
     try {
       await main.run(() => this.loop());
     } catch (err) {
+      if (err instanceof ContinueAsNew) throw err;
       if (this.ttlExpired) {
         await CancellationScope.nonCancellable(() => this.endTtl());
       } else if (isCancellation(err)) {

@@ -1,0 +1,74 @@
+import { mkdtempSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
+import { startStack, type TestStack } from '../helpers/stack';
+
+// A Temporal server of its own that suggests continue-as-new after a few events,
+// so long Runs and sandboxes really continue as new and carry their whole state.
+let temporal: TemporalServer;
+let stack: TestStack;
+beforeAll(async () => {
+  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'can-'));
+  temporal = await startTemporal({
+    dataDir,
+    port: await freePort(),
+    env: { ...process.env, TEMPORAL_ADDRESS: '' },
+    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=40'],
+  });
+  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address } });
+});
+afterAll(async () => {
+  await stack?.stop();
+  await temporal?.stop();
+});
+
+async function runCount(workflowId: string): Promise<number> {
+  let n = 0;
+  for await (const _ of stack.temporal.workflow.list({ query: `WorkflowId = '${workflowId}'` })) n += 1;
+  return n;
+}
+
+test('a long Run continues as new and carries its whole aggregate (interactions, checkpoint, record)', async () => {
+  const steps = [
+    { writeFile: { path: 'log.txt', content: '' } },
+    { ask: 'first?' },
+    ...Array.from({ length: 12 }, (_, i) => ({ exec: `echo ${i} >> log.txt` })),
+    { ask: 'second?' },
+    { exec: 'wc -l < log.txt' },
+  ];
+  const { runId } = await stack.client.runs.start({ agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
+  const handle = stack.temporal.workflow.getHandle(runId);
+  const waitFor = async (id: string) => {
+    for (;;) {
+      const s = await stack.client.runs.get(runId);
+      if (s.interactions.some((i) => i.id === id && i.status === 'pending')) return;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  };
+  await waitFor('int-1');
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await waitFor('int-2');
+  await stack.client.runs.respond(runId, 'int-2', { decision: 'approve' });
+  const output = await handle.result();
+  expect(output).toMatchObject({ exitCode: 0, stdout: '12\n' });
+  expect(await runCount(runId)).toBeGreaterThan(1);
+  const snapshot = await stack.client.runs.get(runId);
+  // The first interaction, answered before continue-as-new, is still in the aggregate.
+  expect(snapshot.interactions.map((i) => [i.id, i.status])).toEqual([
+    ['int-1', 'answered'],
+    ['int-2', 'answered'],
+  ]);
+  expect(snapshot.status).toBe('COMPLETED');
+});
+
+test('a busy standalone sandbox continues as new and keeps its state and workspace', async () => {
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(sandboxId);
+  for (let i = 0; i < 12; i++) await stack.client.sandboxes.exec(sandboxId, { command: `echo ${i} >> n.txt` });
+  const view = await stack.client.sandboxes.get(sandboxId);
+  expect(view.state).toBe('running');
+  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < n.txt' })).resolves.toMatchObject({ stdout: '12\n' });
+  expect(await runCount(`sandbox-${sandboxId}`)).toBeGreaterThan(1);
+  await stack.client.sandboxes.destroy(sandboxId);
+});
