@@ -1,3 +1,8 @@
+import { existsSync } from 'node:fs';
+import * as path from 'node:path';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { createCheckpointStore } from '../../stores';
+import { maintainHost } from '../../workers/maintenance';
 import { startStack, type TestStack } from '../helpers/stack';
 
 let stack: TestStack;
@@ -18,6 +23,10 @@ test('resume on the original host reuses it while its worker answers', async () 
 });
 
 test('suspend on host A, stop A, resume: the sandbox runs on host B with the same files', async () => {
+  // Another sandbox stays suspended on A: its dormant copy is named by a live record.
+  const { sandboxId: staysOnA } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(staysOnA);
+  await stack.client.sandboxes.suspend(staysOnA);
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
   expect((await stack.client.sandboxes.start(sandboxId)).hostId).toBe('host-a');
   await stack.client.sandboxes.writeFile(sandboxId, 'state/progress.json', Buffer.from('{"step":41}'));
@@ -34,6 +43,26 @@ test('suspend on host A, stop A, resume: the sandbox runs on host B with the sam
     exitCode: 0,
     stdout: '2000\nhost-b\n',
   });
+
+  // Host A's maintenance: the copy that moved to B is an orphan (deleted after the TTL, clock on
+  // disk); the one a live record still names on A is never touched.
+  const hostA = path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a');
+  const options = {
+    config: { ...stack.config, STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS: 1 },
+    dataDir: hostA,
+    hostId: 'host-a',
+    client: stack.temporal,
+    registry: stack.workers.get('host-b')!.registry,
+    store: createCheckpointStore(stack.config),
+  };
+  const first = await maintainHost(options);
+  expect(first.orphans.marked).toEqual([sandboxId]);
+  await new Promise((r) => setTimeout(r, 1_200));
+  const second = await maintainHost(options);
+  expect(second.orphans.deleted).toEqual([sandboxId]);
+  expect(existsSync(sandboxPaths(hostA, sandboxId).root)).toBe(false);
+  expect(existsSync(sandboxPaths(hostA, staysOnA).workspace)).toBe(true);
+
   await stack.client.sandboxes.destroy(sandboxId);
   expect(await stack.workers.get('host-b')!.registry.get('local').processCount(sandboxId)).toBe(0);
 }, 180_000);
