@@ -3,6 +3,7 @@ import type { StasisClient } from '../../client';
 import { killSandbox } from '../../providers/processes';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 
 // Every state of SPEC section 3, reached for real, and every operation tried on it
 // through the sandbox workflow's Updates.
@@ -18,25 +19,6 @@ afterAll(async () => {
   await stack?.stop();
 });
 
-type Op = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy';
-const OPS: Op[] = ['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'];
-const LEGAL: Record<string, SandboxState> = {
-  'created/start': 'running',
-  'created/destroy': 'destroyed',
-  'running/stop': 'stopped',
-  'running/pause': 'paused',
-  'running/suspend': 'suspended',
-  'running/destroy': 'destroyed',
-  'stopped/start': 'running',
-  'stopped/destroy': 'destroyed',
-  'paused/resume': 'running',
-  'paused/destroy': 'destroyed',
-  'suspended/resume': 'running',
-  'suspended/destroy': 'destroyed',
-  'failed/destroy': 'destroyed',
-  'lost/destroy': 'destroyed',
-};
-const IDEMPOTENT = new Set(['suspended/suspend', 'running/resume']);
 
 /** A fresh sandbox brought into `state` the way a user (or a fault) would. */
 async function sandboxIn(state: Exclude<SandboxState, 'destroyed'>): Promise<string> {
@@ -70,9 +52,9 @@ describe.each(STATES)('from %s', (state) => {
     shared = await sandboxIn(state);
   });
 
-  const illegal = OPS.filter((op) => !LEGAL[`${state}/${op}`] && !IDEMPOTENT.has(`${state}/${op}`));
-  const idempotent = OPS.filter((op) => IDEMPOTENT.has(`${state}/${op}`));
-  const legal = OPS.filter((op) => LEGAL[`${state}/${op}`]);
+  const illegal = USER_OPS.filter((op) => !LEGAL[`${state}/${op}`] && !IDEMPOTENT.has(`${state}/${op}`));
+  const idempotent = USER_OPS.filter((op) => IDEMPOTENT.has(`${state}/${op}`));
+  const legal = USER_OPS.filter((op) => LEGAL[`${state}/${op}`]);
 
   test.each(illegal)(
     '%s is refused with 409 and changes nothing',

@@ -18,9 +18,9 @@ import {
   type JobState,
   type SandboxOp,
 } from '../../workflows/lifecycle';
+import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 
 const STATES: SandboxState[] = ['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost'];
-const USER_OPS: SandboxOp[] = ['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'];
 const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandboxOp>[0]> = {}) => ({
   state,
   changing: false,
@@ -29,24 +29,6 @@ const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandb
   ...extra,
 });
 
-// The legal table of SPEC section 3, written out independently of SANDBOX_TRANSITIONS.
-const LEGAL: Record<string, SandboxState> = {
-  'created/start': 'running',
-  'created/destroy': 'destroyed',
-  'running/stop': 'stopped',
-  'running/pause': 'paused',
-  'running/suspend': 'suspended',
-  'running/destroy': 'destroyed',
-  'stopped/start': 'running',
-  'stopped/destroy': 'destroyed',
-  'paused/resume': 'running',
-  'paused/destroy': 'destroyed',
-  'suspended/resume': 'running',
-  'suspended/destroy': 'destroyed',
-  'failed/destroy': 'destroyed',
-  'lost/destroy': 'destroyed',
-};
-const IDEMPOTENT = new Set(['suspended/suspend', 'running/resume']);
 
 describe('sandbox transition table', () => {
   const cases = STATES.flatMap((state) => USER_OPS.map((op) => [state, op] as const));
@@ -72,7 +54,7 @@ describe('sandbox transition table', () => {
     expect(decideSandboxOp(facts('running'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('paused'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
-    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose'].sort());
+    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose'].sort() as SandboxOp[]);
   });
 
   test('a state change in progress makes a second one 409', () => {
