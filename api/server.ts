@@ -1,4 +1,4 @@
-import fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import fastify, { type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { DestinationStream, LevelWithSilent } from 'pino';
 import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
@@ -62,9 +62,28 @@ function loggerOptions(options: ApiLogOptions | false | undefined) {
   };
 }
 
+/**
+ * Longest path parameter the router matches. Above an Identifier's 128
+ * characters, so every valid id reaches its route; a longer one is a 400.
+ */
+const MAX_PARAM_LENGTH = 512;
+
 export function buildApi(options: ApiOptions): FastifyInstance {
-  const app = fastify({ logger: loggerOptions(options.logger), bodyLimit: JSON_BODY_LIMIT });
   const authenticate = bearerAuth(options.tokens);
+  const app = fastify({
+    logger: loggerOptions(options.logger),
+    bodyLimit: JSON_BODY_LIMIT,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // A URL the router cannot take (bad percent-encoding, an over-long parameter) is answered
+    // before any route or hook: keep the contract there too (401 without a token under /api, else 400).
+    frameworkErrors: (err, request, reply) => {
+      const refusal =
+        API_PATH.test(request.url) && authenticate(request.headers.authorization) === undefined
+          ? new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required')
+          : frameworkRefusal(err);
+      void (reply as FastifyReply).code(refusal.httpStatus).send(errorBody(refusal));
+    },
+  });
   const routes: RouteDef[] = [
     ...runRoutes(options.client),
     ...sandboxRoutes(options.client),
@@ -113,6 +132,15 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   app.get('/api/openapi.json', async () => openApi);
   registerWebPage(app);
   return app;
+}
+
+/** What the router refuses before routing, in the contract's terms. */
+function frameworkRefusal(err: FastifyError): StasisError {
+  if (err.code === 'FST_ERR_BAD_URL') return new StasisError('INVALID_ARGUMENT', 'params: not a valid URL component');
+  if (err.code === 'FST_ERR_MAX_PARAM_LENGTH') {
+    return new StasisError('INVALID_ARGUMENT', `params: longer than ${MAX_PARAM_LENGTH} characters`);
+  }
+  return httpFailure(err, JSON_BODY_LIMIT);
 }
 
 function register(app: FastifyInstance, route: RouteDef): void {

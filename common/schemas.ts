@@ -279,6 +279,20 @@ export const ExecInput = z
   .strict();
 export type ExecInput = z.infer<typeof ExecInput>;
 
+/** Base64 text as Buffer.toString('base64') writes it (padded). */
+export const Base64 = z
+  .string()
+  .regex(/^[A-Za-z0-9+/]*={0,2}$/, 'must be base64')
+  .refine((s) => s.length % 4 === 0, { message: 'must be base64 (padded to a multiple of 4 characters)' });
+
+/** The readFile update of a standalone sandbox. */
+export const ReadFileInput = z.object({ path: WorkspacePath }).strict();
+export type ReadFileInput = z.infer<typeof ReadFileInput>;
+
+/** The writeFile update of a standalone sandbox: the content travels base64-encoded. */
+export const WriteFileInput = z.object({ path: WorkspacePath, contentBase64: Base64 }).strict();
+export type WriteFileInput = z.infer<typeof WriteFileInput>;
+
 export const ExecResult = z.object({ exitCode: z.number().int(), stdout: z.string(), stderr: z.string() });
 export type ExecResult = z.infer<typeof ExecResult>;
 

@@ -214,6 +214,19 @@ export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | unde
   return [...bad];
 }
 
+// ---------------------------------------------------------------- update arguments
+
+/**
+ * An Update takes exactly its arguments: a missing or extra one is a malformed
+ * call, refused by the validator like a bad field (never silently ignored: a
+ * no-argument state change called with junk would otherwise go ahead).
+ */
+export function checkArity(update: string, args: readonly unknown[], expected: number): Rejection | undefined {
+  if (args.length === expected) return undefined;
+  const takes = expected === 0 ? 'no arguments' : expected === 1 ? 'one argument' : `${expected} arguments`;
+  return { code: 'INVALID_ARGUMENT', message: `${update}: takes ${takes}, got ${args.length}` };
+}
+
 // ---------------------------------------------------------------- interactions
 
 export interface AnsweredBy {

@@ -35,6 +35,7 @@ import {
 } from './definitions';
 import {
   blockingChildren,
+  checkArity,
   checkRespond,
   choosePauseMode,
   hashMismatches,
@@ -104,8 +105,10 @@ class RunController {
         return interaction;
       },
       {
-        validator: (input) => {
-          const check = this.checkAnswer(input, currentUpdateInfo()?.id);
+        validator: (...args: unknown[]) => {
+          const arity = checkArity('respond', args, 1);
+          if (arity) throw ApplicationFailure.create({ type: arity.code, message: arity.message, nonRetryable: true });
+          const check = this.checkAnswer(args[0], currentUpdateInfo()?.id);
           if (check && check !== 'duplicate') throw ApplicationFailure.create({ type: check.code, message: check.message, nonRetryable: true });
         },
       },
@@ -123,7 +126,8 @@ class RunController {
         return toSnapshot(this.run);
       },
       {
-        validator: () => {
+        validator: (...args: unknown[]) => {
+          noArguments('suspend', args);
           if (this.run.status !== 'RUNNING' || this.run.phase !== 'ACTIVE' || this.manualSuspendRequested) {
             throw ApplicationFailure.create({
               type: 'INVALID_STATE_TRANSITION',
@@ -142,7 +146,8 @@ class RunController {
         return toSnapshot(this.run);
       },
       {
-        validator: () => {
+        validator: (...args: unknown[]) => {
+          noArguments('resume', args);
           const reason = this.run.suspension?.reason;
           if (this.run.status === 'EXPIRED') {
             throw ApplicationFailure.create({ type: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention', nonRetryable: true });
@@ -572,6 +577,12 @@ class RunController {
     }
     this.changed();
   }
+}
+
+/** The Run's suspend and resume take no argument; junk in one is refused, not ignored. */
+function noArguments(update: string, args: unknown[]): void {
+  const arity = checkArity(update, args, 0);
+  if (arity) throw ApplicationFailure.create({ type: arity.code, message: arity.message, nonRetryable: true });
 }
 
 function newAggregate(workflowId: string, input: RunWorkflowInput): SessionAggregate {

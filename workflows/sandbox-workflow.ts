@@ -9,6 +9,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { UpdateDefinition } from '@temporalio/common';
+import type { z } from 'zod';
 import type { Activities } from '../activities';
 import { durationMs } from '../common/duration';
 import type { SandboxView } from '../common/schemas';
@@ -29,11 +30,11 @@ import {
   writeFileUpdate,
   type SandboxWorkflowInput,
 } from './definitions';
-import { choosePauseMode, decideExec, decideFileAccess, decideSandboxOp, type Rejection, type SandboxOp } from './lifecycle';
+import { checkArity, choosePauseMode, decideExec, decideFileAccess, decideSandboxOp, type Rejection, type SandboxOp } from './lifecycle';
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
 import { nowIso, nowMs } from './clock';
 import { Publisher } from './visibility';
-import { ExecInput } from '../common/schemas';
+import { ExecInput, ReadFileInput, WriteFileInput } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 
 const shared = proxyActivities<Activities>({ startToCloseTimeout: '5m', retry: { maximumInterval: '1m' } });
@@ -131,9 +132,8 @@ class SandboxEntity {
         }
       },
       {
-        validator: (request) => {
-          const parsed = ExecInput.safeParse(request);
-          if (!parsed.success) throw failure({ code: 'INVALID_ARGUMENT', message: describeIssues(parsed.error.issues) });
+        validator: (...args: unknown[]) => {
+          parseArgs('exec', args, ExecInput);
           const rejection = decideExec(this.facts());
           if (rejection) throw failure(rejection);
         },
@@ -147,7 +147,12 @@ class SandboxEntity {
         await condition(() => this.ready);
         return { contentBase64: await this.sandbox.readFile(path, 'base64').catch((err: unknown) => Promise.reject(asFailure(err))) };
       },
-      { validator: ({ path }) => this.checkFile(path) },
+      {
+        validator: (...args: unknown[]) => {
+          parseArgs('readFile', args, ReadFileInput);
+          this.checkFileAccess();
+        },
+      },
     );
     setHandler(
       writeFileUpdate,
@@ -157,11 +162,13 @@ class SandboxEntity {
         await this.sandbox.writeFile(path, contentBase64, 'base64').catch((err: unknown) => Promise.reject(asFailure(err)));
       },
       {
-        validator: ({ path, contentBase64 }) => {
-          this.checkFile(path);
-          if (typeof contentBase64 !== 'string' || (contentBase64.length * 3) / 4 > FILE_LIMIT_BYTES) {
+        validator: (...args: unknown[]) => {
+          const content = (args[0] as { contentBase64?: unknown } | undefined)?.contentBase64;
+          if (args.length === 1 && typeof content === 'string' && (content.length * 3) / 4 > FILE_LIMIT_BYTES) {
             throw failure({ code: 'PAYLOAD_TOO_LARGE', message: `file content must be at most ${FILE_LIMIT_BYTES} bytes` });
           }
+          parseArgs('writeFile', args, WriteFileInput);
+          this.checkFileAccess();
         },
       },
     );
@@ -184,8 +191,7 @@ class SandboxEntity {
     this.s.error = { code: 'SANDBOX_FAILED', message: failureMessage(err) };
   }
 
-  private checkFile(path: unknown): void {
-    if (typeof path !== 'string' || path.length === 0) throw failure({ code: 'INVALID_ARGUMENT', message: 'path: required' });
+  private checkFileAccess(): void {
     const rejection = decideFileAccess(this.facts());
     if (rejection) throw failure(rejection);
   }
@@ -219,7 +225,9 @@ class SandboxEntity {
         }
       },
       {
-        validator: () => {
+        validator: (...args: unknown[]) => {
+          const arity = checkArity(op, args, 0);
+          if (arity) throw failure(arity);
           const decision = decideSandboxOp(this.facts(), op);
           if (decision.kind === 'reject') throw failure(decision.rejection);
           const missing = decision.kind === 'transition' ? unsupported() : undefined;
@@ -326,6 +334,14 @@ class SandboxEntity {
       this.changed();
     }
   }
+}
+
+/** An update's one argument, checked against its wire schema (and the update's arity) in the validator. */
+function parseArgs(update: string, args: unknown[], schema: z.ZodType): void {
+  const arity = checkArity(update, args, 1);
+  if (arity) throw failure(arity);
+  const parsed = schema.safeParse(args[0]);
+  if (!parsed.success) throw failure({ code: 'INVALID_ARGUMENT', message: `${update}: ${describeIssues(parsed.error.issues)}` });
 }
 
 function failure(rejection: Rejection): ApplicationFailure {

@@ -2,14 +2,41 @@ import type { ProviderDeps, SandboxProvider, SandboxReleaseReceipt } from '../..
 import { createLocalProvider } from '../../providers/local';
 import { StasisError } from '../../common/errors';
 
+/**
+ * How one release call fails: `throw` (an exception); `not-released` (a receipt
+ * with computeReleased false); `hang` (never answers, until cancelled);
+ * `stale-fence` (another owner has raised the sandbox's fence first, so the real
+ * provider refuses with STALE_FENCE); `idempotency-conflict` (the same key was
+ * already used for a different, DETACH, request, so the real provider refuses
+ * with IDEMPOTENCY_CONFLICT).
+ */
+export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict';
+/** How one restore call fails: `throw` (an exception) or `hang` (never answers, until cancelled). */
+export type RestoreFault = 'throw' | 'hang';
+
+export interface ProviderCall {
+  sandboxId: string;
+  fence: number;
+  idempotencyKey: string;
+  outcome: string;
+  /** Date.now() when the call arrived. */
+  at: number;
+}
+
 /** Faults a test switches on and off while Runs use the `faulty` provider. */
 export interface ReleaseFaults {
-  /** `throw`: release fails; `not-released`: a receipt with computeReleased false; `hang`: never answers. */
-  release?: 'throw' | 'not-released' | 'hang';
+  /** Every release fails this way while set. */
+  release?: ReleaseFault;
+  /** When `release` is unset: the fault (if any) for the `attempt`-th release call of `sandboxId` (1-based). */
+  releasePlan?: (sandboxId: string, attempt: number) => ReleaseFault | undefined;
+  /** The fault (if any) for the `attempt`-th restore call of `sandboxId` (1-based). */
+  restorePlan?: (sandboxId: string, attempt: number) => RestoreFault | undefined;
   /** Operations that answer SANDBOX_FAILED (a sandbox broken beyond repair). */
   broken?: ('exec' | 'stop' | 'pause')[];
   /** Every release request the provider saw, in order. */
-  calls: { fence: number; idempotencyKey: string; outcome: string }[];
+  calls: ProviderCall[];
+  /** Every restore request the provider saw, in order (idempotencyKey is empty). */
+  restoreCalls?: ProviderCall[];
 }
 
 /**
@@ -21,6 +48,14 @@ export function faultyProvider(faults: ReleaseFaults) {
     const local = createLocalProvider(deps, { name: 'faulty' });
     const breakable = (op: 'exec' | 'stop' | 'pause') => {
       if (faults.broken?.includes(op)) throw new StasisError('SANDBOX_FAILED', `injected: sandbox broke during ${op}`);
+    };
+    const attempts = (calls: ProviderCall[], sandboxId: string) => calls.filter((c) => c.sandboxId === sandboxId).length + 1;
+    const hang = async (signal: AbortSignal | undefined, what: string): Promise<never> => {
+      await new Promise<void>((resolve) => {
+        if (signal?.aborted) resolve();
+        signal?.addEventListener('abort', () => resolve());
+      });
+      throw new Error(`hung ${what} cancelled`);
     };
     return {
       ...local,
@@ -36,27 +71,61 @@ export function faultyProvider(faults: ReleaseFaults) {
         breakable('pause');
         return local.pause(request, context);
       },
-      async release(request, context): Promise<SandboxReleaseReceipt> {
-        const fault = faults.release;
+      async restore(request, context) {
+        const restoreCalls = (faults.restoreCalls ??= []);
+        const fault = faults.restorePlan?.(request.sandboxId, attempts(restoreCalls, request.sandboxId));
+        const call: ProviderCall = { sandboxId: request.sandboxId, fence: request.fence, idempotencyKey: '', outcome: '', at: Date.now() };
+        restoreCalls.push(call);
         if (fault === 'throw') {
-          faults.calls.push({ fence: request.fence, idempotencyKey: request.idempotencyKey, outcome: 'threw' });
+          call.outcome = 'threw';
+          throw new Error('injected restore failure');
+        }
+        if (fault === 'hang') {
+          call.outcome = 'hung';
+          return hang(context.signal, 'restore');
+        }
+        try {
+          const result = await local.restore(request, context);
+          call.outcome = `restored from ${result.source}`;
+          return result;
+        } catch (err) {
+          call.outcome = `refused ${(err as { code?: string }).code ?? String(err)}`;
+          throw err;
+        }
+      },
+      async release(request, context): Promise<SandboxReleaseReceipt> {
+        const fault = faults.release ?? faults.releasePlan?.(request.sandboxId, attempts(faults.calls, request.sandboxId));
+        const call: ProviderCall = {
+          sandboxId: request.sandboxId,
+          fence: request.fence,
+          idempotencyKey: request.idempotencyKey,
+          outcome: '',
+          at: Date.now(),
+        };
+        faults.calls.push(call);
+        if (fault === 'throw') {
+          call.outcome = 'threw';
           throw new Error('injected release failure');
         }
         if (fault === 'hang') {
-          faults.calls.push({ fence: request.fence, idempotencyKey: request.idempotencyKey, outcome: 'hung' });
-          await new Promise<void>((resolve) => context.signal?.addEventListener('abort', () => resolve()));
-          throw new Error('hung release cancelled');
+          call.outcome = 'hung';
+          return hang(context.signal, 'release');
         }
         if (fault === 'not-released') {
-          faults.calls.push({ fence: request.fence, idempotencyKey: request.idempotencyKey, outcome: 'not-released' });
+          call.outcome = 'not-released';
           return { sandboxId: request.sandboxId, idempotencyKey: request.idempotencyKey, mode: request.mode, computeReleased: false, duplicate: false, fence: request.fence, releasedAt: new Date().toISOString() };
+        }
+        // Real refusals of the real provider: the conditions are set up through the provider itself.
+        if (fault === 'stale-fence') await local.attach({ sandboxId: request.sandboxId, fence: request.fence + 1 }, context);
+        if (fault === 'idempotency-conflict') {
+          await local.release({ ...request, mode: 'DETACH', reason: 'injected: an earlier, different request under the same key' }, context);
         }
         try {
           const receipt = await local.release(request, context);
-          faults.calls.push({ fence: request.fence, idempotencyKey: request.idempotencyKey, outcome: 'released' });
+          call.outcome = receipt.duplicate ? 'duplicate' : 'released';
           return receipt;
         } catch (err) {
-          faults.calls.push({ fence: request.fence, idempotencyKey: request.idempotencyKey, outcome: `refused ${(err as { code?: string }).code ?? ''}` });
+          call.outcome = `refused ${(err as { code?: string }).code ?? ''}`;
           throw err;
         }
       },

@@ -4,7 +4,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
-import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
+import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
 import { loadConfig, type Config } from '../../common/config';
 import { StasisClient } from '../../client';
 import { fileMetricsSource } from '../../client/metrics';
@@ -40,12 +40,25 @@ async function recordHistories(temporal: Client, taskQueue: string, dir: string)
   }
 }
 
+/** What the workers of this test file logged at WARN and above (the most recent 10,000 entries). */
+export const workerLogs: LogEntry[] = [];
+/** Entries whose message matches one of these are kept in workerLogs but not printed (a test provoking them by the hundred). */
+export const unprintedWorkerLogs: RegExp[] = [];
+
 let runtimeInstalled = false;
 /** Worker logs at WARN, so test output shows what matters. */
 function quietRuntime(): void {
   if (runtimeInstalled) return;
   runtimeInstalled = true;
-  Runtime.install({ logger: new DefaultLogger('WARN') });
+  const printer = new DefaultLogger('WARN');
+  Runtime.install({
+    logger: new DefaultLogger('WARN', (entry) => {
+      workerLogs.push(entry);
+      if (workerLogs.length > 10_000) workerLogs.shift();
+      if (unprintedWorkerLogs.some((pattern) => pattern.test(entry.message))) return;
+      printer.log(entry.level, entry.message, { ...entry.meta, [LogTimestamp]: entry.timestampNanos });
+    }),
+  });
 }
 
 export async function startStack(

@@ -1,6 +1,7 @@
 import type { SandboxState } from '../../common/schemas';
 import {
   blockingChildren,
+  checkArity,
   blockingJobs,
   checkRespond,
   choosePauseMode,
@@ -221,5 +222,19 @@ describe('respond checks', () => {
     expect(checkRespond(run({ status: 'EXPIRED' }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
       code: 'STALE_SANDBOX_ROUTE',
     });
+  });
+});
+
+describe('update arguments', () => {
+  test.each([
+    ['stop', [], 0, undefined],
+    ['stop', [{ junk: 1 }], 0, 'stop: takes no arguments, got 1'],
+    ['stop', [undefined], 0, 'stop: takes no arguments, got 1'],
+    ['exec', [{ command: 'true' }], 1, undefined],
+    ['exec', [], 1, 'exec: takes one argument, got 0'],
+    ['respond', [{ interactionId: 'int-1' }, 'extra'], 1, 'respond: takes one argument, got 2'],
+  ] as const)('%s with %j (expects %i) → %s', (update, args, expected, message) => {
+    const rejection = checkArity(update, args, expected);
+    expect(rejection).toEqual(message === undefined ? undefined : { code: 'INVALID_ARGUMENT', message });
   });
 });

@@ -1,0 +1,184 @@
+import { createHash } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import * as path from 'node:path';
+import { GetObjectCommand, type S3Client } from '@aws-sdk/client-s3';
+import type { Client, WorkflowHandle } from '@temporalio/client';
+import type { Checkpoint, RunSpec } from '../../common/schemas';
+
+// Shared by the fault suite (test/faults): the one summary line per area, the
+// figures behind it, and the checks every area makes of what a Run left behind.
+
+type History = Awaited<ReturnType<WorkflowHandle['fetchHistory']>>;
+export type HistoryEvent = NonNullable<History['events']>[number];
+
+const SUMMARY_FILE = path.join(__dirname, '..', '..', 'test-artifacts', 'faults-summary.txt');
+
+/**
+ * Trials, faults and losses of one area. A trial counts as lost until the test
+ * has verified it end to end (`ok`), so a trial that throws half way is a loss.
+ */
+export class Tally {
+  trials = 0;
+  faults = 0;
+  private readonly open = new Map<string, string>();
+
+  start(id: string, what = id): void {
+    this.trials += 1;
+    this.open.set(id, what);
+  }
+
+  inject(count = 1): void {
+    this.faults += count;
+  }
+
+  ok(id: string): void {
+    this.open.delete(id);
+  }
+
+  get lost(): number {
+    return this.open.size;
+  }
+
+  /** What was not verified, for the failure message. */
+  get lostItems(): string[] {
+    return [...this.open.values()];
+  }
+}
+
+/**
+ * Writes `faults <area>: trials=N faults_injected=M items_lost=L [extra]` to
+ * test-artifacts/faults-summary.txt (replacing that area's previous line) and prints it.
+ */
+export function writeSummary(area: string, tally: Tally, extra: Record<string, string | number> = {}): string {
+  const line = [
+    `faults ${area}: trials=${tally.trials} faults_injected=${tally.faults} items_lost=${tally.lost}`,
+    ...Object.entries(extra).map(([k, v]) => `${k}=${v}`),
+  ].join(' ');
+  mkdirSync(path.dirname(SUMMARY_FILE), { recursive: true });
+  let previous: string[] = [];
+  try {
+    previous = readFileSync(SUMMARY_FILE, 'utf8').split('\n').filter(Boolean);
+  } catch {
+    // first area of this checkout
+  }
+  const kept = previous.filter((l) => !l.startsWith(`faults ${area}:`));
+  writeFileSync(SUMMARY_FILE, [...kept, line].join('\n') + '\n');
+  console.log(line);
+  return line;
+}
+
+export async function historyEvents(client: Client, workflowId: string): Promise<HistoryEvent[]> {
+  return (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
+}
+
+/** Workflow tasks that failed (a handler or the workflow code threw where it must not). */
+export function failedWorkflowTasks(events: HistoryEvent[]): HistoryEvent[] {
+  return events.filter((e) => e.workflowTaskFailedEventAttributes);
+}
+
+/** Decoded results of the completed activities of one type, in history order. */
+export function activityResults(events: HistoryEvent[], type: string): unknown[] {
+  const scheduled = new Set(
+    events
+      .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === type)
+      .map((e) => String(e.eventId)),
+  );
+  return events
+    .filter(
+      (e) =>
+        e.activityTaskCompletedEventAttributes &&
+        scheduled.has(String(e.activityTaskCompletedEventAttributes.scheduledEventId)),
+    )
+    .map((e) => {
+      const payload = e.activityTaskCompletedEventAttributes?.result?.payloads?.[0];
+      return payload?.data ? (JSON.parse(Buffer.from(payload.data).toString('utf8')) as unknown) : undefined;
+    });
+}
+
+/** The `attempt` of every started attempt of an activity type that was recorded (the last one of each activity). */
+export function startedAttempts(events: HistoryEvent[], type: string): { attempt: number; lastFailure: string }[] {
+  const scheduled = new Set(
+    events
+      .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === type)
+      .map((e) => String(e.eventId)),
+  );
+  return events
+    .filter(
+      (e) =>
+        e.activityTaskStartedEventAttributes &&
+        scheduled.has(String(e.activityTaskStartedEventAttributes.scheduledEventId)),
+    )
+    .map((e) => ({
+      attempt: e.activityTaskStartedEventAttributes?.attempt ?? 0,
+      lastFailure: JSON.stringify(e.activityTaskStartedEventAttributes?.lastFailure ?? {}),
+    }));
+}
+
+/**
+ * A workspace listing (type, mode, path, link target) and the sha-256 of every
+ * file: run before the suspension and after the resume, equal output means the
+ * workspace came back byte for byte.
+ */
+export const MANIFEST_COMMAND =
+  "echo MANIFEST; find . -printf '%y %m %p %l\\n' | LC_ALL=C sort; find . -type f -exec sha256sum {} + | LC_ALL=C sort";
+
+/**
+ * A Run that builds a small workspace (text, random bytes, a link, an empty
+ * directory), takes its manifest, asks, and after the answer takes the manifest
+ * again and checks a file, then completes with `tag`.
+ */
+export function cycleSpec(
+  tag: string,
+  provider: string,
+  options: { blobBytes?: number; policy?: RunSpec['policy'] } = {},
+): RunSpec {
+  const blob = options.blobBytes ?? 65_536;
+  return {
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { writeFile: { path: 'data/note.txt', content: `note ${tag}\n` } },
+        {
+          exec: `head -c ${blob} /dev/urandom > data/blob.bin && mkdir -p empty/dir && ln -s data/note.txt link && ${MANIFEST_COMMAND}`,
+        },
+        { ask: `continue ${tag}?` },
+        { exec: MANIFEST_COMMAND },
+        { expectFile: { path: 'data/note.txt', content: `note ${tag}\n` } },
+        { complete: { tag } },
+      ],
+    },
+    sandbox: { provider },
+    ...(options.policy ? { policy: options.policy } : {}),
+  };
+}
+
+/** The manifests a cycleSpec Run took before its suspension and after its resume. */
+export function manifests(events: HistoryEvent[]): string[] {
+  return activityResults(events, 'execInSandbox')
+    .map((r) => (r as { stdout?: string } | undefined)?.stdout ?? '')
+    .filter((s) => s.includes('MANIFEST'))
+    .map((s) => s.slice(s.indexOf('MANIFEST')));
+}
+
+/** Both manifests present and equal, and the Run's file listing shows what the Run wrote. */
+export function workspaceIntact(events: HistoryEvent[]): boolean {
+  const [before, after, ...rest] = manifests(events);
+  return (
+    rest.length === 0 &&
+    before !== undefined &&
+    before === after &&
+    before.includes('./data/blob.bin') &&
+    before.includes('l 777 ./link data/note.txt')
+  );
+}
+
+/** Downloads a checkpoint and checks its sha-256 and size against the record. */
+export async function checkpointVerifies(s3: S3Client, checkpoint: Checkpoint): Promise<boolean> {
+  const match = /^s3:\/\/([^/]+)\/(.+)$/.exec(checkpoint.uri);
+  if (!match) return false;
+  const object = await s3.send(new GetObjectCommand({ Bucket: match[1], Key: match[2] }));
+  const bytes = Buffer.from((await object.Body?.transformToByteArray()) ?? []);
+  return bytes.length === checkpoint.bytes && createHash('sha256').update(bytes).digest('hex') === checkpoint.sha256;
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
