@@ -131,15 +131,22 @@ export class RunsApi {
     }
   }
 
-  /** The operator view, with the release's live attempt count and last error from Temporal. */
+  /** The operator view, with a retrying release's (or restore's) live attempt count and last error from Temporal. */
   async resource(runId: string): Promise<ResourceView> {
     const handle = this.handle(runId);
     try {
       const [view, description] = await Promise.all([handle.query(resourceQuery), handle.describe()]);
-      const release = description.raw.pendingActivities?.find((a) => a.activityType?.name === 'releaseSandbox');
-      if (release && (view.record.state === 'RELEASING' || view.record.state === 'RELEASE_BLOCKED')) {
-        view.record.attempts = release.attempt ?? view.record.attempts;
-        const lastFailure = release.lastFailure?.message;
+      const pending = (type: string) => description.raw.pendingActivities?.find((a) => a.activityType?.name === type);
+      const state = view.record.state;
+      const retrying =
+        state === 'RELEASING' || state === 'RELEASE_BLOCKED'
+          ? pending('releaseSandbox')
+          : state === 'RESTORING'
+            ? pending('restoreSandbox')
+            : undefined;
+      if (retrying) {
+        view.record.attempts = retrying.attempt ?? view.record.attempts;
+        const lastFailure = retrying.lastFailure?.message;
         if (lastFailure) view.record.lastError = lastFailure;
       }
       return view;

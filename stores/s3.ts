@@ -31,7 +31,16 @@ export interface S3StoreOptions {
   credentials?: { accessKeyId: string; secretAccessKey: string };
   /** Multipart part size (at least 5 MiB); at most two parts are buffered at once. */
   partSizeBytes?: number;
+  /**
+   * A request whose connection stays idle this long fails (default 120 s, as the
+   * AWS SDK v2 did): a stalled store must fail the attempt, to be retried, rather
+   * than hang it while the provider keeps heartbeating.
+   */
+  socketTimeoutMs?: number;
 }
+
+const DEFAULT_SOCKET_TIMEOUT_MS = 120_000;
+const CONNECT_TIMEOUT_MS = 10_000;
 
 /** Labels travel as one metadata entry, base64 JSON: S3 lowercases metadata keys and limits their characters. */
 const LABELS_METADATA = 'stasis-labels';
@@ -48,6 +57,10 @@ export class S3CheckpointStore implements CheckpointStore {
       ...(options.credentials ? { credentials: options.credentials } : {}),
       // Temporal retries the activity; a long SDK retry loop would only delay that.
       maxAttempts: 2,
+      requestHandler: {
+        connectionTimeout: CONNECT_TIMEOUT_MS,
+        socketTimeout: options.socketTimeoutMs ?? DEFAULT_SOCKET_TIMEOUT_MS,
+      },
       // sha-256 is verified end to end by Stasis; the SDK's extra checksums break some S3-compatible stores.
       requestChecksumCalculation: 'WHEN_REQUIRED',
       responseChecksumValidation: 'WHEN_REQUIRED',

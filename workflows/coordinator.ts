@@ -33,6 +33,19 @@ const PROVIDER_CALL: ActivityOptions = {
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 };
 
+/**
+ * Restores (and re-provisions) wait out an unavailable object store or host the
+ * way releases do: 1 s doubling to 5 min, no attempt limit. A store that is down
+ * for minutes must not fail a Run whose checkpoint is safe; what no retry can
+ * fix (NON_RETRYABLE: a missing or invalid checkpoint, a stale fence) still fails at once.
+ */
+const RESTORE_RETRY: ActivityOptions['retry'] = {
+  initialInterval: '1s',
+  backoffCoefficient: 2,
+  maximumInterval: '5m',
+  nonRetryableErrorTypes: NON_RETRYABLE,
+};
+
 /** How long a host may leave an activity unclaimed before it counts as gone. */
 export const HOST_SCHEDULE_TO_START = '30s';
 
@@ -70,8 +83,8 @@ export class ExecutionBindingLifecycleCoordinator {
   }
 
   /** Activities any host may take (provisioning, restoring elsewhere). */
-  private onAnyHost(): Activities {
-    return proxyActivities<Activities>({ ...PROVIDER_CALL, taskQueue: workflowInfo().taskQueue });
+  private onAnyHost(options: Partial<ActivityOptions> = {}): Activities {
+    return proxyActivities<Activities>({ ...PROVIDER_CALL, ...options, taskQueue: workflowInfo().taskQueue });
   }
 
   private set(patch: Partial<ExecutionResourceRecord>): void {
@@ -216,12 +229,12 @@ export class ExecutionBindingLifecycleCoordinator {
     if (plan.kind === 'attach') {
       await this.op('attach');
     } else if (plan.kind === 'reprovision') {
-      restored = await this.restoreOn(this.onHost());
+      restored = await this.restoreOn(this.onHost({ retry: RESTORE_RETRY }));
     } else if (plan.kind === 'restore') {
-      restored = await this.restoreOn(this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START })).catch(
+      restored = await this.restoreOn(this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY })).catch(
         (err: unknown) => {
           if (!isScheduleToStartTimeout(err)) throw err;
-          return this.restoreOn(this.onAnyHost());
+          return this.restoreOn(this.onAnyHost({ retry: RESTORE_RETRY }));
         },
       );
     } else {

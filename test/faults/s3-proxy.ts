@@ -1,0 +1,84 @@
+import * as http from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+
+// A small fault-injecting HTTP proxy on loopback in front of an S3 store
+// (MinIO): it passes requests through, answers 503 SlowDown, delays each
+// request, or stalls (accepts and never answers). The Host header is passed
+// through unchanged, so SigV4 signatures made for the proxy's address verify.
+
+export type ProxyMode = { kind: 'pass' } | { kind: '503' } | { kind: 'delay'; ms: number } | { kind: 'stall' };
+
+export interface ProxiedRequest {
+  at: number;
+  method: string;
+  path: string;
+  /** What the proxy did with it. */
+  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'upstream error';
+}
+
+export interface FaultProxy {
+  /** http://127.0.0.1:<port>, to use as STASIS_S3_ENDPOINT. */
+  url: string;
+  mode: ProxyMode;
+  requests: ProxiedRequest[];
+  close(): Promise<void>;
+}
+
+const SLOW_DOWN =
+  '<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>injected by the fault proxy</Message></Error>';
+
+export async function startS3Proxy(target: string): Promise<FaultProxy> {
+  const upstream = new URL(target);
+  const sockets = new Set<Socket>();
+  const proxy: FaultProxy = { url: '', mode: { kind: 'pass' }, requests: [], close: async () => undefined };
+
+  const forward = (req: http.IncomingMessage, res: http.ServerResponse, record: ProxiedRequest) => {
+    const out = http.request(
+      { host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers: req.headers },
+      (answer) => {
+        res.writeHead(answer.statusCode ?? 502, answer.headers);
+        answer.pipe(res);
+      },
+    );
+    out.on('error', () => {
+      record.outcome = 'upstream error';
+      if (!res.headersSent) res.writeHead(502);
+      res.end();
+    });
+    req.pipe(out);
+  };
+
+  const server = http.createServer((req, res) => {
+    const mode = proxy.mode;
+    const record: ProxiedRequest = { at: Date.now(), method: req.method ?? '', path: req.url ?? '', outcome: 'passed' };
+    proxy.requests.push(record);
+    if (mode.kind === '503') {
+      record.outcome = '503';
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(503, { 'content-type': 'application/xml', 'content-length': Buffer.byteLength(SLOW_DOWN) });
+        res.end(SLOW_DOWN);
+      });
+    } else if (mode.kind === 'stall') {
+      record.outcome = 'stalled';
+      req.resume();
+    } else if (mode.kind === 'delay') {
+      record.outcome = 'delayed';
+      req.pause();
+      setTimeout(() => forward(req, res, record), mode.ms);
+    } else {
+      forward(req, res, record);
+    }
+  });
+  server.on('connection', (socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  proxy.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  proxy.close = async () => {
+    for (const socket of sockets) socket.destroy();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  };
+  return proxy;
+}
