@@ -1,4 +1,5 @@
 import { mkdir, writeFile, rename } from 'node:fs/promises';
+import { randomUUID } from 'node:crypto';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
@@ -92,7 +93,13 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   const client = new Client({ connection: await clientConnection(config), namespace: config.TEMPORAL_NAMESPACE });
   const metricsFile = path.join(config.STASIS_DATA_DIR, 'metrics', `${hostId}.json`);
   const stopMaintenance = startMaintenance({ config, dataDir, registry, client, hostId, store });
-  const metricsTimer = setInterval(() => void writeMetrics(metricsFile, metrics), 2_000);
+  // A write slower than the interval (a busy event loop) must neither overlap the next nor crash the worker.
+  let writing: Promise<void> = Promise.resolve();
+  const metricsTimer = setInterval(() => {
+    writing = writing
+      .then(() => writeMetrics(metricsFile, metrics))
+      .catch((err: unknown) => console.warn(`could not write worker metrics: ${String(err)}`));
+  }, 2_000);
 
   let running: Promise<void> | undefined;
   return {
@@ -107,6 +114,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
         } finally {
           clearInterval(metricsTimer);
           stopMaintenance();
+          await writing;
           await writeMetrics(metricsFile, metrics);
           await client.connection.close();
           await registry.closeAll();
@@ -129,7 +137,7 @@ async function clientConnection(config: Config) {
 
 async function writeMetrics(file: string, metrics: WorkerMetrics): Promise<void> {
   await mkdir(path.dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.tmp`;
+  const tmp = `${file}.${process.pid}.${randomUUID().slice(0, 8)}.tmp`;
   await writeFile(tmp, JSON.stringify(metrics.snapshot()));
   await rename(tmp, file);
 }

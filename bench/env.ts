@@ -1,0 +1,122 @@
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { Client, Connection } from '@temporalio/client';
+import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
+import { loadConfig, type Config } from '../common/config';
+import { StasisClient } from '../client';
+import { fileMetricsSource } from '../client/metrics';
+import { freePorts, startMinio, startTemporal, type MinioServer, type TemporalServer } from '../platform/servers';
+import { createCheckpointStore } from '../stores';
+import type { CheckpointStore } from '../stores/api';
+import { createStasisWorker, type StasisWorker } from '../workers/worker';
+
+// One bench run's world: a Temporal dev server and a MinIO started here (own
+// temp data dir, free ports, stopped at the end), one Stasis worker in this
+// process, the typed client, and the SDK's Prometheus metrics on a free port.
+
+export interface BenchEnv {
+  dataDir: string;
+  temporalServer: TemporalServer;
+  minio: MinioServer;
+  config: Config;
+  client: StasisClient;
+  temporal: Client;
+  worker: StasisWorker;
+  /** The checkpoint store the worker uses (MinIO), for the baselines. */
+  store: CheckpointStore;
+  sdkMetricsUrl: string;
+  /** Where the bench keeps host-persistent workspaces and scratch files. */
+  scratch: string;
+  stop(): Promise<void>;
+}
+
+export const HOST_ID = 'bench-host';
+
+export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
+  process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
+  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'stasis-bench-'));
+  const scratch = path.join(dataDir, 'scratch');
+  mkdirSync(scratch, { recursive: true });
+  const [temporalPort, minioPort, consolePort, metricsPort] = await freePorts(4);
+  // Servers of our own, whatever the shell points at.
+  const serverEnv: NodeJS.ProcessEnv = { ...process.env };
+  for (const key of ['TEMPORAL_ADDRESS', 'STASIS_S3_ENDPOINT', 'MINIO_ROOT_USER', 'MINIO_ROOT_PASSWORD'])
+    delete serverEnv[key];
+  log(`servers: Temporal dev server on ${temporalPort}, MinIO on ${minioPort}, data ${dataDir}`);
+  const [t, m] = await Promise.allSettled([
+    startTemporal({ dataDir, port: temporalPort, env: serverEnv }),
+    startMinio({ dataDir, port: minioPort, consolePort, env: serverEnv }),
+  ]);
+  if (t.status === 'rejected' || m.status === 'rejected') {
+    if (t.status === 'fulfilled') await t.value.stop();
+    if (m.status === 'fulfilled') await m.value.stop();
+    throw t.status === 'rejected' ? t.reason : (m as PromiseRejectedResult).reason;
+  }
+  const temporalServer = t.value;
+  const minio = m.value;
+
+  const sdkMetricsAddr = `127.0.0.1:${metricsPort}`;
+  Runtime.install({
+    logger: new DefaultLogger('WARN'),
+    shutdownSignals: [],
+    telemetryOptions: { metrics: { prometheus: { bindAddress: sdkMetricsAddr } } },
+  });
+  const config = loadConfig({
+    TEMPORAL_ADDRESS: temporalServer.address,
+    TEMPORAL_NAMESPACE: temporalServer.namespace,
+    STASIS_TASK_QUEUE: 'bench',
+    STASIS_HOST_ID: HOST_ID,
+    STASIS_DATA_DIR: path.join(dataDir, 'stasis'),
+    STASIS_S3_ENDPOINT: minio.endpoint,
+    STASIS_S3_BUCKET: minio.bucket,
+    STASIS_S3_REGION: minio.region,
+    AWS_ACCESS_KEY_ID: minio.accessKeyId,
+    AWS_SECRET_ACCESS_KEY: minio.secretAccessKey,
+    STASIS_WORKER_METRICS_ADDR: 'off',
+  });
+  const store = createCheckpointStore(config);
+  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
+  const client = new StasisClient(temporal, {
+    taskQueue: config.STASIS_TASK_QUEUE,
+    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+  });
+  const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+  const worker = await createStasisWorker({ config, connection: native, store });
+  const running = worker.run();
+
+  let stopped = false;
+  return {
+    dataDir,
+    temporalServer,
+    minio,
+    config,
+    client,
+    temporal,
+    worker,
+    store,
+    sdkMetricsUrl: `http://${sdkMetricsAddr}/metrics`,
+    scratch,
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      const errors: unknown[] = [];
+      const attempt = async (fn: () => Promise<unknown>) => {
+        try {
+          await fn();
+        } catch (err) {
+          errors.push(err);
+        }
+      };
+      await attempt(() => worker.shutdown());
+      await attempt(() => running);
+      await attempt(() => native.close());
+      await attempt(() => connection.close());
+      await attempt(() => temporalServer.stop());
+      await attempt(() => minio.stop());
+      rmSync(dataDir, { recursive: true, force: true });
+      if (errors.length > 0) log(`stop: ${errors.map(String).join('; ')}`);
+    },
+  };
+}

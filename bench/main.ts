@@ -1,0 +1,211 @@
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { BINARIES } from '../platform/binaries';
+import { isAlive } from '../platform/servers';
+import { runCheckpointBench } from './checkpoint';
+import { runCycleBench } from './cycle';
+import { startEnv, HOST_ID, type BenchEnv } from './env';
+import { runHistoryCost } from './history-cost';
+import { killSandboxProcesses, sandboxProcessCount } from './leftovers';
+import { machineInfo } from './machine';
+import { renderMarkdown } from './report';
+import type { BenchResults } from './results';
+import { runThroughput } from './throughput';
+import { runWaiting } from './waiting';
+
+// `npm run bench [-- --quick]`: starts its own Temporal dev server and MinIO,
+// one Stasis worker in this process and the typed client, measures the five
+// figures of issue 6 each against a baseline in the same run, and writes
+// bench/results.json and BENCHMARKS.md from what it measured. It never fails on
+// a time; it fails only when it could not measure.
+
+interface Plan {
+  cycleReps: number;
+  /** Size of the larger SNAPSHOT_AND_TERMINATE workspace of figure 1. */
+  cycleLargeMiB: number;
+  historyReps: number;
+  historyCycles: number;
+  checkpointSizesMiB: number[];
+  checkpointReps: number;
+  /** The first always runs; the others only when the time left allows. */
+  throughput: number[];
+  waitingRuns: number;
+  budgetMs: number;
+}
+
+const PLANS: Record<'quick' | 'full', Plan> = {
+  quick: {
+    cycleReps: 2,
+    cycleLargeMiB: 16,
+    historyReps: 1,
+    historyCycles: 2,
+    checkpointSizesMiB: [8, 32],
+    checkpointReps: 1,
+    throughput: [10],
+    waitingRuns: 50,
+    budgetMs: 3 * 60_000,
+  },
+  full: {
+    cycleReps: 5,
+    cycleLargeMiB: 64,
+    historyReps: 2,
+    historyCycles: 4,
+    checkpointSizesMiB: [64, 512],
+    checkpointReps: 2,
+    throughput: [50, 200, 500],
+    waitingRuns: 2000,
+    budgetMs: 20 * 60_000,
+  },
+};
+
+const ROOT = path.resolve(__dirname, '..', '..');
+
+const secs = (ms: number): string => `${Math.round(ms / 1000)} s`;
+
+/** Writes both files from what has been measured so far (after every phase, so an interrupted run still leaves its figures). */
+function save(results: BenchResults, started: number): void {
+  results.durationMs = Date.now() - started;
+  results.loadAtEnd = os.loadavg().map((l) => Math.round(l * 100) / 100);
+  writeFileSync(path.join(ROOT, 'bench', 'results.json'), `${JSON.stringify(results, null, 2)}\n`);
+  writeFileSync(path.join(ROOT, 'BENCHMARKS.md'), renderMarkdown(results));
+}
+
+/** Processes whose command line names `dir` (the servers we started: MinIO's data dir, Temporal's database file). */
+function processesMentioning(dir: string): number[] {
+  const found: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, 'utf8').includes(dir)) found.push(Number(name));
+    } catch {
+      // gone
+    }
+  }
+  return found;
+}
+
+function log(line: string): void {
+  const t = new Date().toISOString().slice(11, 19);
+  process.stderr.write(`[bench ${t}] ${line}\n`);
+}
+
+async function phase<T>(name: string, results: BenchResults, fn: () => Promise<T>): Promise<T | undefined> {
+  const started = Date.now();
+  try {
+    const value = await fn();
+    log(`${name} done in ${Math.round((Date.now() - started) / 1000)} s`);
+    return value;
+  } catch (err) {
+    results.phaseErrors[name] = err instanceof Error ? (err.stack ?? err.message) : String(err);
+    log(`${name} FAILED: ${String(err)}`);
+    return undefined;
+  }
+}
+
+async function main(): Promise<void> {
+  if (process.argv.includes('--render-only')) {
+    // Re-renders BENCHMARKS.md from the figures of the last run (after a change to the report's prose).
+    const results = JSON.parse(readFileSync(path.join(ROOT, 'bench', 'results.json'), 'utf8')) as BenchResults;
+    writeFileSync(path.join(ROOT, 'BENCHMARKS.md'), renderMarkdown(results));
+    return;
+  }
+  const quick = process.argv.includes('--quick');
+  const mode = quick ? 'quick' : 'full';
+  const plan = PLANS[mode];
+  const started = Date.now();
+  const results: BenchResults = {
+    command: `npm run bench${quick ? ' -- --quick' : ''}`,
+    mode,
+    date: new Date().toISOString(),
+    machine: machineInfo(),
+    servers: { temporalCli: BINARIES.temporal.version, minio: BINARIES.minio.version },
+    durationMs: 0,
+    cycle: [],
+    history: [],
+    checkpoint: [],
+    throughput: [],
+    notMeasured: [],
+    phaseErrors: {},
+    processesLeftBehind: 0,
+    loadAtEnd: [],
+  };
+  log(`${mode} mode on ${results.machine.cpuModel}, ${results.machine.cores} cores, ${results.machine.ramGiB} GiB`);
+  let env: BenchEnv | undefined;
+  const stop = async () => {
+    await env?.stop();
+  };
+  process.once('SIGINT', () => {
+    results.phaseErrors.interrupted = 'SIGINT: the run was interrupted; figures after this point are missing';
+    save(results, started);
+    void stop().then(() => process.exit(130));
+  });
+  try {
+    env = await startEnv(log);
+    const e = env;
+    const left = () => plan.budgetMs - (Date.now() - started);
+    results.cycle = (await phase('1 cycle latency', results, () => runCycleBench(e, plan.cycleReps, plan.cycleLargeMiB, log))) ?? [];
+    save(results, started);
+    results.history = (await phase('3 history cost', results, () => runHistoryCost(e, plan.historyReps, plan.historyCycles, log))) ?? [];
+    save(results, started);
+    results.checkpoint =
+      (await phase('4 checkpoint speed', results, () => runCheckpointBench(e, plan.checkpointSizesMiB, plan.checkpointReps, log))) ?? [];
+    save(results, started);
+    const first = await phase(`2 throughput ${plan.throughput[0]}`, results, () => runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 3), log));
+    if (first) results.throughput.push(first);
+    save(results, started);
+    // Waiting: ramp for a share of what is left, then answer everything that was started.
+    const rampMs = Math.max(20_000, (left() - 30_000) * 0.35);
+    results.waiting = await phase('5 scale of waiting', results, () => runWaiting(e, plan.waitingRuns, rampMs, Math.max(60_000, left() - 20_000), log));
+    if (results.waiting && results.waiting.runs < results.waiting.target) {
+      results.notMeasured.push(
+        `Scale of waiting with ${results.waiting.target} Runs: ${results.waiting.runs} were suspended within the ${secs(rampMs)} ramp this budget allowed ` +
+          `(${secs(results.waiting.suspendAllMs)} for them); the figures are for ${results.waiting.runs}.`,
+      );
+    }
+    save(results, started);
+    for (const n of plan.throughput.slice(1)) {
+      const last = results.throughput[results.throughput.length - 1];
+      const remaining = left() - 30_000;
+      const estimate = last && last.cyclesPerSecond > 0 ? (n / last.cyclesPerSecond) * 1.3 * 1000 : Infinity;
+      if (estimate > remaining) {
+        results.notMeasured.push(
+          `Throughput with ${n} concurrent Runs: estimated ${secs(estimate)} at the ${last?.concurrency ?? '?'}-Run rate, ` +
+            `${secs(Math.max(0, remaining))} left of the ${plan.budgetMs / 60_000}-minute budget.`,
+        );
+        log(`skipping throughput ${n}: estimated ${secs(estimate)}, ${secs(Math.max(0, remaining))} left`);
+        continue;
+      }
+      const r = await phase(`2 throughput ${n}`, results, () => runThroughput(e, n, Math.max(60_000, remaining), log));
+      if (r) results.throughput.push(r);
+      save(results, started);
+    }
+    if (quick) {
+      results.notMeasured.push(
+        `Quick mode: fewer repetitions, ${plan.cycleLargeMiB} MiB instead of 64 MiB in figure 1, ${plan.checkpointSizesMiB.join('/')} MiB checkpoints instead of 64/512 MiB, ` +
+          `${plan.throughput.join('/')} concurrent Runs instead of 50/200/500, ${plan.waitingRuns} waiting Runs instead of 2,000.`,
+      );
+    }
+  } finally {
+    await stop();
+    const pids = [env?.temporalServer.pid].filter((p): p is number => p !== undefined);
+    let left = pids.filter((pid) => isAlive(pid)).length;
+    if (env) left += processesMentioning(env.dataDir).filter((pid) => !pids.includes(pid)).length;
+    const hosts = [HOST_ID, 'bench-baseline', 'bench-ckpt-a', 'bench-ckpt-b'];
+    for (const host of hosts) left += await sandboxProcessCount(host);
+    results.processesLeftBehind = left;
+    // Sandboxes of Runs that had not ended when the worker stopped: counted above, not left running.
+    const killed = await killSandboxProcesses(hosts);
+    if (killed > 0) log(`killed ${killed} sandbox processes of unfinished Runs`);
+    save(results, started);
+    log(`wrote bench/results.json and BENCHMARKS.md in ${Math.round(results.durationMs / 1000)} s; processes left behind: ${left}`);
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (err: unknown) => {
+    log(`bench failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,95 @@
+import { analyseCycle } from './cycle';
+import type { BenchEnv } from './env';
+import { listIds, releasedAmong, respondAll, waitAllClosed } from './fleet';
+import { timedHistory } from './history';
+import { leftovers, type Leftovers } from './leftovers';
+import { PeakRss } from './rss';
+import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
+import { cycleSpec, newRunId, type ModeCase } from './specs';
+import { mapLimit, round, sleep, summarize, type Summary } from './stats';
+
+// Figure 2: full cycles per second with N concurrent Runs on one worker.
+
+export interface ThroughputResult {
+  concurrency: number;
+  completed: number;
+  failed: number;
+  wallMs: number;
+  cyclesPerSecond: number;
+  peakRssMiB: number;
+  /** Suspend/resume latency under this load, from the histories of a sample of the Runs. */
+  suspendMs: Summary;
+  resumeMs: Summary;
+  sdk: Record<string, SdkLatency>;
+  leftovers: Leftovers;
+  errors: string[];
+}
+
+const CASE: ModeCase = { name: 'throughput', mode: 'SNAPSHOT_AND_TERMINATE', bytes: 4096 };
+
+export async function runThroughput(env: BenchEnv, concurrency: number, timeoutMs: number, log: (line: string) => void): Promise<ThroughputResult> {
+  const errors: string[] = [];
+  const ids = Array.from({ length: concurrency }, () => newRunId(`tp${concurrency}`));
+  const idSet = new Set(ids);
+  const before = await scrapeSdk(env.sdkMetricsUrl);
+  const rss = new PeakRss();
+  const t0 = performance.now();
+  const deadline = Date.now() + timeoutMs;
+  await mapLimit(ids, 20, (id) => env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))));
+  const answered = new Set<string>();
+  const answering: Promise<string[]>[] = [];
+  while (answered.size < concurrency && Date.now() < deadline) {
+    const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
+    for (const id of released) answered.add(id);
+    if (released.length > 0) answering.push(respondAll(env, released, 20));
+    // Runs that failed before suspending are never answered: stop waiting for them.
+    const ended = await listIds(env, `ExecutionStatus != 'Running'`);
+    for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
+    await sleep(200);
+  }
+  for (const e of (await Promise.all(answering)).flat()) errors.push(e);
+  let completed = 0;
+  let failed = 0;
+  try {
+    const closed = await waitAllClosed(env, idSet, deadline, 200);
+    completed = closed.completed.size;
+    failed = closed.failed.size;
+    const open = idSet.size - completed - failed;
+    if (open > 0) errors.push(`${open} of ${idSet.size} Runs had not ended by the phase deadline`);
+  } catch (err) {
+    errors.push(String(err));
+  }
+  const wallMs = performance.now() - t0;
+  const peakRssMiB = rss.stop();
+  const sdk = sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl));
+  const sample = ids.slice(0, Math.min(10, ids.length));
+  const analysed = await Promise.all(
+    sample.map(async (id) => {
+      try {
+        return analyseCycle(await timedHistory(env.temporal, id));
+      } catch {
+        return undefined;
+      }
+    }),
+  );
+  const ok = analysed.filter((a) => a !== undefined);
+  const result: ThroughputResult = {
+    concurrency,
+    completed,
+    failed,
+    wallMs: Math.round(wallMs),
+    cyclesPerSecond: round(completed / (wallMs / 1000), 2),
+    peakRssMiB,
+    suspendMs: summarize(ok.map((a) => a.suspendMs)),
+    resumeMs: summarize(ok.map((a) => a.resumeMs)),
+    sdk,
+    leftovers: await leftovers(env),
+    errors: errors.slice(0, 5),
+  };
+  log(
+    `throughput ${concurrency}: ${completed} completed, ${failed} failed in ${result.wallMs} ms = ${result.cyclesPerSecond} cycles/s, peak RSS ${peakRssMiB} MiB, ` +
+      `leftover processes ${result.leftovers.processes}, workspaces ${result.leftovers.workspaces}` +
+      (errors.length ? `; ${errors.length} errors: ${errors[0]}` : ''),
+  );
+  return result;
+}

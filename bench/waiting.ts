@@ -1,0 +1,123 @@
+import { statSync } from 'node:fs';
+import * as path from 'node:path';
+import type { RunSpec } from '../common/schemas';
+import type { BenchEnv } from './env';
+import { respondAll, waitAllClosed, waitAllReleased } from './fleet';
+import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
+import { PeakRss, rssMiB } from './rss';
+import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
+import { newRunId } from './specs';
+import { mapLimit, round } from './stats';
+
+// Figure 5: N Runs suspended at once (TERMINATE on an active workspace, so no
+// process is held), what holding them costs, and how long answering all takes.
+
+export interface WaitingResult {
+  /** Runs planned, and Runs actually started before the ramp's deadline. */
+  target: number;
+  runs: number;
+  /** Starting all Runs until every one is suspended with its compute released. */
+  suspendAllMs: number;
+  /** While all are suspended: sandbox processes of the worker's host (must be 0). */
+  processesHeld: number;
+  rssWhileWaitingMiB: number;
+  peakRssMiB: number;
+  /** Dev server's SQLite file (+ WAL) while all are waiting, and its growth over the phase. */
+  databaseMiB: number;
+  databaseGrowthMiB: number;
+  /** Sending every answer (respond updates, 50 in flight) ... */
+  answerAllMs: number;
+  /** ... and until every Run completed (restore, exec, complete, destroy). */
+  completeAllMs: number;
+  answersPerSecond: number;
+  completed: number;
+  failed: number;
+  sdk: Record<string, SdkLatency>;
+  leftovers: Leftovers;
+  errors: string[];
+}
+
+function databaseMiB(env: BenchEnv): number {
+  let bytes = 0;
+  for (const suffix of ['', '-wal', '-shm']) {
+    try {
+      bytes += statSync(path.join(env.dataDir, `temporal.sqlite${suffix}`)).size;
+    } catch {
+      // absent
+    }
+  }
+  return bytes / (1024 * 1024);
+}
+
+function waitingSpec(runId: string, scratch: string): RunSpec {
+  return {
+    runId,
+    agent: { driver: 'scripted', steps: [{ ask: 'Approve?' }, { exec: 'echo approved > approved.txt' }, { complete: 'done' }] },
+    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: path.join(scratch, 'waiting', runId) } },
+  };
+}
+
+/** Starts up to `target` Runs in waves until `rampMs` has passed, then answers all that were started. */
+export async function runWaiting(env: BenchEnv, target: number, rampMs: number, timeoutMs: number, log: (line: string) => void): Promise<WaitingResult> {
+  const errors: string[] = [];
+  const dbBefore = databaseMiB(env);
+  const before = await scrapeSdk(env.sdkMetricsUrl);
+  const rss = new PeakRss();
+  const deadline = Date.now() + timeoutMs;
+  const planned = Array.from({ length: target }, () => newRunId('wait'));
+  const ids: string[] = [];
+  const t0 = performance.now();
+  const rampEnd = Date.now() + rampMs;
+  // In waves, so the host never runs thousands of sandboxes' init processes at once before they are released.
+  const WAVE = 100;
+  for (let i = 0; i < planned.length && Date.now() < rampEnd; i += WAVE) {
+    const wave = planned.slice(i, i + WAVE);
+    ids.push(...wave);
+    await mapLimit(wave, 20, (id) => env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))));
+    await waitAllReleased(env, new Set(wave), deadline, 250);
+  }
+  const runs = ids.length;
+  const idSet = new Set(ids);
+  await waitAllReleased(env, idSet, deadline, 250);
+  const suspendAllMs = performance.now() - t0;
+  const processesHeld = await sandboxProcessCount();
+  const rssWhileWaitingMiB = Math.round(rssMiB());
+  const dbWaiting = databaseMiB(env);
+  log(`waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`);
+
+  const t1 = performance.now();
+  for (const e of await respondAll(env, ids, 50)) errors.push(e);
+  const answerAllMs = performance.now() - t1;
+  let completed = 0;
+  let failed = 0;
+  try {
+    const closed = await waitAllClosed(env, idSet, deadline, 500);
+    completed = closed.completed.size;
+    failed = closed.failed.size;
+    const open = idSet.size - completed - failed;
+    if (open > 0) errors.push(`${open} of ${idSet.size} Runs had not ended by the phase deadline`);
+  } catch (err) {
+    errors.push(String(err));
+  }
+  const completeAllMs = performance.now() - t1;
+  const result: WaitingResult = {
+    target,
+    runs,
+    suspendAllMs: Math.round(suspendAllMs),
+    processesHeld,
+    rssWhileWaitingMiB,
+    peakRssMiB: rss.stop(),
+    databaseMiB: round(dbWaiting),
+    databaseGrowthMiB: round(dbWaiting - dbBefore),
+    answerAllMs: Math.round(answerAllMs),
+    completeAllMs: Math.round(completeAllMs),
+    answersPerSecond: round(runs / (answerAllMs / 1000)),
+    completed,
+    failed,
+    sdk: sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl)),
+    leftovers: await leftovers(env),
+    errors: errors.slice(0, 5),
+  };
+  log(`waiting: answered all in ${result.answerAllMs} ms, all ended in ${result.completeAllMs} ms (${completed} completed, ${failed} failed)`);
+  return result;
+}
