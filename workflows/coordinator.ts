@@ -27,8 +27,9 @@ const NON_RETRYABLE = ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', '
 
 const PROVIDER_CALL: ActivityOptions = {
   startToCloseTimeout: '30m',
-  // Short, so a cancelled call (a release overtaken by an answer) stops within seconds.
-  heartbeatTimeout: '10s',
+  // Providers heartbeat every few seconds; 30 s leaves room for a worker busy with hundreds of
+  // sandboxes (the benchmark saw 10 s exceeded under load) while a dead worker is still noticed.
+  heartbeatTimeout: '30s',
   retry: { initialInterval: '1s', backoffCoefficient: 2, maximumInterval: '30s', maximumAttempts: 5, nonRetryableErrorTypes: NON_RETRYABLE },
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 };
@@ -46,8 +47,14 @@ const RESTORE_RETRY: ActivityOptions['retry'] = {
   nonRetryableErrorTypes: NON_RETRYABLE,
 };
 
-/** How long a host may leave an activity unclaimed before it counts as gone. */
+/** How long a host may leave a restore unclaimed before it counts as gone (then any host restores). */
 export const HOST_SCHEDULE_TO_START = '30s';
+
+/**
+ * How long other calls wait for the sandbox's host to take them. A backlog on a busy host is
+ * not a dead host: only a host silent this long fails the call.
+ */
+export const HOST_BUSY_LIMIT = '10m';
 
 export interface SandboxBinding {
   ownerId: string;
@@ -110,7 +117,7 @@ export class ExecutionBindingLifecycleCoordinator {
   }
 
   async op(op: 'start' | 'stop' | 'pause' | 'resume' | 'attach'): Promise<void> {
-    await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({
+    await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).sandboxOp({
       ...this.owner,
       op,
       request: { sandboxId: this.record.sandboxId, fence: this.record.fence },
@@ -119,7 +126,7 @@ export class ExecutionBindingLifecycleCoordinator {
 
   async exec(jobId: string, command: string, options: { timeoutMs?: number; env?: Record<string, string> } = {}): Promise<ExecOutcome> {
     return this.onHost({
-      scheduleToStartTimeout: HOST_SCHEDULE_TO_START,
+      scheduleToStartTimeout: HOST_BUSY_LIMIT,
       // A command is not repeated behind the user's back.
       retry: { maximumAttempts: 1 },
       summary: `exec ${command.slice(0, 60)}`,
@@ -130,7 +137,7 @@ export class ExecutionBindingLifecycleCoordinator {
   }
 
   async readFile(path: string, encoding: FileEncoding): Promise<string> {
-    const out = await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).readSandboxFile({
+    const out = await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).readSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
       path,
@@ -140,7 +147,7 @@ export class ExecutionBindingLifecycleCoordinator {
   }
 
   async writeFile(path: string, content: string, encoding: FileEncoding): Promise<void> {
-    await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).writeSandboxFile({
+    await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).writeSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
       path,

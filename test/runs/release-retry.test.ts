@@ -66,13 +66,13 @@ test.each(['throw', 'not-released'] as const)(
 test('a hanging release is cut by its heartbeat timeout and retried, then cancelled by the answer', async () => {
   faults.release = 'hang';
   const { runId } = await stack.client.runs.start(spec);
-  await eventually(async () => faults.calls.length >= 2, 40_000, 'a second attempt after the heartbeat timeout');
+  await eventually(async () => faults.calls.length >= 2, 90_000, 'a second attempt after the heartbeat timeout');
   const view = await stack.client.runs.resource(runId);
   expect(view.record.state).toBe('RELEASING');
   expect(view.record.lastError).toMatch(/heartbeat|timeout/i);
   await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({ path: 'a.txt', content: 'kept' });
-});
+}, 180_000);
 
 test('the answer wins over a release that later succeeds: a late receipt never touches the restored sandbox', async () => {
   faults.release = 'throw';
