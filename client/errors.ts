@@ -30,8 +30,22 @@ export function toStasisError(err: unknown, what: string): StasisError {
   if (err instanceof WorkflowUpdateFailedError || err instanceof WorkflowFailedError || err instanceof QueryRejectedError) {
     return new StasisError('INTERNAL', `${what}: ${err.message}`);
   }
-  const grpc = (err as { code?: unknown }).code;
-  if (grpc === 5) return new StasisError('NOT_FOUND', `${what} not found`);
-  if (grpc === 14 || grpc === 4) return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${(err as Error).message}`);
+  const grpc = grpcErrorOf(err);
+  if (grpc?.code === 5) return new StasisError('NOT_FOUND', `${what} not found`);
+  if (grpc?.code === 14 || grpc?.code === 4) return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${grpc.message}`);
   return new StasisError('INTERNAL', `${what}: ${err instanceof Error ? err.message : String(err)}`);
+}
+
+/**
+ * The gRPC status error in a failure chain: the client wraps it (a ServiceError
+ * "Failed to query Workflow" whose cause is the UNAVAILABLE status), so look past the top.
+ */
+function grpcErrorOf(err: unknown): { code: number; message: string } | undefined {
+  let e: unknown = err;
+  while (e instanceof Error) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'number') return { code, message: e.message };
+    e = (e as { cause?: unknown }).cause;
+  }
+  return undefined;
 }
