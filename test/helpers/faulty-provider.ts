@@ -11,8 +11,11 @@ import { StasisError } from '../../common/errors';
  * with IDEMPOTENCY_CONFLICT).
  */
 export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict';
-/** How one restore call fails: `throw` (an exception) or `hang` (never answers, until cancelled). */
-export type RestoreFault = 'throw' | 'hang';
+/**
+ * How one restore call fails: `throw` (an exception), `hang` (never answers, until
+ * cancelled), or `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores).
+ */
+export type RestoreFault = 'throw' | 'hang' | 'hold';
 
 export interface ProviderCall {
   sandboxId: string;
@@ -37,6 +40,8 @@ export interface ReleaseFaults {
   calls: ProviderCall[];
   /** Every restore request the provider saw, in order (idempotencyKey is empty). */
   restoreCalls?: ProviderCall[];
+  /** What a `hold` restore waits for. */
+  gate?: Promise<void>;
 }
 
 /**
@@ -49,7 +54,8 @@ export function faultyProvider(faults: ReleaseFaults) {
     const breakable = (op: 'exec' | 'stop' | 'pause') => {
       if (faults.broken?.includes(op)) throw new StasisError('SANDBOX_FAILED', `injected: sandbox broke during ${op}`);
     };
-    const attempts = (calls: ProviderCall[], sandboxId: string) => calls.filter((c) => c.sandboxId === sandboxId).length + 1;
+    const attempts = (calls: ProviderCall[], sandboxId: string) =>
+      calls.filter((c) => c.sandboxId === sandboxId).length + 1;
     const hang = async (signal: AbortSignal | undefined, what: string): Promise<never> => {
       await new Promise<void>((resolve) => {
         if (signal?.aborted) resolve();
@@ -74,7 +80,13 @@ export function faultyProvider(faults: ReleaseFaults) {
       async restore(request, context) {
         const restoreCalls = (faults.restoreCalls ??= []);
         const fault = faults.restorePlan?.(request.sandboxId, attempts(restoreCalls, request.sandboxId));
-        const call: ProviderCall = { sandboxId: request.sandboxId, fence: request.fence, idempotencyKey: '', outcome: '', at: Date.now() };
+        const call: ProviderCall = {
+          sandboxId: request.sandboxId,
+          fence: request.fence,
+          idempotencyKey: '',
+          outcome: '',
+          at: Date.now(),
+        };
         restoreCalls.push(call);
         if (fault === 'throw') {
           call.outcome = 'threw';
@@ -83,6 +95,10 @@ export function faultyProvider(faults: ReleaseFaults) {
         if (fault === 'hang') {
           call.outcome = 'hung';
           return hang(context.signal, 'restore');
+        }
+        if (fault === 'hold') {
+          call.outcome = 'held';
+          await faults.gate;
         }
         try {
           const result = await local.restore(request, context);
@@ -94,7 +110,8 @@ export function faultyProvider(faults: ReleaseFaults) {
         }
       },
       async release(request, context): Promise<SandboxReleaseReceipt> {
-        const fault = faults.release ?? faults.releasePlan?.(request.sandboxId, attempts(faults.calls, request.sandboxId));
+        const fault =
+          faults.release ?? faults.releasePlan?.(request.sandboxId, attempts(faults.calls, request.sandboxId));
         const call: ProviderCall = {
           sandboxId: request.sandboxId,
           fence: request.fence,
@@ -113,12 +130,24 @@ export function faultyProvider(faults: ReleaseFaults) {
         }
         if (fault === 'not-released') {
           call.outcome = 'not-released';
-          return { sandboxId: request.sandboxId, idempotencyKey: request.idempotencyKey, mode: request.mode, computeReleased: false, duplicate: false, fence: request.fence, releasedAt: new Date().toISOString() };
+          return {
+            sandboxId: request.sandboxId,
+            idempotencyKey: request.idempotencyKey,
+            mode: request.mode,
+            computeReleased: false,
+            duplicate: false,
+            fence: request.fence,
+            releasedAt: new Date().toISOString(),
+          };
         }
         // Real refusals of the real provider: the conditions are set up through the provider itself.
-        if (fault === 'stale-fence') await local.attach({ sandboxId: request.sandboxId, fence: request.fence + 1 }, context);
+        if (fault === 'stale-fence')
+          await local.attach({ sandboxId: request.sandboxId, fence: request.fence + 1 }, context);
         if (fault === 'idempotency-conflict') {
-          await local.release({ ...request, mode: 'DETACH', reason: 'injected: an earlier, different request under the same key' }, context);
+          await local.release(
+            { ...request, mode: 'DETACH', reason: 'injected: an earlier, different request under the same key' },
+            context,
+          );
         }
         try {
           const receipt = await local.release(request, context);
