@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { createReadStream, createWriteStream } from 'node:fs';
+import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Readable } from 'node:stream';
@@ -34,8 +34,9 @@ export class FsCheckpointStore implements CheckpointStore {
     // Stream into a temp file first so a failed or cancelled put leaves nothing under the key.
     const temp = `${file}.part-${randomBytes(6).toString('hex')}`;
     const hasher = new HashingStream();
+    const out = createWriteStream(temp, { mode: 0o600 });
     try {
-      await pipeline(body, hasher, createWriteStream(temp, { mode: 0o600 }), signal ? { signal } : {});
+      await pipeline(body, hasher, out, signal ? { signal } : {});
       const checkpoint: Checkpoint = { uri: pathToFileURL(file).href, sha256: hasher.digest(), bytes: hasher.bytes };
       await writeFileAtomic(
         sidecarOf(file),
@@ -44,7 +45,7 @@ export class FsCheckpointStore implements CheckpointStore {
       await fs.rename(temp, file);
       return checkpoint;
     } catch (err) {
-      await fs.rm(temp, { force: true });
+      await removeAfterClose(out, temp);
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
     }
   }
@@ -57,16 +58,12 @@ export class FsCheckpointStore implements CheckpointStore {
     const source = this.fileOf(checkpoint.uri);
     const sidecar = await this.readSidecar(source, checkpoint.uri);
     const hasher = new HashingStream();
+    const out = createWriteStream(file, { mode: 0o600 });
     try {
-      await pipeline(
-        createReadStream(source),
-        hasher,
-        createWriteStream(file, { mode: 0o600 }),
-        signal ? { signal } : {},
-      );
+      await pipeline(createReadStream(source), hasher, out, signal ? { signal } : {});
       verifyDownload(checkpoint, hasher.digest(), hasher.bytes);
     } catch (err) {
-      await fs.rm(file, { force: true });
+      await removeAfterClose(out, file);
       if (hasErrorCode(err, 'ENOENT')) throw notFound(checkpoint.uri);
       throw err;
     }
@@ -123,4 +120,13 @@ function sidecarOf(file: string): string {
 
 function notFound(uri: string): StasisError {
   return new StasisError('NOT_FOUND', `checkpoint ${uri} does not exist in the store`);
+}
+
+/**
+ * Removes a partly written file once its stream has closed: an aborted stream may
+ * still be opening its file, and removing it earlier would let the open re-create it.
+ */
+async function removeAfterClose(stream: WriteStream, file: string): Promise<void> {
+  if (!stream.closed) await new Promise<void>((resolve) => stream.once('close', () => resolve()));
+  await fs.rm(file, { force: true });
 }
