@@ -41,7 +41,7 @@ import {
   type SandboxPaths,
   type SandboxState,
 } from './sandbox-state';
-import { restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
+import { checkpointPrefix, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
 
 // The `local` provider: a sandbox is a set of directories on the worker's host
 // and the processes started in them. `bwrap` is this same provider with every
@@ -150,6 +150,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           paths,
           sandboxId: state.sandboxId,
           fence: request.fence,
+          idempotencyKey: request.idempotencyKey,
           labels,
           progress,
           ...(context.signal ? { signal: context.signal } : {}),
@@ -364,11 +365,15 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       await withLifecycleLock(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const state = await readState(paths);
-        if (!state) return; // already destroyed: destroy is idempotent
-        admitFence(state, request.fence, 'destroy');
-        await killSandbox(markerOf(request.sandboxId));
-        // An active workspace is only a link here: removing it leaves the host's files alone.
-        await fs.rm(paths.root, { recursive: true, force: true });
+        // No state here: already destroyed (destroy is idempotent), or its copy was evicted; its checkpoints still go.
+        if (state) {
+          admitFence(state, request.fence, 'destroy');
+          await killSandbox(markerOf(request.sandboxId));
+          // An active workspace is only a link here: removing it leaves the host's files alone.
+          await fs.rm(paths.root, { recursive: true, force: true });
+        }
+        // A destroyed sandbox is never restored: every checkpoint it had is garbage now.
+        await deps.store.deletePrefix(checkpointPrefix(request.sandboxId));
       });
     },
 

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { pipeline, Transform } from 'node:stream';
@@ -22,12 +22,15 @@ export async function uploadSnapshot(input: {
   paths: SandboxPaths;
   sandboxId: string;
   fence: number;
+  idempotencyKey: string;
   labels: Record<string, string>;
   progress: Progress;
   signal?: AbortSignal;
 }): Promise<Checkpoint> {
-  // Random suffix: a retried release never overwrites the object an earlier attempt may have left.
-  const key = `checkpoints/${input.sandboxId}/${input.fence}-${randomBytes(8).toString('hex')}.tar.gz`;
+  // One key per release request: a retry after a killed attempt replaces what that attempt left
+  // (its object, its unfinished upload) instead of leaving it beside the new one. Attempts of
+  // one request never overlap: they run under the sandbox's lifecycle lock.
+  const key = `${checkpointPrefix(input.sandboxId)}${input.fence}-${sha256Hex(input.idempotencyKey).slice(0, 16)}.tar.gz`;
   input.progress.phase = 'uploading checkpoint';
   // Counted in the pipe (not with a 'data' listener, which would start the flow before the store reads it).
   const counted = new Transform({
@@ -38,6 +41,11 @@ export async function uploadSnapshot(input: {
   });
   pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), counted, () => {}); // errors reach the store through `counted`
   return input.store.put(key, counted, input.labels, input.signal);
+}
+
+/** Where all checkpoints of a sandbox live; destroying the sandbox deletes them. */
+export function checkpointPrefix(sandboxId: string): string {
+  return `checkpoints/${sandboxId}/`;
 }
 
 /**
@@ -75,6 +83,10 @@ export async function restoreSnapshot(input: {
     await fs.rm(staging, { recursive: true, force: true });
     await fs.rm(archive, { force: true });
   }
+}
+
+function sha256Hex(text: string): string {
+  return createHash('sha256').update(text).digest('hex');
 }
 
 /** Replaces `dest` with `src` (same filesystem) by two renames; the old tree is removed afterwards. */

@@ -14,4 +14,10 @@ export interface CheckpointStore {
   download(checkpoint: Checkpoint, file: string, signal?: AbortSignal): Promise<{ labels: Record<string, string> }>;
   delete(uri: string): Promise<void>;
   exists(uri: string): Promise<boolean>;
+  /**
+   * Deletes every checkpoint under `prefix` (`checkpoints/<name>/`, a sandbox's
+   * checkpoints) and abandons the unfinished uploads the store can list there.
+   * Returns how many objects it deleted.
+   */
+  deletePrefix(prefix: string): Promise<number>;
 }

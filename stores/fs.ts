@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
+import { createReadStream, createWriteStream, type Dirent, type WriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Readable } from 'node:stream';
@@ -12,7 +12,7 @@ import type { CheckpointStore } from './api';
 import { abortReason } from './abort';
 import { hasErrorCode, writeFileAtomic } from './atomic-file';
 import { HashingStream, verifyDownload } from './hashing';
-import { checkKey } from './keys';
+import { checkKey, checkPrefix } from './keys';
 
 // A checkpoint store in a local (or shared, e.g. NFS) directory: the embedded
 // default when no S3 endpoint is configured. Each object is `<dir>/<key>` with
@@ -31,8 +31,9 @@ export class FsCheckpointStore implements CheckpointStore {
   async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
     const file = path.join(this.dir, checkKey(key));
     await fs.mkdir(path.dirname(file), { recursive: true });
+    await removeTempFiles(file);
     // Stream into a temp file first so a failed or cancelled put leaves nothing under the key.
-    const temp = `${file}.part-${randomBytes(6).toString('hex')}`;
+    const temp = `${file}${PART}${randomBytes(6).toString('hex')}`;
     const hasher = new HashingStream();
     const out = createWriteStream(temp, { mode: 0o600 });
     try {
@@ -76,6 +77,20 @@ export class FsCheckpointStore implements CheckpointStore {
     await fs.rm(sidecarOf(file), { force: true });
   }
 
+  async deletePrefix(prefix: string): Promise<number> {
+    const dir = path.join(this.dir, checkPrefix(prefix));
+    let entries: Dirent[];
+    try {
+      entries = await fs.readdir(dir, { recursive: true, withFileTypes: true });
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return 0;
+      throw err;
+    }
+    const deleted = entries.filter((e) => e.isFile() && !e.name.endsWith(SIDECAR) && !e.name.includes(PART)).length;
+    await fs.rm(dir, { recursive: true, force: true });
+    return deleted;
+  }
+
   async exists(uri: string): Promise<boolean> {
     try {
       return (await fs.stat(this.fileOf(uri))).isFile();
@@ -114,8 +129,20 @@ export class FsCheckpointStore implements CheckpointStore {
   }
 }
 
+const SIDECAR = '.labels.json';
+/** Temp files of puts in progress: `<key>.part-<random>`. */
+const PART = '.part-';
+
 function sidecarOf(file: string): string {
-  return `${file}.labels.json`;
+  return `${file}${SIDECAR}`;
+}
+
+/** Removes the temp files a process killed mid-put left for `file`. */
+async function removeTempFiles(file: string): Promise<void> {
+  const prefix = `${path.basename(file)}${PART}`;
+  for (const name of await fs.readdir(path.dirname(file))) {
+    if (name.startsWith(prefix)) await fs.rm(path.join(path.dirname(file), name), { force: true });
+  }
 }
 
 function notFound(uri: string): StasisError {

@@ -15,3 +15,12 @@ export function checkKey(key: string): string {
   }
   return key;
 }
+
+/** A prefix naming one directory of checkpoints: `checkpoints/<name>/`. */
+export function checkPrefix(prefix: string): string {
+  if (!prefix.endsWith('/')) {
+    throw new StasisError('INVALID_ARGUMENT', `checkpoint prefix ${JSON.stringify(prefix)} must end with "/"`);
+  }
+  checkKey(prefix.slice(0, -1));
+  return prefix;
+}

@@ -1,7 +1,10 @@
 import {
+  AbortMultipartUploadCommand,
   DeleteObjectCommand,
   GetObjectCommand,
   HeadObjectCommand,
+  ListMultipartUploadsCommand,
+  paginateListObjectsV2,
   S3Client,
   S3ServiceException,
 } from '@aws-sdk/client-s3';
@@ -16,7 +19,7 @@ import type { Checkpoint } from '../common/schemas';
 import type { CheckpointStore } from './api';
 import { abortReason } from './abort';
 import { HashingStream, verifyDownload } from './hashing';
-import { checkKey } from './keys';
+import { checkKey, checkPrefix } from './keys';
 
 // Checkpoints in any S3-compatible store (MinIO locally, AWS S3 in production).
 // Uploads stream through a hashing tee into a multipart upload, so a workspace
@@ -69,6 +72,8 @@ export class S3CheckpointStore implements CheckpointStore {
 
   async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
     checkKey(key);
+    // A worker killed mid-upload leaves its multipart upload open; the retry under the same key ends it.
+    await this.abortUploads(key, (upload) => upload === key);
     const hasher = new HashingStream();
     // Cancelling ends the body with an error, so the upload fails the normal way and aborts its multipart upload itself.
     const onAbort = () => hasher.destroy(abortReason(signal, 'checkpoint upload'));
@@ -130,6 +135,47 @@ export class S3CheckpointStore implements CheckpointStore {
   async delete(uri: string): Promise<void> {
     const { bucket, key } = parseUri(uri);
     await this.client.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  }
+
+  async deletePrefix(prefix: string): Promise<number> {
+    checkPrefix(prefix);
+    let deleted = 0;
+    for await (const page of paginateListObjectsV2(
+      { client: this.client },
+      { Bucket: this.options.bucket, Prefix: prefix },
+    )) {
+      for (const { Key } of page.Contents ?? []) {
+        if (!Key) continue;
+        await this.client.send(new DeleteObjectCommand({ Bucket: this.options.bucket, Key }));
+        deleted += 1;
+      }
+    }
+    // AWS S3 lists uploads by prefix; MinIO only by exact key (it expires stale uploads itself, after 24 h by default).
+    await this.abortUploads(prefix, (key) => key.startsWith(prefix));
+    return deleted;
+  }
+
+  /** Aborts the unfinished multipart uploads listed under `prefix` whose key `matches`. */
+  private async abortUploads(prefix: string, matches: (key: string) => boolean): Promise<void> {
+    let markers: { KeyMarker?: string; UploadIdMarker?: string } = {};
+    for (;;) {
+      const page = await this.client.send(
+        new ListMultipartUploadsCommand({ Bucket: this.options.bucket, Prefix: prefix, ...markers }),
+      );
+      for (const { Key, UploadId } of page.Uploads ?? []) {
+        if (Key === undefined || UploadId === undefined || !matches(Key)) continue;
+        await this.client
+          .send(new AbortMultipartUploadCommand({ Bucket: this.options.bucket, Key, UploadId }))
+          .catch((err: unknown) => {
+            if (!isNotFound(err)) throw err; // ended meanwhile
+          });
+      }
+      if (!page.IsTruncated) return;
+      markers = {
+        ...(page.NextKeyMarker ? { KeyMarker: page.NextKeyMarker } : {}),
+        ...(page.NextUploadIdMarker ? { UploadIdMarker: page.NextUploadIdMarker } : {}),
+      };
+    }
   }
 
   async exists(uri: string): Promise<boolean> {

@@ -81,6 +81,7 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
     download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
     delete: (uri) => inner.delete(uri),
     exists: (uri) => inner.exists(uri),
+    deletePrefix: (prefix) => inner.deletePrefix(prefix),
   };
 }
 

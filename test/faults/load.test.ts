@@ -22,7 +22,7 @@ const DEADLINE_MS = 8 * 60_000;
 const tally = new Tally();
 const s3 = testS3();
 let stack: TestStack;
-let checkpointsLeft = 0;
+let checkpointsLeft = -1;
 let durationMs = 0;
 /** Counted after the Runs, before the assertions (so a failing run still reports them). */
 let leftover = { processes: -1, workspaces: -1 };
@@ -102,8 +102,10 @@ test(
     leftover = { processes: processes.length, workspaces: workspaces.length };
     expect(processes).toEqual([]);
     expect(workspaces).toEqual([]);
-    // Reported: the checkpoints completed Runs leave in the store.
+    // A completed Run destroyed its sandbox, and with it every checkpoint.
+    checkpointsLeft = 0;
     for (const runId of runIds) checkpointsLeft += (await checkpointKeys(s3, `${runId}-sbx`)).length;
+    expect(checkpointsLeft).toBe(0);
   },
   DEADLINE_MS + 120_000,
 );

@@ -52,8 +52,8 @@ let files: { bundle: string; plan: string; markers: string; log: string; output:
 let client: StasisClient;
 let worker: ChildProcess | undefined;
 let kills = 0;
-/** What the kills left in the store: objects uploaded by a killed release, unfinished multipart uploads. */
-let leftInStore = { orphans: 0, unfinished: 0 };
+/** What was left in the store once the Runs completed: checkpoint objects, unfinished multipart uploads. */
+let leftInStore = { left: -1, unfinished: -1 };
 const plan: Record<string, KillPoint> = {};
 
 beforeAll(async () => {
@@ -247,6 +247,12 @@ test(`SIGKILL of the worker at ${RELEASE_POINTS.length} points of release and ${
       receipts: readdirSync(path.join(sandboxRoot(run.sandboxId), 'meta', 'receipts')).length,
     }).toEqual({ ...what, receipts: 1 });
     expect(view.record.checkpoint?.uri).toBe(releases.find((e) => !e.duplicate)?.uri);
+    // The retry replaced what the killed attempt left: one object, the receipt's, and no open upload.
+    expect({ ...what, keys: await checkpointKeys(s3, run.sandboxId) }).toEqual({
+      ...what,
+      keys: [view.record.checkpoint!.uri.replace(/^s3:\/\/[^/]+\//, '')],
+    });
+    expect({ ...what, unfinished: await unfinishedUploads(run.sandboxId) }).toEqual({ ...what, unfinished: 0 });
     // No process left; the checkpoint is there and verifies; the interaction still waits.
     expect({ ...what, processes: await processCount(run.sandboxId) }).toEqual({ ...what, processes: 0 });
     expect(await checkpointVerifies(s3, view.record.checkpoint!)).toBe(true);
@@ -282,14 +288,15 @@ test(`SIGKILL of the worker at ${RELEASE_POINTS.length} points of release and ${
   // Nothing the dead workers started is still running on the host.
   expect([...(await scanSandboxProcesses(hostId)).keys()]).toEqual([]);
 
-  // Reported, not lost: what the kills left in the store.
-  let orphans = 0;
+  // The completed Runs destroyed their sandboxes, and with them every checkpoint.
+  let left = 0;
   let unfinished = 0;
   for (const run of runs) {
-    orphans += (await checkpointKeys(s3, run.sandboxId)).length - 1;
+    left += (await checkpointKeys(s3, run.sandboxId)).length;
     unfinished += await unfinishedUploads(run.sandboxId);
   }
-  leftInStore = { orphans, unfinished };
+  leftInStore = { left, unfinished };
+  expect(leftInStore).toEqual({ left: 0, unfinished: 0 });
 }, 900_000);
 
 test('summary: every Run consistent after the kills, nothing lost', () => {
@@ -298,7 +305,7 @@ test('summary: every Run consistent after the kills, nothing lost', () => {
     runs: RUNS,
     release_points: RELEASE_POINTS.length,
     restore_points: RESTORE_POINTS.length,
-    orphaned_checkpoint_objects: leftInStore.orphans,
+    checkpoints_left_in_store: leftInStore.left,
     unfinished_multipart_uploads: leftInStore.unfinished,
   });
   expect(tally.lostItems).toEqual([]);

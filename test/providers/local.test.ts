@@ -174,6 +174,24 @@ describe('local provider: lifecycle', () => {
     );
   });
 
+  it('destroy deletes every checkpoint of the sandbox, also on a host that holds no copy of it', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    const first = await host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 2), context());
+    await host.provider.restore({ sandboxId: id, fence: 3, checkpoint: first.checkpoint! }, context());
+    await sh(host.provider, id, 'echo changed > file', 3);
+    const second = await host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 4), context());
+    expect(await host.store.exists(first.checkpoint!.uri)).toBe(true);
+    expect(await host.store.exists(second.checkpoint!.uri)).toBe(true);
+    // Another host never had the sandbox: destroy there still removes what the store holds.
+    const other = await makeHost({ store: host.store });
+    await other.provider.destroy({ sandboxId: id, fence: 5 }, context());
+    expect(await host.store.exists(first.checkpoint!.uri)).toBe(false);
+    expect(await host.store.exists(second.checkpoint!.uri)).toBe(false);
+    await host.provider.destroy({ sandboxId: id, fence: 5 }, context());
+    await expect(fs.access(sandboxPaths(host.dataDir, id).root)).rejects.toThrow();
+  });
+
   it('lists its sandboxes for reconcile, also from a restarted worker', async () => {
     const host = await makeHost();
     const running = await host.sandbox();

@@ -1,4 +1,9 @@
-import { ListMultipartUploadsCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import {
+  CreateMultipartUploadCommand,
+  ListMultipartUploadsCommand,
+  ListObjectsV2Command,
+  S3Client,
+} from '@aws-sdk/client-s3';
 import { randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
@@ -123,10 +128,51 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     expect(await leftovers(prefix)).toEqual([]);
   });
 
+  it('deletes every checkpoint under a sandbox prefix, and nothing beside it', async () => {
+    const { store, leftovers } = await make();
+    const prefix = `checkpoints/${uniqueId('prefix')}/`;
+    const neighbour = `checkpoints/${uniqueId('prefix')}/1-a.tar.gz`;
+    for (const name of ['1-a.tar.gz', '2-b.tar.gz', '3-c.tar.gz'])
+      await store.put(`${prefix}${name}`, Readable.from([randomBytes(100)]), { n: name });
+    const kept = await store.put(neighbour, Readable.from([Buffer.from('kept')]), {});
+    expect(await store.deletePrefix(prefix)).toBe(3);
+    expect(await leftovers(prefix)).toEqual([]);
+    expect(await store.exists(kept.uri)).toBe(true);
+    expect(await store.deletePrefix(prefix)).toBe(0); // idempotent
+    await stasisError(store.deletePrefix('checkpoints/'), 'INVALID_ARGUMENT');
+    await stasisError(store.deletePrefix('checkpoints/../'), 'INVALID_ARGUMENT');
+    await stasisError(store.deletePrefix(`${prefix}1-a.tar.gz`), 'INVALID_ARGUMENT');
+  });
+
   it('refuses keys outside checkpoints/', async () => {
     const { store } = await make();
     await stasisError(store.put('../escape', Readable.from([Buffer.from('x')]), {}), 'INVALID_ARGUMENT');
     await stasisError(store.put('checkpoints/../x', Readable.from([Buffer.from('x')]), {}), 'INVALID_ARGUMENT');
+  });
+});
+
+describe('a put after a killed put of the same key', () => {
+  it('s3: aborts the multipart upload the killed put left open', async () => {
+    const client = s3Client();
+    const key = `checkpoints/${uniqueId('killed')}/1-a.tar.gz`;
+    await client.send(new CreateMultipartUploadCommand({ Bucket: bucket(), Key: key }));
+    const open = async () =>
+      ((await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: key }))).Uploads ?? []).filter(
+        (u) => u.Key === key,
+      ).length;
+    expect(await open()).toBe(1);
+    const checkpoint = await s3StoreFromEnv(5 * 1024 * 1024).put(key, Readable.from([Buffer.from('retry')]), {});
+    expect(await open()).toBe(0);
+    expect(checkpoint.bytes).toBe(5);
+  });
+
+  it('fs: removes the temp file the killed put left', async () => {
+    const dir = await tempDir('fs-killed');
+    const key = `checkpoints/${uniqueId('killed')}/1-a.tar.gz`;
+    await fs.mkdir(path.join(dir, path.dirname(key)), { recursive: true });
+    await fs.writeFile(path.join(dir, `${key}.part-0123456789ab`), randomBytes(1000));
+    await new FsCheckpointStore(dir).put(key, Readable.from([Buffer.from('retry')]), {});
+    expect((await listTree(dir)).filter((p) => p.includes('.part-'))).toEqual([]);
   });
 });
 
