@@ -3,7 +3,9 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { GetObjectCommand, type S3Client } from '@aws-sdk/client-s3';
 import type { Client, WorkflowHandle } from '@temporalio/client';
-import type { Checkpoint, RunSpec } from '../../common/schemas';
+import type { StasisClient } from '../../client';
+import type { Checkpoint, ResourceView, RunSpec } from '../../common/schemas';
+import { eventually, saw } from '../helpers/stack';
 
 // Shared by the fault suite (test/faults): the one summary line per area, the
 // figures behind it, and the checks every area makes of what a Run left behind.
@@ -76,13 +78,18 @@ export function failedWorkflowTasks(events: HistoryEvent[]): HistoryEvent[] {
   return events.filter((e) => e.workflowTaskFailedEventAttributes);
 }
 
-/** Decoded results of the completed activities of one type, in history order. */
-export function activityResults(events: HistoryEvent[], type: string): unknown[] {
-  const scheduled = new Set(
+/** Event ids of the scheduling of every activity of one type: completed and started events name them. */
+function scheduledEventIds(events: HistoryEvent[], type: string): Set<string> {
+  return new Set(
     events
       .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === type)
       .map((e) => String(e.eventId)),
   );
+}
+
+/** Decoded results of the completed activities of one type, in history order. */
+export function activityResults(events: HistoryEvent[], type: string): unknown[] {
+  const scheduled = scheduledEventIds(events, type);
   return events
     .filter(
       (e) =>
@@ -97,11 +104,7 @@ export function activityResults(events: HistoryEvent[], type: string): unknown[]
 
 /** The `attempt` of every started attempt of an activity type that was recorded (the last one of each activity). */
 export function startedAttempts(events: HistoryEvent[], type: string): { attempt: number; lastFailure: string }[] {
-  const scheduled = new Set(
-    events
-      .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === type)
-      .map((e) => String(e.eventId)),
-  );
+  const scheduled = scheduledEventIds(events, type);
   return events
     .filter(
       (e) =>
@@ -169,6 +172,35 @@ export function workspaceIntact(events: HistoryEvent[]): boolean {
     before === after &&
     before.includes('./data/blob.bin') &&
     before.includes('l 777 ./link data/note.txt')
+  );
+}
+
+/** Waits until the Run's resource record is RELEASED (its compute released) and returns that view. */
+export async function releasedView(client: StasisClient, runId: string, timeoutMs = 90_000): Promise<ResourceView> {
+  return eventually(
+    async () => {
+      const view = saw(await client.runs.resource(runId));
+      return view.record.state === 'RELEASED' ? view : undefined;
+    },
+    timeoutMs,
+    `${runId} released`,
+  );
+}
+
+/** Waits until the Run's release has been tried `attempts` times and has failed, and returns that view. */
+export async function failedReleaseView(
+  client: StasisClient,
+  runId: string,
+  attempts: number,
+  timeoutMs: number,
+): Promise<ResourceView> {
+  return eventually(
+    async () => {
+      const view = saw(await client.runs.resource(runId));
+      return view.record.attempts >= attempts && view.record.lastError ? view : undefined;
+    },
+    timeoutMs,
+    `${runId}: ${attempts} release attempts`,
   );
 }
 

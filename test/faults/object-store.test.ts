@@ -9,8 +9,11 @@ import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import {
   checkpointVerifies,
   cycleSpec,
+  failedReleaseView,
   failedWorkflowTasks,
   historyEvents,
+  releasedView,
+  sleep,
   Tally,
   workspaceIntact,
   writeSummary,
@@ -80,27 +83,9 @@ async function startRuns(h: Harness, scenario: string, count = RUNS): Promise<st
   return ids;
 }
 
-async function released(h: Harness, runId: string, timeoutMs = 90_000) {
-  return eventually(
-    async () => {
-      const view = saw(await h.stack.client.runs.resource(runId));
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    timeoutMs,
-    `${runId} released`,
-  );
-}
-
 /** While the store fails: the release is retried, the Run waits, its interaction is pending, its compute runs. */
 async function retryingRelease(h: Harness, runId: string, attempts: number): Promise<void> {
-  const view = await eventually(
-    async () => {
-      const v = saw(await h.stack.client.runs.resource(runId));
-      return v.record.attempts >= attempts && v.record.lastError ? v : undefined;
-    },
-    90_000,
-    `${runId}: ${attempts} release attempts`,
-  );
+  const view = await failedReleaseView(h.stack.client, runId, attempts, 90_000);
   expect(view).toMatchObject({ phase: 'SUSPENDED', record: { state: 'RELEASING' } });
   const snapshot = await h.stack.client.runs.get(runId);
   expect(snapshot.status).toBe('WAITING');
@@ -110,7 +95,7 @@ async function retryingRelease(h: Harness, runId: string, attempts: number): Pro
 
 /** The release happened exactly once, the checkpoint verifies, no process is left, then answer and check the resumed Run. */
 async function releasedOnce(h: Harness, runId: string): Promise<void> {
-  const view = await released(h, runId);
+  const view = await releasedView(h.stack.client, runId);
   expect(callsOf(h, runId).filter((c) => c.outcome === 'released')).toHaveLength(1);
   expect(view.record.checkpoint).toBeDefined();
   expect(await checkpointVerifies(s3, view.record.checkpoint!)).toBe(true);
@@ -179,7 +164,7 @@ describe('the shared MinIO stopped', () => {
         `${runId}: 5 failed restores`,
       );
     }
-    await new Promise((r) => setTimeout(r, 2_000));
+    await sleep(2_000);
     for (const runId of runs) {
       const view = await h.stack.client.runs.resource(runId);
       expect(view).toMatchObject({ phase: 'RESUMING', record: { state: 'RESTORING' } });

@@ -1,11 +1,15 @@
+import type { PauseMode, ResourceView } from '../../common/schemas';
 import { faultyProvider, type ReleaseFault, type ReleaseFaults, type RestoreFault } from '../helpers/faulty-provider';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import {
   checkpointVerifies,
   cycleSpec,
+  failedReleaseView,
   failedWorkflowTasks,
   historyEvents,
+  releasedView,
+  sleep,
   startedAttempts,
   Tally,
   workspaceIntact,
@@ -41,6 +45,19 @@ const provider = () => stack.workers.get('host-a')!.registry.get('faulty');
 const callsOf = (sandboxId: string) => faults.calls.filter((c) => c.sandboxId === sandboxId);
 const restoresOf = (sandboxId: string) => (faults.restoreCalls ?? []).filter((c) => c.sandboxId === sandboxId);
 const sandboxOf = (runId: string) => `${runId}-sbx`;
+
+/** Calls the provider's release directly, under the idempotency key of the sandbox's first release call. */
+const releaseAgain = (runId: string, view: ResourceView, mode: PauseMode, reason: string) =>
+  provider().release(
+    {
+      sandboxId: view.record.sandboxId,
+      idempotencyKey: callsOf(view.record.sandboxId)[0].idempotencyKey,
+      mode,
+      fence: view.record.fence,
+      reason,
+    },
+    { ownerId: runId, hostId: 'host-a' },
+  );
 
 interface Trial {
   kind: string;
@@ -88,14 +105,7 @@ const trials = (trial: Trial) => Promise.all(Array.from({ length: TRIALS_PER_KIN
 
 /** Waits for the record to be RELEASED and checks the release happened exactly once and left a verified checkpoint. */
 async function releasedOnce(runId: string, expectedAttempts: number): Promise<void> {
-  const view = await eventually(
-    async () => {
-      const v = saw(await stack.client.runs.resource(runId));
-      return v.record.state === 'RELEASED' ? v : undefined;
-    },
-    90_000,
-    `${runId} released`,
-  );
+  const view = await releasedView(stack.client, runId);
   expect(view.phase).toBe('SUSPENDED');
   expect(view.record.attempts).toBe(expectedAttempts);
   const released = callsOf(view.record.sandboxId).filter((c) => c.outcome === 'released');
@@ -107,32 +117,36 @@ async function releasedOnce(runId: string, expectedAttempts: number): Promise<vo
   ]);
   expect(await checkpointVerifies(s3, view.record.checkpoint!)).toBe(true);
   // The same key and request again is a duplicate with the same checkpoint: nothing is released twice.
-  const again = await provider().release(
-    {
-      sandboxId: view.record.sandboxId,
-      idempotencyKey: callsOf(view.record.sandboxId)[0].idempotencyKey,
-      mode: 'SNAPSHOT_AND_TERMINATE',
-      fence: view.record.fence,
-      reason: 'a late retry',
-    },
-    { ownerId: runId, hostId: 'host-a' },
-  );
+  const again = await releaseAgain(runId, view, 'SNAPSHOT_AND_TERMINATE', 'a late retry');
   expect(again).toMatchObject({ duplicate: true, computeReleased: true, checkpoint: view.record.checkpoint });
 }
 
 /** Waits until the release has been tried `attempts` times, with the Run suspended and still waiting. */
 async function retrying(runId: string, attempts: number, lastError: RegExp): Promise<void> {
-  const view = await eventually(
-    async () => {
-      const v = saw(await stack.client.runs.resource(runId));
-      return v.record.attempts >= attempts && v.record.lastError ? v : undefined;
-    },
-    60_000,
-    `${runId}: ${attempts} release attempts`,
-  );
+  const view = await failedReleaseView(stack.client, runId, attempts, 60_000);
   expect(view).toMatchObject({ phase: 'SUSPENDED', record: { state: 'RELEASING' } });
   expect(view.record.lastError).toMatch(lastError);
   expect((await stack.client.runs.get(runId)).status).toBe('WAITING');
+}
+
+/**
+ * Waits for the release to be refused, gives a retry 3 s to show up, then checks there was none (one call,
+ * refused with `code`) and the compute the record still holds is alive. Returns the view for more checks.
+ */
+async function refusedOnce(runId: string, lastError: RegExp, code: string): Promise<ResourceView> {
+  const view = await eventually(
+    async () => {
+      const v = saw(await stack.client.runs.resource(runId));
+      return v.record.lastError ? v : undefined;
+    },
+    60_000,
+    `${runId} refused`,
+  );
+  expect(view.record.lastError).toMatch(lastError);
+  await sleep(3_000);
+  expect(callsOf(view.record.sandboxId).map((c) => c.outcome)).toEqual([`refused ${code}`]);
+  expect(await provider().processCount(view.record.sandboxId)).toBeGreaterThan(0);
+  return view;
 }
 
 test.each([
@@ -181,19 +195,8 @@ test('a stale fence is refused once (STALE_FENCE is not retried); the answer re-
     kind: 'stale-fence',
     release: () => 'stale-fence',
     whileWaiting: async (runId) => {
-      const view = await eventually(
-        async () => {
-          const v = saw(await stack.client.runs.resource(runId));
-          return v.record.lastError ? v : undefined;
-        },
-        60_000,
-        `${runId} refused`,
-      );
-      expect(view.record.lastError).toMatch(/fence/);
       // Not retried: one call, refused, and the compute the record still holds is alive.
-      await new Promise((r) => setTimeout(r, 3_000));
-      expect(callsOf(view.record.sandboxId).map((c) => c.outcome)).toEqual(['refused STALE_FENCE']);
-      expect(await provider().processCount(view.record.sandboxId)).toBeGreaterThan(0);
+      const view = await refusedOnce(runId, /fence/, 'STALE_FENCE');
       expect(await checkpointKeys(s3, view.record.sandboxId)).toEqual([]);
     },
   });
@@ -204,31 +207,11 @@ test('the same idempotency key with a different request is refused (IDEMPOTENCY_
     kind: 'idempotency-conflict',
     release: () => 'idempotency-conflict',
     whileWaiting: async (runId) => {
-      const view = await eventually(
-        async () => {
-          const v = saw(await stack.client.runs.resource(runId));
-          return v.record.lastError ? v : undefined;
-        },
-        60_000,
-        `${runId} refused`,
-      );
-      expect(view.record.lastError).toMatch(/idempotency key .* was already used/);
-      await new Promise((r) => setTimeout(r, 3_000));
-      expect(callsOf(view.record.sandboxId).map((c) => c.outcome)).toEqual(['refused IDEMPOTENCY_CONFLICT']);
       // The earlier (DETACH) request under that key left the compute running: nothing was lost.
-      expect(await provider().processCount(view.record.sandboxId)).toBeGreaterThan(0);
-      await expect(
-        provider().release(
-          {
-            sandboxId: view.record.sandboxId,
-            idempotencyKey: callsOf(view.record.sandboxId)[0].idempotencyKey,
-            mode: 'TERMINATE',
-            fence: view.record.fence,
-            reason: 'another',
-          },
-          { ownerId: runId, hostId: 'host-a' },
-        ),
-      ).rejects.toMatchObject({ code: 'IDEMPOTENCY_CONFLICT' });
+      const view = await refusedOnce(runId, /idempotency key .* was already used/, 'IDEMPOTENCY_CONFLICT');
+      await expect(releaseAgain(runId, view, 'TERMINATE', 'another')).rejects.toMatchObject({
+        code: 'IDEMPOTENCY_CONFLICT',
+      });
     },
   });
 }, 180_000);

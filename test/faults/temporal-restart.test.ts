@@ -13,6 +13,8 @@ import {
   cycleSpec,
   failedWorkflowTasks,
   historyEvents,
+  releasedView,
+  sleep,
   Tally,
   workspaceIntact,
   writeSummary,
@@ -93,7 +95,7 @@ async function restartTemporal(outageMs: number): Promise<void> {
     message: expect.stringMatching(/Temporal is unavailable/),
   });
   await probe.close();
-  await new Promise((r) => setTimeout(r, outageMs));
+  await sleep(outageMs);
   temporal = await startOwnTemporal();
   console.log(`temporal restarted after ${Date.now() - started} ms down`);
 }
@@ -122,14 +124,7 @@ test('restarts while Runs are suspended and while releases retry lose no Run, in
 
   const before = new Map<string, Before>();
   for (const runId of suspended) {
-    const resource = await eventually(
-      async () => {
-        const view = saw(await stack.client.runs.resource(runId));
-        return view.record.state === 'RELEASED' ? view : undefined;
-      },
-      90_000,
-      `${runId} released`,
-    );
+    const resource = await releasedView(stack.client, runId, 90_000);
     before.set(runId, { snapshot: await stack.client.runs.get(runId), resource });
   }
   for (const runId of retrying) {
@@ -179,14 +174,7 @@ test('restarts while Runs are suspended and while releases retry lose no Run, in
   // The store lets the retrying releases through: each releases exactly once.
   failing.clear();
   for (const runId of retrying) {
-    const view = await eventually(
-      async () => {
-        const v = saw(await stack.client.runs.resource(runId));
-        return v.record.state === 'RELEASED' ? v : undefined;
-      },
-      120_000,
-      `${runId} released`,
-    );
+    const view = await releasedView(stack.client, runId, 120_000);
     expect(faults.calls.filter((c) => c.sandboxId === sandboxOf(runId) && c.outcome === 'released')).toHaveLength(1);
     expect(await checkpointVerifies(s3, view.record.checkpoint!)).toBe(true);
   }

@@ -36,6 +36,17 @@ const interaction = (page: Page, runId: string, id: string) =>
 
 const askSpec = (...steps: unknown[]) => ({ agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
 
+/** Waits for the Run to complete and returns its snapshot. */
+const completed = (runId: string) =>
+  eventually(
+    async () => {
+      const snapshot = await stack.client.runs.get(runId);
+      return snapshot.status === 'COMPLETED' && snapshot;
+    },
+    60_000,
+    'the Run to complete',
+  );
+
 test('sign in, see a new interaction appear without reload, approve it, and the Run completes', async () => {
   const page = await browser.context.newPage();
   await page.goto(`${base}/`);
@@ -64,14 +75,7 @@ test('sign in, see a new interaction appear without reload, approve it, and the 
 
   await item.getByRole('button', { name: 'Approve' }).click();
   await expectText(page.locator('#notice'), `Approved: “Deploy web-42 to production?” (${runId})`);
-  const done = await eventually(
-    async () => {
-      const snapshot = await stack.client.runs.get(runId);
-      return snapshot.status === 'COMPLETED' && snapshot;
-    },
-    60_000,
-    'the Run to complete',
-  );
+  const done = await completed(runId);
   expect(done.output).toEqual({ deployed: 'web-42' });
   expect(done.interactions[0]).toMatchObject({
     status: 'answered',
@@ -121,14 +125,7 @@ test('a ?token= link signs in and leaves the address bar; a refused answer says 
   await second.getByLabel('Answer').fill('v1.4.0');
   await second.getByRole('button', { name: 'Send' }).click();
   await expectText(page.locator('#notice'), `Answered: “Release name?” (${runId})`);
-  const done = await eventually(
-    async () => {
-      const snapshot = await stack.client.runs.get(runId);
-      return snapshot.status === 'COMPLETED' && snapshot;
-    },
-    60_000,
-    'the Run to complete',
-  );
+  const done = await completed(runId);
   expect(done.interactions[1]).toMatchObject({ respondedBy: 'ops', response: { input: 'v1.4.0' } });
   expect(done.interactions[0]).toMatchObject({ respondedBy: 'someone-else' });
   await page.close();
