@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, readSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 
@@ -26,30 +26,58 @@ interface ProcessInfo {
   state: string;
 }
 
+/** A process's marker as last read, valid while the same process (pid and start time) lives. */
+interface KnownMarker {
+  startTime: string;
+  marker: SandboxMarker | undefined;
+}
+
+/**
+ * Markers by pid. A marked process stays marked for its life (its sandbox's, even if it
+ * later execs with another environment); an unmarked one is only remembered when it cannot
+ * gain a marker: a child of this worker may be between fork and exec, still carrying the
+ * worker's environment, so those are read again each scan.
+ */
+const known = new Map<number, KnownMarker>();
+
 /**
  * Live (non-zombie) processes of every sandbox of `hostId`, by sandbox id.
- * /proc files are read synchronously: they are generated in memory and never
- * block, and a few hundred of them through the libuv thread pool take 20x longer.
+ * /proc files are read synchronously, into one reused buffer: they are generated in
+ * memory and never block, a few hundred of them through the libuv thread pool take
+ * 20x longer, and a fresh buffer per read made allocation the cost of a scan.
  */
 export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
   const bySandbox = new Map<string, ProcessInfo[]>();
-  const add = (pid: number, state: string, environ: string | undefined) => {
-    const sandboxId = markedSandbox(environ, hostId);
-    if (sandboxId === undefined) return;
-    const list = bySandbox.get(sandboxId) ?? [];
+  const add = (pid: number, state: string, marker: SandboxMarker | undefined) => {
+    if (marker?.hostId !== hostId) return;
+    const list = bySandbox.get(marker.sandboxId) ?? [];
     list.push({ pid, state });
-    bySandbox.set(sandboxId, list);
+    bySandbox.set(marker.sandboxId, list);
   };
-  let unreadable: { pid: number; state: string }[] = [];
+  const seen = new Set<number>();
+  type Stat = NonNullable<ReturnType<typeof processStat>>;
+  const learn = (pid: number, stat: Stat, environ: string | undefined) => {
+    const marker = markerIn(environ);
+    if (marker || stat.ppid !== process.pid) known.set(pid, { startTime: stat.startTime, marker });
+    add(pid, stat.state, marker);
+  };
+  let unreadable: { pid: number; stat: Stat }[] = [];
   for (const name of readdirSync('/proc')) {
     if (!/^[0-9]+$/.test(name) || Number(name) === process.pid) continue;
     const pid = Number(name);
     const stat = processStat(pid);
     if (!stat || stat.kernelThread || stat.state === 'Z' || stat.state === 'X') continue;
+    seen.add(pid);
+    const cached = known.get(pid);
+    if (cached?.startTime === stat.startTime) {
+      add(pid, stat.state, cached.marker);
+      continue;
+    }
     const environ = readEnviron(pid);
-    if (environ === '') unreadable.push({ pid, state: stat.state });
-    else add(pid, stat.state, environ);
+    if (environ === '') unreadable.push({ pid, stat });
+    else learn(pid, stat, environ);
   }
+  for (const pid of known.keys()) if (!seen.has(pid)) known.delete(pid);
   // During execve the new image's environment is briefly unreadable (empty): a process
   // missed then would escape a kill, so look again until it shows one.
   for (let retry = 0; unreadable.length > 0 && retry < EXEC_WINDOW_RETRIES; retry += 1) {
@@ -58,7 +86,7 @@ export async function scanSandboxProcesses(hostId: string): Promise<Map<string, 
     for (const entry of unreadable) {
       const environ = readEnviron(entry.pid);
       if (environ === '') still.push(entry);
-      else add(entry.pid, entry.state, environ);
+      else learn(entry.pid, entry.stat, environ);
     }
     unreadable = still;
   }
@@ -123,35 +151,65 @@ export function sendSignal(pid: number, signal: NodeJS.Signals): void {
 /** Rescans of an empty environ while a process may be in execve. */
 const EXEC_WINDOW_RETRIES = 20;
 
-function markedSandbox(environ: string | undefined, hostId: string): string | undefined {
+function markerIn(environ: string | undefined): SandboxMarker | undefined {
   let sandboxId: string | undefined;
-  let host: string | undefined;
+  let hostId: string | undefined;
   for (const entry of (environ ?? '').split('\0')) {
     if (entry.startsWith(`${ID_VAR}=`)) sandboxId = entry.slice(ID_VAR.length + 1);
-    else if (entry.startsWith(`${HOST_VAR}=`)) host = entry.slice(HOST_VAR.length + 1);
+    else if (entry.startsWith(`${HOST_VAR}=`)) hostId = entry.slice(HOST_VAR.length + 1);
   }
-  return host === hostId ? sandboxId : undefined;
+  return sandboxId !== undefined && hostId !== undefined ? { sandboxId, hostId } : undefined;
 }
 
 /** The environ of `pid`, or undefined when it is gone or not ours to read. */
 function readEnviron(pid: number): string | undefined {
-  try {
-    return readFileSync(`/proc/${pid}/environ`, 'latin1');
-  } catch {
-    return undefined;
-  }
+  return readProcFile(`/proc/${pid}/environ`);
 }
 
 /** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
 const PF_KTHREAD = 0x00200000;
 
-function processStat(pid: number): { state: string; kernelThread: boolean } | undefined {
+function processStat(
+  pid: number,
+): { state: string; ppid: number; startTime: string; kernelThread: boolean } | undefined {
+  const stat = readProcFile(`/proc/${pid}/stat`);
+  if (stat === undefined) return undefined;
+  // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
+  // From there: state (field 3 of proc(5)), ppid (4), flags (9), starttime (22).
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return {
+    state: fields[0],
+    ppid: Number(fields[1]),
+    startTime: fields[19],
+    kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,
+  };
+}
+
+let buffer = Buffer.allocUnsafe(64 * 1024);
+
+/** A /proc file's content (their size is unknown until read), or undefined when it cannot be read. */
+function readProcFile(file: string): string | undefined {
+  let fd: number;
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return { state: fields[0], kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0 };
+    fd = openSync(file, 'r');
   } catch {
     return undefined;
+  }
+  try {
+    let length = 0;
+    for (;;) {
+      if (length === buffer.length) {
+        const bigger = Buffer.allocUnsafe(buffer.length * 2);
+        buffer.copy(bigger);
+        buffer = bigger;
+      }
+      const n = readSync(fd, buffer, length, buffer.length - length, null);
+      if (n === 0) return buffer.toString('latin1', 0, length);
+      length += n;
+    }
+  } catch {
+    return undefined; // gone meanwhile, or not ours to read
+  } finally {
+    closeSync(fd);
   }
 }
