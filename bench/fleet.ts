@@ -1,4 +1,6 @@
+import { WorkflowFailedError } from '@temporalio/client';
 import type { BenchEnv } from './env';
+import { lastTimeout, timedHistory } from './history';
 import { mapLimit, sleep } from './stats';
 
 // Many Runs at once, watched through Temporal visibility (one list call per
@@ -10,9 +12,23 @@ export async function listIds(env: BenchEnv, query: string): Promise<Set<string>
   return ids;
 }
 
+/**
+ * A visibility clause limiting a query to the Runs of one phase (their ids share
+ * the prefix `newRunId` gave them), so a poll does not list every Run of the bench.
+ */
+export function phaseClause(among: Set<string>): string {
+  const [first] = among;
+  const prefix = first?.slice(0, first.lastIndexOf('-') + 1) ?? '';
+  if (prefix === '' || ![...among].every((id) => id.startsWith(prefix))) return '';
+  return ` AND WorkflowId STARTS_WITH '${prefix}'`;
+}
+
 /** Ids of `among` that are suspended with their compute RELEASED and waiting on an answer. */
 export async function releasedAmong(env: BenchEnv, among: Set<string>): Promise<string[]> {
-  const ids = await listIds(env, `StasisResourceState = 'RELEASED' AND StasisStatus = 'WAITING' AND ExecutionStatus = 'Running'`);
+  const ids = await listIds(
+    env,
+    `StasisResourceState = 'RELEASED' AND StasisStatus = 'WAITING' AND ExecutionStatus = 'Running'${phaseClause(among)}`,
+  );
   return [...ids].filter((id) => among.has(id));
 }
 
@@ -22,8 +38,11 @@ export interface Closed {
 }
 
 export async function closedAmong(env: BenchEnv, among: Set<string>): Promise<Closed> {
-  const completed = await listIds(env, `ExecutionStatus = 'Completed'`);
-  const failed = await listIds(env, `ExecutionStatus != 'Running' AND ExecutionStatus != 'Completed'`);
+  const completed = await listIds(env, `ExecutionStatus = 'Completed'${phaseClause(among)}`);
+  const failed = await listIds(
+    env,
+    `ExecutionStatus != 'Running' AND ExecutionStatus != 'Completed'${phaseClause(among)}`,
+  );
   return {
     completed: new Set([...completed].filter((id) => among.has(id))),
     failed: new Set([...failed].filter((id) => among.has(id))),
@@ -31,7 +50,12 @@ export async function closedAmong(env: BenchEnv, among: Set<string>): Promise<Cl
 }
 
 /** Polls until every id of `ids` is suspended and released; returns when that happened (ms since epoch) or throws at the deadline. */
-export async function waitAllReleased(env: BenchEnv, ids: Set<string>, deadline: number, intervalMs = 250): Promise<void> {
+export async function waitAllReleased(
+  env: BenchEnv,
+  ids: Set<string>,
+  deadline: number,
+  intervalMs = 250,
+): Promise<void> {
   for (;;) {
     const released = await releasedAmong(env, ids);
     if (released.length === ids.size) return;
@@ -41,7 +65,12 @@ export async function waitAllReleased(env: BenchEnv, ids: Set<string>, deadline:
 }
 
 /** Polls until every id has closed, or the deadline passes; returns what had closed by then. */
-export async function waitAllClosed(env: BenchEnv, ids: Set<string>, deadline: number, intervalMs = 250): Promise<Closed> {
+export async function waitAllClosed(
+  env: BenchEnv,
+  ids: Set<string>,
+  deadline: number,
+  intervalMs = 250,
+): Promise<Closed> {
   for (;;) {
     const closed = await closedAmong(env, ids);
     if (closed.completed.size + closed.failed.size === ids.size) return closed;
@@ -60,4 +89,49 @@ export async function respondAll(env: BenchEnv, ids: string[], concurrency: numb
     }
   });
   return errors;
+}
+
+export interface Settled {
+  completed: number;
+  failed: number;
+  /** Why Runs did not complete: each distinct reason with how many Runs it ended. */
+  failures: Record<string, number>;
+}
+
+/** Waits for `ids` to close (or the deadline), then records why each Run that did not complete ended as it did. */
+export async function settle(env: BenchEnv, ids: Set<string>, deadline: number, intervalMs: number): Promise<Settled> {
+  const closed = await waitAllClosed(env, ids, deadline, intervalMs);
+  const failures: Record<string, number> = {};
+  const count = (reason: string) => (failures[reason] = (failures[reason] ?? 0) + 1);
+  const open = ids.size - closed.completed.size - closed.failed.size;
+  if (open > 0) failures['had not ended by the phase deadline'] = open;
+  const examples = new Map<string, string>();
+  await mapLimit([...closed.failed], 20, async (id) => {
+    const reason = await failureOf(env, id);
+    count(reason);
+    if (!examples.has(reason)) examples.set(reason, id);
+  });
+  // One timeline per reason: how long the activity that timed out waited and ran.
+  for (const [reason, id] of examples) {
+    const timeline = lastTimeout(await timedHistory(env.temporal, id).catch(() => []));
+    if (timeline) failures[`${reason} (e.g. ${timeline})`] = failures[reason];
+    if (timeline) delete failures[reason];
+  }
+  return { completed: closed.completed.size, failed: closed.failed.size, failures };
+}
+
+/** The failure a closed Run ended with, without its Run id (so equal causes count together). */
+async function failureOf(env: BenchEnv, id: string): Promise<string> {
+  try {
+    await env.temporal.workflow.getHandle(id).result();
+    return 'closed without failure';
+  } catch (err) {
+    let cause: unknown = err instanceof WorkflowFailedError ? (err.cause ?? err) : err;
+    const chain: string[] = [];
+    while (cause instanceof Error && chain.length < 4) {
+      chain.push(cause.message);
+      cause = cause.cause;
+    }
+    return chain.join(' <- ').replaceAll(id, '<run>').slice(0, 300);
+  }
 }

@@ -49,7 +49,8 @@ export async function timedHistory(temporal: Client, workflowId: string): Promis
       raw.activityTaskStartedEventAttributes?.scheduledEventId ??
       raw.activityTaskCompletedEventAttributes?.scheduledEventId ??
       raw.activityTaskFailedEventAttributes?.scheduledEventId ??
-      raw.activityTaskCanceledEventAttributes?.scheduledEventId;
+      raw.activityTaskCanceledEventAttributes?.scheduledEventId ??
+      raw.activityTaskTimedOutEventAttributes?.scheduledEventId;
     if (ref !== undefined && ref !== null) {
       event.scheduledId = Number(ref);
       event.activity = activityOf.get(event.scheduledId);
@@ -95,7 +96,14 @@ export function breakdown(events: TimedEvent[], fromId: number, toId: number): B
   const start = from.timeMs;
   const end = to.timeMs;
   const clip = (a: number, b: number) => Math.max(0, Math.min(b, end) - Math.max(a, start));
-  const result: Breakdown = { workflowTaskQueueMs: 0, workflowTaskRunMs: 0, activityQueueMs: {}, activityRunMs: {}, otherMs: 0, totalMs: end - start };
+  const result: Breakdown = {
+    workflowTaskQueueMs: 0,
+    workflowTaskRunMs: 0,
+    activityQueueMs: {},
+    activityRunMs: {},
+    otherMs: 0,
+    totalMs: end - start,
+  };
   let wftScheduled: number | undefined;
   let wftStarted: number | undefined;
   for (const e of events) {
@@ -104,7 +112,10 @@ export function breakdown(events: TimedEvent[], fromId: number, toId: number): B
       if (wftScheduled !== undefined) result.workflowTaskQueueMs += clip(wftScheduled, e.timeMs);
       wftStarted = e.timeMs;
     }
-    if ((e.type === 'WorkflowTaskCompleted' || e.type === 'WorkflowTaskFailed' || e.type === 'WorkflowTaskTimedOut') && wftStarted !== undefined) {
+    if (
+      (e.type === 'WorkflowTaskCompleted' || e.type === 'WorkflowTaskFailed' || e.type === 'WorkflowTaskTimedOut') &&
+      wftStarted !== undefined
+    ) {
       result.workflowTaskRunMs += clip(wftStarted, e.timeMs);
       wftStarted = undefined;
     }
@@ -115,7 +126,8 @@ export function breakdown(events: TimedEvent[], fromId: number, toId: number): B
       if (closed) add(result.activityRunMs, e.activity, clip(e.timeMs, closed.timeMs));
     }
   }
-  const accounted = result.workflowTaskQueueMs + result.workflowTaskRunMs + sum(result.activityQueueMs) + sum(result.activityRunMs);
+  const accounted =
+    result.workflowTaskQueueMs + result.workflowTaskRunMs + sum(result.activityQueueMs) + sum(result.activityRunMs);
   result.otherMs = Math.max(0, result.totalMs - accounted);
   return result;
 }
@@ -133,4 +145,14 @@ export function countTypes(events: TimedEvent[]): Record<string, number> {
   const counts: Record<string, number> = {};
   for (const e of events) counts[e.type] = (counts[e.type] ?? 0) + 1;
   return counts;
+}
+
+/** Where the time of the last timed-out activity went: "<type>: queued N ms, ran M ms before it timed out". */
+export function lastTimeout(events: TimedEvent[]): string | undefined {
+  const timedOut = events.filter((e) => e.type === 'ActivityTaskTimedOut').pop();
+  if (!timedOut?.scheduledId) return undefined;
+  const scheduled = events.find((e) => e.id === timedOut.scheduledId);
+  const started = events.find((e) => e.type === 'ActivityTaskStarted' && e.scheduledId === timedOut.scheduledId);
+  if (!scheduled || !started) return undefined;
+  return `${timedOut.activity}: queued ${Math.round(started.timeMs - scheduled.timeMs)} ms, ran ${Math.round(timedOut.timeMs - started.timeMs)} ms before it timed out`;
 }

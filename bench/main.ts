@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { BINARIES } from '../platform/binaries';
@@ -61,14 +61,34 @@ const PLANS: Record<'quick' | 'full', Plan> = {
 
 const ROOT = path.resolve(__dirname, '..', '..');
 
+/** Every host id whose sandboxes the bench starts. */
+const BENCH_HOSTS = [HOST_ID, 'bench-baseline', 'bench-ckpt-a', 'bench-ckpt-b'];
+
 const secs = (ms: number): string => `${Math.round(ms / 1000)} s`;
+
+/**
+ * `--only=2,5` measures just those figures, for a quick look or a profile; such a
+ * partial run writes its files to a temp directory, never over the published ones.
+ */
+const ONLY = /^--only=([1-5](,[1-5])*)$/;
+const onlyArg = process.argv.find((a) => a.startsWith('--only'));
+if (onlyArg && !ONLY.test(onlyArg)) {
+  process.stderr.write(`bench: ${onlyArg}: expected --only=<figures>, e.g. --only=2,5 (figures 1 to 5)\n`);
+  process.exit(2);
+}
+const only = onlyArg ? new Set(onlyArg.slice('--only='.length).split(',').map(Number)) : undefined;
+const wanted = (figure: number) => !only || only.has(figure);
+const OUT_DIR = only ? mkdtempSync(path.join(os.tmpdir(), 'stasis-bench-only-')) : undefined;
 
 /** Writes both files from what has been measured so far (after every phase, so an interrupted run still leaves its figures). */
 function save(results: BenchResults, started: number): void {
   results.durationMs = Date.now() - started;
   results.loadAtEnd = os.loadavg().map((l) => Math.round(l * 100) / 100);
-  writeFileSync(path.join(ROOT, 'bench', 'results.json'), `${JSON.stringify(results, null, 2)}\n`);
-  writeFileSync(path.join(ROOT, 'BENCHMARKS.md'), renderMarkdown(results));
+  writeFileSync(
+    path.join(OUT_DIR ?? path.join(ROOT, 'bench'), 'results.json'),
+    `${JSON.stringify(results, null, 2)}\n`,
+  );
+  writeFileSync(path.join(OUT_DIR ?? ROOT, 'BENCHMARKS.md'), renderMarkdown(results));
 }
 
 /** Processes whose command line names `dir` (the servers we started: MinIO's data dir, Temporal's database file). */
@@ -115,7 +135,7 @@ async function main(): Promise<void> {
   const plan = PLANS[mode];
   const started = Date.now();
   const results: BenchResults = {
-    command: `npm run bench${quick ? ' -- --quick' : ''}`,
+    command: `npm run bench${quick || only ? ` -- ${[quick ? '--quick' : '', onlyArg ?? ''].filter(Boolean).join(' ')}` : ''}`,
     mode,
     date: new Date().toISOString(),
     machine: machineInfo(),
@@ -138,25 +158,44 @@ async function main(): Promise<void> {
   process.once('SIGINT', () => {
     results.phaseErrors.interrupted = 'SIGINT: the run was interrupted; figures after this point are missing';
     save(results, started);
-    void stop().then(() => process.exit(130));
+    // Sandboxes of Runs still in flight die with the run, as at a normal end.
+    void stop()
+      .then(() => killSandboxProcesses(BENCH_HOSTS))
+      .then(() => process.exit(130));
   });
   try {
     env = await startEnv(log);
     const e = env;
     const left = () => plan.budgetMs - (Date.now() - started);
-    results.cycle = (await phase('1 cycle latency', results, () => runCycleBench(e, plan.cycleReps, plan.cycleLargeMiB, log))) ?? [];
+    if (wanted(1))
+      results.cycle =
+        (await phase('1 cycle latency', results, () => runCycleBench(e, plan.cycleReps, plan.cycleLargeMiB, log))) ??
+        [];
     save(results, started);
-    results.history = (await phase('3 history cost', results, () => runHistoryCost(e, plan.historyReps, plan.historyCycles, log))) ?? [];
+    if (wanted(3))
+      results.history =
+        (await phase('3 history cost', results, () => runHistoryCost(e, plan.historyReps, plan.historyCycles, log))) ??
+        [];
     save(results, started);
-    results.checkpoint =
-      (await phase('4 checkpoint speed', results, () => runCheckpointBench(e, plan.checkpointSizesMiB, plan.checkpointReps, log))) ?? [];
+    if (wanted(4))
+      results.checkpoint =
+        (await phase('4 checkpoint speed', results, () =>
+          runCheckpointBench(e, plan.checkpointSizesMiB, plan.checkpointReps, log),
+        )) ?? [];
     save(results, started);
-    const first = await phase(`2 throughput ${plan.throughput[0]}`, results, () => runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 3), log));
+    const first = !wanted(2)
+      ? undefined
+      : await phase(`2 throughput ${plan.throughput[0]}`, results, () =>
+          runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 3), log),
+        );
     if (first) results.throughput.push(first);
     save(results, started);
     // Waiting: ramp for a share of what is left, then answer everything that was started.
     const rampMs = Math.max(20_000, (left() - 30_000) * 0.35);
-    results.waiting = await phase('5 scale of waiting', results, () => runWaiting(e, plan.waitingRuns, rampMs, Math.max(60_000, left() - 20_000), log));
+    if (wanted(5))
+      results.waiting = await phase('5 scale of waiting', results, () =>
+        runWaiting(e, plan.waitingRuns, rampMs, Math.max(60_000, left() - 20_000), log),
+      );
     if (results.waiting && results.waiting.runs < results.waiting.target) {
       results.notMeasured.push(
         `Scale of waiting with ${results.waiting.target} Runs: ${results.waiting.runs} were suspended within the ${secs(rampMs)} ramp this budget allowed ` +
@@ -164,7 +203,7 @@ async function main(): Promise<void> {
       );
     }
     save(results, started);
-    for (const n of plan.throughput.slice(1)) {
+    for (const n of wanted(2) ? plan.throughput.slice(1) : []) {
       const last = results.throughput[results.throughput.length - 1];
       const remaining = left() - 30_000;
       const estimate = last && last.cyclesPerSecond > 0 ? (n / last.cyclesPerSecond) * 1.3 * 1000 : Infinity;
@@ -191,14 +230,16 @@ async function main(): Promise<void> {
     const pids = [env?.temporalServer.pid].filter((p): p is number => p !== undefined);
     let left = pids.filter((pid) => isAlive(pid)).length;
     if (env) left += processesMentioning(env.dataDir).filter((pid) => !pids.includes(pid)).length;
-    const hosts = [HOST_ID, 'bench-baseline', 'bench-ckpt-a', 'bench-ckpt-b'];
+    const hosts = BENCH_HOSTS;
     for (const host of hosts) left += await sandboxProcessCount(host);
     results.processesLeftBehind = left;
     // Sandboxes of Runs that had not ended when the worker stopped: counted above, not left running.
     const killed = await killSandboxProcesses(hosts);
     if (killed > 0) log(`killed ${killed} sandbox processes of unfinished Runs`);
     save(results, started);
-    log(`wrote bench/results.json and BENCHMARKS.md in ${Math.round(results.durationMs / 1000)} s; processes left behind: ${left}`);
+    log(
+      `wrote ${OUT_DIR ? `${OUT_DIR}/` : 'bench/'}results.json and BENCHMARKS.md in ${Math.round(results.durationMs / 1000)} s; processes left behind: ${left}`,
+    );
   }
 }
 

@@ -7,11 +7,16 @@ import type { Summary } from './stats';
 // a measured number of the run that wrote it.
 
 const ms = (s: Summary): string => (s.n === 0 ? 'n/a' : `${fmt(s.median)} / ${fmt(s.p95)}`);
-const fmt = (n: number): string => (Number.isFinite(n) ? (Math.abs(n) >= 100 ? String(Math.round(n)) : String(Math.round(n * 10) / 10)) : 'n/a');
+const fmt = (n: number): string =>
+  Number.isFinite(n) ? (Math.abs(n) >= 100 ? String(Math.round(n)) : String(Math.round(n * 10) / 10)) : 'n/a';
 const secs = (n: number): string => `${(n / 1000).toFixed(1)} s`;
 
 function table(header: string[], rows: string[][]): string {
-  return [`| ${header.join(' | ')} |`, `| ${header.map(() => '---').join(' | ')} |`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+  return [
+    `| ${header.join(' | ')} |`,
+    `| ${header.map(() => '---').join(' | ')} |`,
+    ...rows.map((r) => `| ${r.join(' | ')} |`),
+  ].join('\n');
 }
 
 const PART_NAMES: Record<string, string> = {
@@ -32,7 +37,12 @@ function dominant(parts: Record<string, number>, providerKeys: string[]): string
   const rest = Object.entries(parts)
     .filter(([k, v]) => !providerKeys.includes(k) && v > 0)
     .sort((a, b) => b[1] - a[1]);
-  return rest.slice(0, 3).map(([k, v]) => `${partName(k)} ${fmt(v)} ms`).join(', ') || 'nothing measurable';
+  return (
+    rest
+      .slice(0, 3)
+      .map(([k, v]) => `${partName(k)} ${fmt(v)} ms`)
+      .join(', ') || 'nothing measurable'
+  );
 }
 
 function partsCell(parts: Record<string, number>): string {
@@ -46,7 +56,18 @@ function partsCell(parts: Record<string, number>): string {
 function cycleSection(cycle: ModeResult[]): string {
   if (cycle.length === 0) return '_Not measured in this run (see errors below)._';
   const latency = table(
-    ['mode', 'suspend (ms) median / p95', 'direct release (ms)', 'overhead ms', 'ratio', 'resume (ms) median / p95', 'direct attach/restore (ms)', 'overhead ms', 'ratio', 'respond call (ms)'],
+    [
+      'mode',
+      'suspend (ms) median / p95',
+      'direct release (ms)',
+      'overhead ms',
+      'ratio',
+      'resume (ms) median / p95',
+      'direct attach/restore (ms)',
+      'overhead ms',
+      'ratio',
+      'respond call (ms)',
+    ],
     cycle.map((c) => [
       c.name,
       ms(c.suspendMs),
@@ -71,7 +92,9 @@ function cycleSection(cycle: ModeResult[]): string {
         `resume overhead ${fmt(c.resumeOverheadMs)} ms, mostly ${dominant(c.resumeParts, ['run:restoreSandbox', 'run:sandboxOp'])}.`,
     )
     .join('\n');
-  const errors = cycle.filter((c) => c.errors.length > 0).map((c) => `- ${c.name}: ${c.errors.length} failed sample(s), first: ${c.errors[0]}`);
+  const errors = cycle
+    .filter((c) => c.errors.length > 0)
+    .map((c) => `- ${c.name}: ${c.errors.length} failed sample(s), first: ${c.errors[0]}`);
   return [
     latency,
     '',
@@ -100,12 +123,28 @@ function historySection(r: BenchResults): string {
     h.limitedBy,
   ]);
   const types = r.history
-    .map((h) => `- ${h.name}: ${Object.entries(h.typesPerCycle).map(([t, n]) => `${t} ${fmt(n)}`).join(', ')}`)
+    .map(
+      (h) =>
+        `- ${h.name}: ${Object.entries(h.typesPerCycle)
+          .map(([t, n]) => `${t} ${fmt(n)}`)
+          .join(', ')}`,
+    )
     .join('\n');
   return [
-    table(['mode', 'events / cycle (per repetition)', 'workflow tasks / cycle', 'history bytes / cycle', 'events outside cycles', 'cycles before continue-as-new', 'limited by'], rows),
+    table(
+      [
+        'mode',
+        'events / cycle (per repetition)',
+        'workflow tasks / cycle',
+        'history bytes / cycle',
+        'events outside cycles',
+        'cycles before continue-as-new',
+        'limited by',
+      ],
+      rows,
+    ),
     '',
-    'A cycle is `ask → suspend → respond → resume → exec`. Measured as (Run with K cycles − Run with 1 cycle) / (K − 1), from the server\'s `historyLength` and `historySizeBytes`; one value per repetition, so equal values mean the count is stable. **Baseline**: Temporal\'s default continue-as-new suggestion thresholds, `limit.historyCount.suggestContinueAsNew` = 4,096 events and `limit.historySize.suggestContinueAsNew` = 4 MiB (temporalio/temporal `common/dynamicconfig/constants.go`); the Run continues-as-new at the first agent step after the suggestion, carrying its session aggregate.',
+    "A cycle is `ask → suspend → respond → resume → exec`. Measured as (Run with K cycles − Run with 1 cycle) / (K − 1), from the server's `historyLength` and `historySizeBytes`; one value per repetition, so equal values mean the count is stable. **Baseline**: Temporal's default continue-as-new suggestion thresholds, `limit.historyCount.suggestContinueAsNew` = 4,096 events and `limit.historySize.suggestContinueAsNew` = 4 MiB (temporalio/temporal `common/dynamicconfig/constants.go`); the Run continues-as-new at the first agent step after the suggestion, carrying its session aggregate.",
     '',
     'Events of one cycle by type:',
     '',
@@ -137,11 +176,24 @@ function checkpointSection(r: BenchResults): string {
   const errors = r.checkpoint.filter((c) => c.errors.length > 0).map((c) => `- ${c.sizeMiB} MiB: ${c.errors[0]}`);
   return [
     table(
-      ['workspace', 'files', 'archive MiB', 'snapshot + upload (ms)', 'baseline `tar \\| gzip -1` + PutObject (ms)', 'ratio', 'download + restore (ms)', 'baseline GetObject + tar -xzf (ms)', 'ratio', 'second suspend, unchanged (ms)', 'same-host resume from dormant copy (ms)', 'suspend again right after that resume (ms)'],
+      [
+        'workspace',
+        'files',
+        'archive MiB',
+        'snapshot + upload (ms)',
+        'baseline `tar \\| gzip -1` + PutObject (ms)',
+        'ratio',
+        'download + restore (ms)',
+        'baseline GetObject + tar -xzf (ms)',
+        'ratio',
+        'second suspend, unchanged (ms)',
+        'same-host resume from dormant copy (ms)',
+        'suspend again right after that resume (ms)',
+      ],
       r.checkpoint.map(checkpointRow),
     ),
     '',
-    'Workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files. Snapshot + upload is the local provider\'s `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, node-tar + gzip level 1, sha-256, multipart upload to MinIO, kill); download + restore is `restore` on a second host (download, sha-256 check, validation of every entry, extraction, swap into place, start). **Baseline**, same bytes, same run: GNU `tar -cf - | gzip -1` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file and `tar -xzf`. Medians / p95 in ms.',
+    "Workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files. Snapshot + upload is the local provider's `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, node-tar + gzip level 1, sha-256, multipart upload to MinIO, kill); download + restore is `restore` on a second host (download, sha-256 check, validation of every entry, extraction, swap into place, start). **Baseline**, same bytes, same run: GNU `tar -cf - | gzip -1` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file and `tar -xzf`. Medians / p95 in ms.",
     '',
     '"Second suspend, unchanged" is a second `release` of the already released sandbox (a new fence and key): the provider reuses the checkpoint after one HeadObject. A resume, even with no job run, starts compute, and the provider then treats the files as changed: the suspend after it packs and uploads everything again (last column).',
     ...(errors.length ? ['', ...errors] : []),
@@ -170,12 +222,26 @@ function throughputSection(r: BenchResults): string {
   ]);
   return [
     table(
-      ['concurrent Runs', 'completed / failed', 'wall', 'full cycles/s', 'worker peak RSS MiB', 'suspend under load (ms, 10-Run sample)', 'resume under load (ms)', 'SDK: workflow task schedule-to-start, mean ms', 'SDK: workflow task execution, mean ms', 'SDK: activity schedule-to-start by type, mean ms', 'leftover processes / sandbox dirs', 'checkpoint objects in the store after'],
+      [
+        'concurrent Runs',
+        'completed / failed',
+        'wall',
+        'full cycles/s',
+        'worker peak RSS MiB',
+        'suspend under load (ms, 10-Run sample)',
+        'resume under load (ms)',
+        'SDK: workflow task schedule-to-start, mean ms',
+        'SDK: workflow task execution, mean ms',
+        'SDK: activity schedule-to-start by type, mean ms',
+        'leftover processes / sandbox dirs',
+        'checkpoint objects in the store after',
+      ],
       rows,
     ),
     '',
-    'Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle\'s suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker\'s host, and the host\'s `sandboxes/` directory.',
+    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
+    ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
   ].join('\n');
 }
 
@@ -184,7 +250,19 @@ function waitingSection(r: BenchResults): string {
   if (!w) return '_Not measured in this run._';
   return [
     table(
-      ['suspended Runs (planned)', 'start → all suspended', 'processes held', 'worker RSS while waiting MiB', 'peak RSS MiB', 'dev-server database MiB (growth)', 'answer all (respond calls)', 'answers/s', 'answer → all completed', 'completed / failed', 'leftover processes / sandbox dirs'],
+      [
+        'suspended Runs (planned)',
+        'start → all suspended',
+        'processes held',
+        'worker RSS while waiting MiB',
+        'peak RSS MiB',
+        'dev-server database MiB (growth)',
+        'answer all (respond calls)',
+        'answers/s',
+        'answer → all completed',
+        'completed / failed',
+        'leftover processes / sandbox dirs',
+      ],
       [
         [
           `${w.runs} (${w.target})`,
@@ -202,10 +280,23 @@ function waitingSection(r: BenchResults): string {
       ],
     ),
     '',
-    'Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started in waves of 100. Answers are `respond` updates, 50 in flight. The database is the dev server\'s SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox\'s processes alive — one or more processes and their memory per waiting Run (here ' +
+    "Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started in waves of 100. Answers are `respond` updates, 50 in flight. The database is the dev server's SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox's processes alive — one or more processes and their memory per waiting Run (here " +
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
     ...w.errors.map((e) => `- ${e}`),
+    ...failureLines(`${w.runs} waiting Runs`, w.failures),
   ].join('\n');
+}
+
+/** Why Runs did not complete, each reason with its count (results of older runs have no `failures`). */
+function failureLines(what: string, failures: Record<string, number> | undefined): string[] {
+  const entries = Object.entries(failures ?? {}).sort((a, b) => b[1] - a[1]);
+  if (entries.length === 0) return [];
+  return [
+    '',
+    `Runs that did not complete (${what}), by reason:`,
+    '',
+    ...entries.map(([reason, n]) => `- ${n} × ${reason}`),
+  ];
 }
 
 export function renderMarkdown(r: BenchResults): string {
@@ -221,11 +312,23 @@ export function renderMarkdown(r: BenchResults): string {
         ['date', r.date],
         ['command', `\`${r.command}\` (${r.mode} mode, ${secs(r.durationMs)})`],
         ['machine', `${m.cpuModel}, ${m.cores} cores, ${m.ramGiB} GiB RAM, ${m.platform}, kernel ${m.kernel}`],
-        ['runtime', `Node ${m.node}; Temporal CLI ${r.servers.temporalCli} dev server (SQLite), MinIO ${r.servers.minio}; all on this machine`],
-        ['setup', 'servers started once per bench run (own temp dir, free ports, stopped at the end); one Stasis worker in the bench process; the typed client'],
+        [
+          'runtime',
+          `Node ${m.node}; Temporal CLI ${r.servers.temporalCli} dev server (SQLite), MinIO ${r.servers.minio}; all on this machine`,
+        ],
+        [
+          'setup',
+          'servers started once per bench run (own temp dir, free ports, stopped at the end); one Stasis worker in the bench process; the typed client',
+        ],
         ['figures', 'median / p95 over the repetitions, in ms unless marked'],
-        ['load average (1/5/15 min) at start → end', `${m.loadAtStart.join(' / ')} → ${r.loadAtEnd.join(' / ')} (other engineers' test runs share these 2 cores; a load above 2 means the figures include waiting for CPU)`],
-        ['sandbox/server processes still alive when the worker stopped (then killed by the bench)', String(r.processesLeftBehind)],
+        [
+          'load average (1/5/15 min) at start → end',
+          `${m.loadAtStart.join(' / ')} → ${r.loadAtEnd.join(' / ')} (other engineers' test runs share these 2 cores; a load above 2 means the figures include waiting for CPU)`,
+        ],
+        [
+          'sandbox/server processes still alive when the worker stopped (then killed by the bench)',
+          String(r.processesLeftBehind),
+        ],
       ],
     ),
     '',
@@ -262,7 +365,12 @@ export function renderMarkdown(r: BenchResults): string {
     ...(r.notMeasured.length ? r.notMeasured.map((n) => `- ${n}`) : ['- Everything planned was measured.']),
     ...NOT_MEASURED_ALWAYS,
     ...(Object.keys(r.phaseErrors).length
-      ? ['', '## Phases that failed', '', ...Object.entries(r.phaseErrors).map(([k, v]) => `- ${k}: \`${v.split('\n')[0]}\``)]
+      ? [
+          '',
+          '## Phases that failed',
+          '',
+          ...Object.entries(r.phaseErrors).map(([k, v]) => `- ${k}: \`${v.split('\n')[0]}\``),
+        ]
       : []),
     '',
   ].join('\n');
@@ -330,7 +438,7 @@ function findings(r: BenchResults): string[] {
         'and the SDK logged workflow tasks over 5 s and heartbeat timeouts (the failure an earlier run recorded was "activity Heartbeat timeout"); this run did not record each failure\'s cause. ' +
         `Failed Runs keep their workspace by design (${w.leftovers.workspaces} sandbox directories), but ${r.processesLeftBehind} sandbox processes were still alive when the worker stopped ` +
         '(their final release had not completed) and the bench killed them. The fixes to weigh: admission control (bounded concurrent Runs per worker), timeouts that scale with queue depth, ' +
-        'and answering in smaller batches; the bench should also record each failed Run\'s error.',
+        "and answering in smaller batches; the bench should also record each failed Run's error.",
     );
   }
   return out.length ? out : ['- No phase produced figures.'];

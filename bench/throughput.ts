@@ -1,6 +1,6 @@
 import { analyseCycle } from './cycle';
 import type { BenchEnv } from './env';
-import { listIds, releasedAmong, respondAll, waitAllClosed } from './fleet';
+import { listIds, phaseClause, releasedAmong, respondAll, settle } from './fleet';
 import { timedHistory } from './history';
 import { leftovers, type Leftovers } from './leftovers';
 import { PeakRss } from './rss';
@@ -22,12 +22,19 @@ export interface ThroughputResult {
   resumeMs: Summary;
   sdk: Record<string, SdkLatency>;
   leftovers: Leftovers;
+  /** Why Runs did not complete, with counts. */
+  failures: Record<string, number>;
   errors: string[];
 }
 
 const CASE: ModeCase = { name: 'throughput', mode: 'SNAPSHOT_AND_TERMINATE', bytes: 4096 };
 
-export async function runThroughput(env: BenchEnv, concurrency: number, timeoutMs: number, log: (line: string) => void): Promise<ThroughputResult> {
+export async function runThroughput(
+  env: BenchEnv,
+  concurrency: number,
+  timeoutMs: number,
+  log: (line: string) => void,
+): Promise<ThroughputResult> {
   const errors: string[] = [];
   const ids = Array.from({ length: concurrency }, () => newRunId(`tp${concurrency}`));
   const idSet = new Set(ids);
@@ -35,7 +42,9 @@ export async function runThroughput(env: BenchEnv, concurrency: number, timeoutM
   const rss = new PeakRss();
   const t0 = performance.now();
   const deadline = Date.now() + timeoutMs;
-  await mapLimit(ids, 20, (id) => env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))));
+  await mapLimit(ids, 20, (id) =>
+    env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))),
+  );
   const answered = new Set<string>();
   const answering: Promise<string[]>[] = [];
   while (answered.size < concurrency && Date.now() < deadline) {
@@ -43,22 +52,12 @@ export async function runThroughput(env: BenchEnv, concurrency: number, timeoutM
     for (const id of released) answered.add(id);
     if (released.length > 0) answering.push(respondAll(env, released, 20));
     // Runs that failed before suspending are never answered: stop waiting for them.
-    const ended = await listIds(env, `ExecutionStatus != 'Running'`);
+    const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
     for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
     await sleep(200);
   }
   for (const e of (await Promise.all(answering)).flat()) errors.push(e);
-  let completed = 0;
-  let failed = 0;
-  try {
-    const closed = await waitAllClosed(env, idSet, deadline, 200);
-    completed = closed.completed.size;
-    failed = closed.failed.size;
-    const open = idSet.size - completed - failed;
-    if (open > 0) errors.push(`${open} of ${idSet.size} Runs had not ended by the phase deadline`);
-  } catch (err) {
-    errors.push(String(err));
-  }
+  const { completed, failed, failures } = await settle(env, idSet, deadline, 200);
   const wallMs = performance.now() - t0;
   const peakRssMiB = rss.stop();
   const sdk = sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl));
@@ -84,6 +83,7 @@ export async function runThroughput(env: BenchEnv, concurrency: number, timeoutM
     resumeMs: summarize(ok.map((a) => a.resumeMs)),
     sdk,
     leftovers: await leftovers(env),
+    failures,
     errors: errors.slice(0, 5),
   };
   log(

@@ -2,7 +2,7 @@ import { statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { RunSpec } from '../common/schemas';
 import type { BenchEnv } from './env';
-import { respondAll, waitAllClosed, waitAllReleased } from './fleet';
+import { respondAll, settle, waitAllReleased } from './fleet';
 import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
 import { PeakRss, rssMiB } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
@@ -34,6 +34,8 @@ export interface WaitingResult {
   failed: number;
   sdk: Record<string, SdkLatency>;
   leftovers: Leftovers;
+  /** Why Runs did not complete, with counts. */
+  failures: Record<string, number>;
   errors: string[];
 }
 
@@ -52,13 +54,22 @@ function databaseMiB(env: BenchEnv): number {
 function waitingSpec(runId: string, scratch: string): RunSpec {
   return {
     runId,
-    agent: { driver: 'scripted', steps: [{ ask: 'Approve?' }, { exec: 'echo approved > approved.txt' }, { complete: 'done' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ ask: 'Approve?' }, { exec: 'echo approved > approved.txt' }, { complete: 'done' }],
+    },
     sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: path.join(scratch, 'waiting', runId) } },
   };
 }
 
 /** Starts up to `target` Runs in waves until `rampMs` has passed, then answers all that were started. */
-export async function runWaiting(env: BenchEnv, target: number, rampMs: number, timeoutMs: number, log: (line: string) => void): Promise<WaitingResult> {
+export async function runWaiting(
+  env: BenchEnv,
+  target: number,
+  rampMs: number,
+  timeoutMs: number,
+  log: (line: string) => void,
+): Promise<WaitingResult> {
   const errors: string[] = [];
   const dbBefore = databaseMiB(env);
   const before = await scrapeSdk(env.sdkMetricsUrl);
@@ -73,7 +84,9 @@ export async function runWaiting(env: BenchEnv, target: number, rampMs: number, 
   for (let i = 0; i < planned.length && Date.now() < rampEnd; i += WAVE) {
     const wave = planned.slice(i, i + WAVE);
     ids.push(...wave);
-    await mapLimit(wave, 20, (id) => env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))));
+    await mapLimit(wave, 20, (id) =>
+      env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))),
+    );
     await waitAllReleased(env, new Set(wave), deadline, 250);
   }
   const runs = ids.length;
@@ -83,22 +96,14 @@ export async function runWaiting(env: BenchEnv, target: number, rampMs: number, 
   const processesHeld = await sandboxProcessCount();
   const rssWhileWaitingMiB = Math.round(rssMiB());
   const dbWaiting = databaseMiB(env);
-  log(`waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`);
+  log(
+    `waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`,
+  );
 
   const t1 = performance.now();
   for (const e of await respondAll(env, ids, 50)) errors.push(e);
   const answerAllMs = performance.now() - t1;
-  let completed = 0;
-  let failed = 0;
-  try {
-    const closed = await waitAllClosed(env, idSet, deadline, 500);
-    completed = closed.completed.size;
-    failed = closed.failed.size;
-    const open = idSet.size - completed - failed;
-    if (open > 0) errors.push(`${open} of ${idSet.size} Runs had not ended by the phase deadline`);
-  } catch (err) {
-    errors.push(String(err));
-  }
+  const { completed, failed, failures } = await settle(env, idSet, deadline, 500);
   const completeAllMs = performance.now() - t1;
   const result: WaitingResult = {
     target,
@@ -116,8 +121,11 @@ export async function runWaiting(env: BenchEnv, target: number, rampMs: number, 
     failed,
     sdk: sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl)),
     leftovers: await leftovers(env),
+    failures,
     errors: errors.slice(0, 5),
   };
-  log(`waiting: answered all in ${result.answerAllMs} ms, all ended in ${result.completeAllMs} ms (${completed} completed, ${failed} failed)`);
+  log(
+    `waiting: answered all in ${result.answerAllMs} ms, all ended in ${result.completeAllMs} ms (${completed} completed, ${failed} failed)`,
+  );
   return result;
 }

@@ -289,11 +289,17 @@ export function isScheduleToStartTimeout(err: unknown): boolean {
   );
 }
 
-/** The innermost message of a Temporal failure chain. */
+/** The innermost message of a Temporal failure chain, after the activity it came from (a bare "Heartbeat timeout" names no culprit). */
 export function failureMessage(err: unknown): string {
   let e: unknown = err;
-  while (e instanceof Error && (e as { cause?: unknown }).cause instanceof Error) e = (e as { cause: unknown }).cause;
-  return e instanceof Error ? e.message : String(e);
+  let activity: string | undefined;
+  for (;;) {
+    if (e instanceof ActivityFailure) activity ??= e.activityType;
+    if (!(e instanceof Error && (e as { cause?: unknown }).cause instanceof Error)) break;
+    e = (e as { cause: unknown }).cause;
+  }
+  const message = e instanceof Error ? e.message : String(e);
+  return activity ? `${activity}: ${message}` : message;
 }
 
 /** The ApplicationFailure type (our error code) at the bottom of a failure chain, if any. */
