@@ -164,6 +164,9 @@ async function main(): Promise<void> {
       .then(() => process.exit(130));
   });
   try {
+    // Sandboxes an interrupted earlier run left would count as this run's leftovers.
+    const stale = await killSandboxProcesses(BENCH_HOSTS);
+    if (stale > 0) log(`killed ${stale} sandbox processes an earlier, interrupted run left`);
     env = await startEnv(log);
     const e = env;
     const left = () => plan.budgetMs - (Date.now() - started);

@@ -13,6 +13,8 @@ export const ERROR_STATUS = {
   STALE_FENCE: 409,
   IDEMPOTENCY_CONFLICT: 409,
   RESUME_HASH_MISMATCH: 409,
+  /** An exec job an earlier attempt started but did not finish: it is not run twice. */
+  JOB_INTERRUPTED: 409,
   CHECKPOINT_INVALID: 422,
   PAYLOAD_TOO_LARGE: 413,
   NOT_SUPPORTED: 501,
@@ -51,6 +53,7 @@ export const NON_RETRYABLE_CODES: ErrorCode[] = [
   'CHECKPOINT_INVALID',
   'INVALID_STATE_TRANSITION',
   'SANDBOX_FAILED',
+  'JOB_INTERRUPTED',
 ];
 
 /** zod issues as one line naming each field. */

@@ -12,6 +12,7 @@ import {
   RestoreRequest,
   SandboxReleaseRequest,
   type Capabilities,
+  type ExecOutcome,
   type ProviderDeps,
   type RequestContext,
   type RestoreResult,
@@ -41,6 +42,7 @@ import {
   type SandboxPaths,
   type SandboxState,
 } from './sandbox-state';
+import { JobJournal } from './jobs';
 import { checkpointPrefix, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
 
 // The `local` provider: a sandbox is a set of directories on the worker's host
@@ -74,6 +76,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   const maxOutputBytes = options.maxOutputBytes ?? 1024 * 1024;
   const markerOf = (sandboxId: string): SandboxMarker => ({ sandboxId, hostId: deps.hostId });
   const pathsOf = (sandboxId: string) => sandboxPaths(deps.dataDir, sandboxId);
+  /** Exec jobs this process is running, by `<sandboxId>/<jobId>`. */
+  const runningJobs = new Map<string, Promise<ExecOutcome>>();
 
   async function load(sandboxId: string): Promise<{ paths: SandboxPaths; state: SandboxState }> {
     const paths = pathsOf(sandboxId);
@@ -290,39 +294,64 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
     async exec(raw, context) {
       const request = parse(ProviderExecRequest, raw, 'exec request');
-      const { running, grant, paths } = await fenced(request, 'exec', async (state, paths) => {
-        if (state.status !== 'running') {
-          throw new StasisError(
-            'INVALID_STATE_TRANSITION',
-            state.status === 'paused'
-              ? `sandbox ${state.sandboxId} is paused; resume it before exec`
-              : `sandbox ${state.sandboxId} is not running (${state.status}); start or restore it before exec`,
-          );
-        }
-        // Admitted and started under the lock, so no release can slip between the check and the spawn.
-        const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
-          env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
-        });
-        // Listening starts right away: a quick command can exit before the lock is released.
-        const outcome = waitForOutcome(child, {
-          maxOutputBytes,
-          ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
-          ...(context.signal ? { signal: context.signal } : {}),
-        });
-        outcome.catch(() => undefined); // awaited below; this only keeps an early rejection from counting as unhandled
-        return { running: { outcome }, grant: state.grant, paths };
-      });
-      const outcome = await withHeartbeat(
-        context,
-        { phase: `running job ${request.jobId}`, bytes: 0 },
-        () => running.outcome,
+      const key = `${request.sandboxId}/${request.jobId}`;
+      // The outcome is wrapped: returned bare, the lock would be held until the command ends.
+      const { outcome } = await fenced(
+        request,
+        'exec',
+        async (state, paths): Promise<{ outcome: Promise<ExecOutcome> }> => {
+          // A retry that arrives while this process still runs the job waits for the same outcome.
+          const inFlight = runningJobs.get(key);
+          if (inFlight) return { outcome: inFlight };
+          const journal = new JobJournal(paths.jobs);
+          const known = await journal.lookup(request);
+          if (known.kind === 'finished') return { outcome: Promise.resolve(known.outcome) };
+          if (state.status !== 'running') {
+            throw new StasisError(
+              'INVALID_STATE_TRANSITION',
+              state.status === 'paused'
+                ? `sandbox ${state.sandboxId} is paused; resume it before exec`
+                : `sandbox ${state.sandboxId} is not running (${state.status}); start or restore it before exec`,
+            );
+          }
+          await journal.begin(request);
+          // Admitted and started under the lock, so no release can slip between the check and the spawn.
+          const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
+            env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
+          }).catch(async (err: unknown) => {
+            await journal.forget(request); // nothing ran
+            throw err;
+          });
+          // Listening starts right away: a quick command can exit before the lock is released.
+          const running = waitForOutcome(child, {
+            maxOutputBytes,
+            ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
+            ...(context.signal ? { signal: context.signal } : {}),
+          });
+          const grant = state.grant;
+          const finishing = (async () => {
+            try {
+              const result = await running;
+              // Under the lock: a release that killed the command has finished recording it by then.
+              const after = await withLifecycleLock(request.sandboxId, () => readState(paths)).catch(() => undefined);
+              if (after?.grant !== grant) {
+                result.stderr += `${result.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
+              }
+              await journal.finish(request, { outcome: result }).catch(() => undefined); // a destroyed sandbox has no journal
+              return result;
+            } catch (err) {
+              await journal.finish(request, { error: String(err) }).catch(() => undefined);
+              throw err;
+            } finally {
+              runningJobs.delete(key);
+            }
+          })();
+          finishing.catch(() => undefined); // awaited below; this only keeps an early rejection from counting as unhandled
+          runningJobs.set(key, finishing);
+          return { outcome: finishing };
+        },
       );
-      // Under the lock: a release that killed the command has finished recording it by then.
-      const after = await withLifecycleLock(request.sandboxId, () => readState(paths)).catch(() => undefined);
-      if (after?.grant !== grant) {
-        outcome.stderr += `${outcome.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
-      }
-      return outcome;
+      return withHeartbeat(context, { phase: `running job ${request.jobId}`, bytes: 0 }, () => outcome);
     },
 
     async stop(raw) {

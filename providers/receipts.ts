@@ -1,8 +1,8 @@
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
+import { sha256Hex } from '../common/hashes';
 import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
 import { SandboxReleaseReceipt, type SandboxReleaseRequest } from './api';
 
@@ -16,7 +16,7 @@ const StoredReceipt = z.object({ requestHash: z.string(), receipt: SandboxReleas
  * reason is left out, so a retry that words it differently is still a duplicate.
  */
 export function releaseRequestHash(request: SandboxReleaseRequest): string {
-  return sha256(JSON.stringify([request.sandboxId, request.mode, request.fence]));
+  return sha256Hex(JSON.stringify([request.sandboxId, request.mode, request.fence]));
 }
 
 export class ReceiptStore {
@@ -51,10 +51,7 @@ export class ReceiptStore {
 
   /** Keys are hashed: they contain `/` and may be long. */
   private fileOf(idempotencyKey: string): string {
-    return path.join(this.dir, `${sha256(idempotencyKey)}.json`);
+    return path.join(this.dir, `${sha256Hex(idempotencyKey)}.json`);
   }
 }
 
-function sha256(text: string): string {
-  return createHash('sha256').update(text).digest('hex');
-}

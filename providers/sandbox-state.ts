@@ -8,7 +8,7 @@ import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
 
 // A sandbox on this host is the directory `<dataDir>/sandboxes/<sandboxId>/`:
 // `workspace/` (a symlink to the host path for an active workspace), `home/`,
-// `envs/`, and the provider-private `meta/` with `state.json` and `receipts/`.
+// `envs/`, and the provider-private `meta/` with `state.json` `receipts/` and `jobs/`.
 
 export interface SandboxPaths {
   root: string;
@@ -18,6 +18,7 @@ export interface SandboxPaths {
   meta: string;
   stateFile: string;
   receipts: string;
+  jobs: string;
 }
 
 export function sandboxesDir(dataDir: string): string {
@@ -47,6 +48,7 @@ export function sandboxPathsIn(dir: string, sandboxId: string): SandboxPaths {
     meta,
     stateFile: path.join(meta, 'state.json'),
     receipts: path.join(meta, 'receipts'),
+    jobs: path.join(meta, 'jobs'),
   };
 }
 

@@ -1,7 +1,8 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { pipeline, Transform } from 'node:stream';
+import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
@@ -85,9 +86,6 @@ export async function restoreSnapshot(input: {
   }
 }
 
-function sha256Hex(text: string): string {
-  return createHash('sha256').update(text).digest('hex');
-}
 
 /** Replaces `dest` with `src` (same filesystem) by two renames; the old tree is removed afterwards. */
 async function swapInto(src: string, dest: string): Promise<void> {

@@ -23,14 +23,30 @@ import { nowIso } from './clock';
 // ExecutionResourceRecord. It provisions, attaches, restores and releases the
 // sandbox by calling provider activities on the host's own task queue.
 
-const NON_RETRYABLE = ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT', 'NOT_FOUND', 'CHECKPOINT_INVALID', 'SANDBOX_FAILED', 'INVALID_STATE_TRANSITION'];
+const NON_RETRYABLE = [
+  'STALE_FENCE',
+  'IDEMPOTENCY_CONFLICT',
+  'NOT_SUPPORTED',
+  'INVALID_ARGUMENT',
+  'NOT_FOUND',
+  'CHECKPOINT_INVALID',
+  'SANDBOX_FAILED',
+  'INVALID_STATE_TRANSITION',
+  'JOB_INTERRUPTED',
+];
 
 const PROVIDER_CALL: ActivityOptions = {
   startToCloseTimeout: '30m',
   // Providers heartbeat every few seconds; 30 s leaves room for a worker busy with hundreds of
   // sandboxes (the benchmark saw 10 s exceeded under load) while a dead worker is still noticed.
   heartbeatTimeout: '30s',
-  retry: { initialInterval: '1s', backoffCoefficient: 2, maximumInterval: '30s', maximumAttempts: 5, nonRetryableErrorTypes: NON_RETRYABLE },
+  retry: {
+    initialInterval: '1s',
+    backoffCoefficient: 2,
+    maximumInterval: '30s',
+    maximumAttempts: 5,
+    nonRetryableErrorTypes: NON_RETRYABLE,
+  },
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 };
 
@@ -124,11 +140,15 @@ export class ExecutionBindingLifecycleCoordinator {
     });
   }
 
-  async exec(jobId: string, command: string, options: { timeoutMs?: number; env?: Record<string, string> } = {}): Promise<ExecOutcome> {
+  async exec(
+    jobId: string,
+    command: string,
+    options: { timeoutMs?: number; env?: Record<string, string> } = {},
+  ): Promise<ExecOutcome> {
     return this.onHost({
       scheduleToStartTimeout: HOST_BUSY_LIMIT,
-      // A command is not repeated behind the user's back.
-      retry: { maximumAttempts: 1 },
+      // Retried like any provider call (an attempt lost on the way shows up as a heartbeat timeout):
+      // the provider's job journal never runs a command twice (a started, unfinished job is JOB_INTERRUPTED).
       summary: `exec ${command.slice(0, 60)}`,
     }).execInSandbox({
       ...this.owner,
@@ -238,12 +258,12 @@ export class ExecutionBindingLifecycleCoordinator {
     } else if (plan.kind === 'reprovision') {
       restored = await this.restoreOn(this.onHost({ retry: RESTORE_RETRY }));
     } else if (plan.kind === 'restore') {
-      restored = await this.restoreOn(this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY })).catch(
-        (err: unknown) => {
-          if (!isScheduleToStartTimeout(err)) throw err;
-          return this.restoreOn(this.onAnyHost({ retry: RESTORE_RETRY }));
-        },
-      );
+      restored = await this.restoreOn(
+        this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY }),
+      ).catch((err: unknown) => {
+        if (!isScheduleToStartTimeout(err)) throw err;
+        return this.restoreOn(this.onAnyHost({ retry: RESTORE_RETRY }));
+      });
     } else {
       throw new Error(`cannot resume: ${plan.why}`);
     }

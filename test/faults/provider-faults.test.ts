@@ -1,5 +1,11 @@
 import type { PauseMode, ResourceView } from '../../common/schemas';
-import { faultyProvider, type ReleaseFault, type ReleaseFaults, type RestoreFault } from '../helpers/faulty-provider';
+import {
+  faultyProvider,
+  type ExecFault,
+  type ReleaseFault,
+  type ReleaseFaults,
+  type RestoreFault,
+} from '../helpers/faulty-provider';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import {
@@ -24,11 +30,14 @@ import {
 // for good, kept and re-attached), no process left.
 
 const TRIALS_PER_KIND = 2;
-const faults: ReleaseFaults = { calls: [], restoreCalls: [] };
+const faults: ReleaseFaults = { calls: [], restoreCalls: [], execCalls: [] };
 const releasePlans = new Map<string, (attempt: number) => ReleaseFault | undefined>();
 const restorePlans = new Map<string, (attempt: number) => RestoreFault | undefined>();
 faults.releasePlan = (sandboxId, attempt) => releasePlans.get(sandboxId)?.(attempt);
 faults.restorePlan = (sandboxId, attempt) => restorePlans.get(sandboxId)?.(attempt);
+/** Exec attempts of every sandbox: the first job's first attempt is lost, the second job's answer is lost. */
+const EXEC_PLAN: (ExecFault | undefined)[] = ['lost', undefined, 'lost-after-run', undefined];
+faults.execPlan = (sandboxId, attempt) => (sandboxId.includes('-exec-') ? EXEC_PLAN[attempt - 1] : undefined);
 
 const tally = new Tally();
 const s3 = testS3();
@@ -236,9 +245,48 @@ test.each([
   180_000,
 );
 
+test('an exec attempt lost on the way is retried, and no job runs twice', async () => {
+  // The benchmark's finding: under load an exec attempt can time out on its heartbeat without
+  // having run (or after it ran); before, the job failed and so did the Run.
+  await Promise.all(
+    Array.from({ length: TRIALS_PER_KIND }, async (_, i) => {
+      const runId = `faults-provider-exec-${i}-${Date.now().toString(36)}`;
+      tally.start(runId, `exec-lost run ${runId}`);
+      await stack.client.runs.start({
+        runId,
+        agent: {
+          driver: 'scripted',
+          steps: [
+            { exec: 'echo one >> runs.txt' },
+            { exec: 'echo two >> runs.txt' },
+            { expectFile: { path: 'runs.txt', content: 'one\ntwo\n' } },
+            { complete: { tag: runId } },
+          ],
+        },
+        sandbox: { provider: 'faulty' },
+      });
+      await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({ tag: runId });
+      const calls = (faults.execCalls ?? []).filter((c) => c.sandboxId === sandboxOf(runId));
+      expect(calls.map((c) => [c.idempotencyKey, c.outcome])).toEqual([
+        ['job-1', 'lost'],
+        ['job-1', 'answered'],
+        ['job-2', 'answer lost'],
+        ['job-2', 'answered'], // from the provider's job journal: the command did not run again
+      ]);
+      const attempts = startedAttempts(await historyEvents(stack.temporal, runId), 'execInSandbox');
+      expect(attempts.map((a) => [a.attempt, /HEARTBEAT/i.test(a.lastFailure)])).toEqual([
+        [2, true],
+        [2, true],
+      ]);
+      tally.inject(2);
+      tally.ok(runId);
+    }),
+  );
+}, 180_000);
+
 test('summary: every Run ended consistent, nothing lost', () => {
   writeSummary('provider', tally, { runs_per_fault_kind: TRIALS_PER_KIND });
   expect(tally.lostItems).toEqual([]);
-  expect(tally.trials).toBe(7 * TRIALS_PER_KIND);
+  expect(tally.trials).toBe(8 * TRIALS_PER_KIND);
   expect(tally.faults).toBeGreaterThanOrEqual(tally.trials);
 });

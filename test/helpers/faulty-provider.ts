@@ -17,6 +17,13 @@ export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | '
  */
 export type RestoreFault = 'throw' | 'hang' | 'hold';
 
+/**
+ * How one exec call fails: `lost` (the attempt never reaches the provider: it hangs without
+ * heartbeats, as a task lost on the way would), `lost-after-run` (the job runs to its end,
+ * then its answer is lost the same way).
+ */
+export type ExecFault = 'lost' | 'lost-after-run';
+
 export interface ProviderCall {
   sandboxId: string;
   fence: number;
@@ -34,6 +41,10 @@ export interface ReleaseFaults {
   releasePlan?: (sandboxId: string, attempt: number) => ReleaseFault | undefined;
   /** The fault (if any) for the `attempt`-th restore call of `sandboxId` (1-based). */
   restorePlan?: (sandboxId: string, attempt: number) => RestoreFault | undefined;
+  /** The fault (if any) for the `attempt`-th exec call of `sandboxId` (1-based). */
+  execPlan?: (sandboxId: string, attempt: number) => ExecFault | undefined;
+  /** Every exec request the provider saw, in order (idempotencyKey is the job id). */
+  execCalls?: ProviderCall[];
   /** Operations that answer SANDBOX_FAILED (a sandbox broken beyond repair). */
   broken?: ('exec' | 'stop' | 'pause')[];
   /** Every release request the provider saw, in order. */
@@ -67,7 +78,27 @@ export function faultyProvider(faults: ReleaseFaults) {
       ...local,
       async exec(request, context) {
         breakable('exec');
-        return local.exec(request, context);
+        const execCalls = (faults.execCalls ??= []);
+        const fault = faults.execPlan?.(request.sandboxId, attempts(execCalls, request.sandboxId));
+        const call: ProviderCall = {
+          sandboxId: request.sandboxId,
+          fence: request.fence,
+          idempotencyKey: request.jobId,
+          outcome: '',
+          at: Date.now(),
+        };
+        execCalls.push(call);
+        if (fault === 'lost') {
+          call.outcome = 'lost';
+          return hang(context.signal, 'exec');
+        }
+        const outcome = await local.exec(request, context);
+        if (fault === 'lost-after-run') {
+          call.outcome = 'answer lost';
+          return hang(context.signal, 'exec');
+        }
+        call.outcome = 'answered';
+        return outcome;
       },
       async stop(request, context) {
         breakable('stop');

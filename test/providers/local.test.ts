@@ -208,6 +208,50 @@ describe('local provider: lifecycle', () => {
   });
 });
 
+describe('local provider: exec jobs are never run twice', () => {
+  const job = (sandboxId: string, jobId: string, command: string) => ({ sandboxId, fence: 1, jobId, command });
+
+  it('a retried job returns the first outcome without running again, also after a worker restart', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    const request = job(id, 'job-1', 'echo ran >> runs.txt; wc -l < runs.txt');
+    const first = await host.provider.exec(request, context());
+    expect(first).toEqual({ exitCode: 0, stdout: '1\n', stderr: '' });
+    expect(await host.provider.exec(request, context())).toEqual(first);
+    expect(await host.restart().exec(request, context())).toEqual(first);
+    expect(await sh(host.provider, id, 'wc -l < runs.txt')).toBe('1\n');
+  });
+
+  it('a retry that arrives while the job runs waits for that same run', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    const request = job(id, 'job-1', 'sleep 0.5; echo ran >> runs.txt; wc -l < runs.txt');
+    const [a, b] = await Promise.all([host.provider.exec(request, context()), host.provider.exec(request, context())]);
+    expect(a).toEqual({ exitCode: 0, stdout: '1\n', stderr: '' });
+    expect(b).toEqual(a);
+  });
+
+  it('refuses a job an earlier worker started and did not finish, and a job id reused for another command', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    const request = job(id, 'job-1', 'sleep 1; echo ran >> runs.txt');
+    const running = host.provider.exec(request, context());
+    await waitFor('the job to start', async () => (await host.provider.processCount(id)) > 1);
+    // A restarted worker does not know how far the job got: it does not run it again.
+    const err = await stasisError(host.restart().exec(request, context()), 'JOB_INTERRUPTED');
+    expect(err.message).toBe(
+      `sandbox ${id}: job job-1 was started by an earlier attempt that stopped with its worker; it is not run again`,
+    );
+    await expect(running).resolves.toMatchObject({ exitCode: 0 });
+    const conflict = await stasisError(
+      host.provider.exec(job(id, 'job-1', 'echo other'), context()),
+      'IDEMPOTENCY_CONFLICT',
+    );
+    expect(conflict.message).toContain('job-1');
+    expect(await sh(host.provider, id, 'cat runs.txt')).toBe('ran\n');
+  });
+});
+
 describe('local provider: fences', () => {
   it('refuses a call below the highest fence seen and raises it on a higher one', async () => {
     const host = await makeHost();
