@@ -9,6 +9,7 @@ import { startEnv, HOST_ID, type BenchEnv } from './env';
 import { runHistoryCost } from './history-cost';
 import { killSandboxProcesses, sandboxProcessCount } from './leftovers';
 import { machineInfo } from './machine';
+import { profiled } from './profile';
 import { renderMarkdown } from './report';
 import type { BenchResults } from './results';
 import { runThroughput } from './throughput';
@@ -188,9 +189,13 @@ async function main(): Promise<void> {
     save(results, started);
     const first = !wanted(2)
       ? undefined
-      : await phase(`2 throughput ${plan.throughput[0]}`, results, () =>
-          runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 3), log),
-        );
+      : await phase(`2 throughput ${plan.throughput[0]}`, results, async () => {
+          // The first size runs under the CPU profiler: what dominates under load, measured.
+          const { value, profile } = await profiled(() =>
+            runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 3), log),
+          );
+          return { ...value, profile };
+        });
     if (first) results.throughput.push(first);
     save(results, started);
     // Waiting: ramp for a share of what is left, then answer everything that was started.

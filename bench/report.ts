@@ -242,6 +242,7 @@ function throughputSection(r: BenchResults): string {
     "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
     ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
+    ...r.throughput.flatMap((t) => profileLines(t)),
   ].join('\n');
 }
 
@@ -285,6 +286,28 @@ function waitingSection(r: BenchResults): string {
     ...w.errors.map((e) => `- ${e}`),
     ...failureLines(`${w.runs} waiting Runs`, w.failures),
   ].join('\n');
+}
+
+/** Where the worker's main thread spent a profiled phase. */
+function profileLines(t: BenchResults['throughput'][number]): string[] {
+  const p = t.profile;
+  if (!p) return [];
+  const pct = (ms: number) => `${Math.round((100 * ms) / Math.max(1, p.wallMs))}%`;
+  return [
+    '',
+    `**Where the worker's time went** with ${t.concurrency} concurrent Runs (V8 CPU profile of the bench process, which hosts the worker, 1 ms sampling, over the whole phase): ` +
+      `${secs(p.wallMs)} of main-thread time, ${pct(p.idleMs)} idle (waiting for work), ${pct(p.gcMs)} garbage collection.`,
+    '',
+    `- Self time by area: ${p.selfByArea
+      .filter((a) => a.area !== '(garbage collector)')
+      .slice(0, 8)
+      .map((a) => `${a.area} ${pct(a.ms)}`)
+      .join(', ')}.`,
+    `- Inside Stasis code (callees included): ${p.inclusiveOurs
+      .slice(0, 6)
+      .map((f) => `${f.fn} ${pct(f.ms)}`)
+      .join(', ')}.`,
+  ];
 }
 
 /** Why Runs did not complete, each reason with its count (results of older runs have no `failures`). */
@@ -411,34 +434,44 @@ function findings(r: BenchResults): string[] {
   const tp = r.throughput[r.throughput.length - 1];
   if (tp) {
     const s = (key: string) => (tp.sdk[key] ? `${fmt(tp.sdk[key].meanMs)} ms` : 'n/a');
-    const activityRuns = Object.entries(tp.sdk)
-      .filter(([k]) => k.startsWith('activity_execution_latency'))
-      .map(([k, v]) => `${k.replace('activity_execution_latency', '').replace(/[{}]/g, '')} ${fmt(v.meanMs)} ms`)
-      .join(', ');
+    const profiledPhase = r.throughput.find((t) => t.profile);
+    const p = profiledPhase?.profile;
+    const busy = p ? Math.round((100 * (p.wallMs - p.idleMs)) / Math.max(1, p.wallMs)) : undefined;
     out.push(
-      `- **Throughput is bounded by this 2-core machine's CPU**, shared by the worker, the dev server, MinIO and (during this run) other test runs: with ${tp.concurrency} concurrent Runs ` +
-        `a workflow task waited ${s('workflow_task_schedule_to_start_latency')} to start and took ${s('workflow_task_execution_latency')}, an activity waited ` +
-        `${s('activity_schedule_to_start_latency')}, and provider activities took (mean) ${activityRuns}. Every provider call scans /proc for the sandbox's processes, ` +
-        'synchronously, which grows with the number of processes on the host; profiling the worker under this load is the next step.',
+      `- **Throughput is bounded by this 2-core machine's CPU**, which the worker shares with the dev server (SQLite), MinIO and the sandboxes: with ${tp.concurrency} concurrent Runs ` +
+        `a workflow task waited ${s('workflow_task_schedule_to_start_latency')} to start and took ${s('workflow_task_execution_latency')}, and an activity waited ` +
+        `${s('activity_schedule_to_start_latency')}.` +
+        (p && profiledPhase
+          ? ` The profile of the ${profiledPhase.concurrency}-Run phase shows the worker's main thread busy ${busy}% of the time; the largest areas are ` +
+            `${p.selfByArea
+              .filter((a) => a.area !== '(garbage collector)')
+              .slice(0, 3)
+              .map((a) => a.area)
+              .join(', ')} (see figure 2).`
+          : ''),
     );
-    if (tp.leftovers.checkpointObjects > 0) {
-      out.push(
-        `- **Completed Runs leave their checkpoint in the store**: ${tp.leftovers.checkpointObjects} objects under \`checkpoints/\` after the throughput phases, whose Runs all ended. ` +
-          'Retention expiry deletes a checkpoint; completion does not. Not changed here (it is a product decision), reported.',
-      );
-    }
   }
-  const w = r.waiting;
-  if (w && w.failed > 0) {
-    const s = (key: string) => (w.sdk[key] ? `${fmt(w.sdk[key].meanMs)} ms` : 'n/a');
+  const failed = [
+    ...r.throughput.map((t) => ({ what: `${t.concurrency} concurrent Runs`, n: t.failed, failures: t.failures })),
+    ...(r.waiting
+      ? [{ what: `${r.waiting.runs} waiting Runs`, n: r.waiting.failed, failures: r.waiting.failures }]
+      : []),
+  ];
+  const withFailures = failed.filter((f) => f.n > 0);
+  if (failed.length > 0) {
     out.push(
-      `- **Overload fails Runs instead of slowing them down**: when all ${w.runs} waiting Runs were answered at once, ${w.failed} ended FAILED and ${w.completed} completed. ` +
-        `During that phase an activity waited ${s('activity_schedule_to_start_latency')} on average to start and a workflow task ${s('workflow_task_schedule_to_start_latency')}, ` +
-        `with workflow tasks taking ${s('workflow_task_execution_latency')}. Jobs (\`execInSandbox\`) run once with a 30 s schedule-to-start timeout, provider calls have a 10 s heartbeat timeout, ` +
-        'and the SDK logged workflow tasks over 5 s and heartbeat timeouts (the failure an earlier run recorded was "activity Heartbeat timeout"); this run did not record each failure\'s cause. ' +
-        `Failed Runs keep their workspace by design (${w.leftovers.workspaces} sandbox directories), but ${r.processesLeftBehind} sandbox processes were still alive when the worker stopped ` +
-        '(their final release had not completed) and the bench killed them. The fixes to weigh: admission control (bounded concurrent Runs per worker), timeouts that scale with queue depth, ' +
-        "and answering in smaller batches; the bench should also record each failed Run's error.",
+      withFailures.length === 0
+        ? `- **No Run failed** in the load phases (${failed.map((f) => f.what).join(', ')}).`
+        : `- **Runs failed under load**: ${withFailures
+            .map(
+              (f) =>
+                `${f.n} of the ${f.what} (${
+                  Object.keys(f.failures ?? {})
+                    .slice(0, 2)
+                    .join('; ') || 'reason not recorded'
+                })`,
+            )
+            .join('; ')}. Each reason is listed under its figure.`,
     );
   }
   return out.length ? out : ['- No phase produced figures.'];
@@ -449,7 +482,19 @@ const IMPROVEMENTS: string[] = [
   '- **Worker metrics writes no longer crash the worker** (`workers/worker.ts`). The first bench run died with an unhandled `ENOENT` from `rename`: the worker writes its metrics file every 2 s, ' +
     'and while a 64 MiB snapshot kept the event loop busy for longer than that, two writes overlapped on the same temporary file name. Writes are now chained (never overlapping), ' +
     'each uses its own temporary name, and a failed write is logged instead of taking the process down.',
-  '- Everything else above is reported, not changed: no workflow code was touched (the replay tests stay as they were).',
+  '- **A busy host is not a dead host** (`workflows/coordinator.ts`). In the first full run, 450 of 500 waiting Runs answered at once ended FAILED: provider calls had a 30 s schedule-to-start ' +
+    'and a 10 s heartbeat timeout, and a host with hundreds of calls queued looked dead. Calls now wait up to 10 min for their host and heartbeat within 30 s; only a restore falls back to another host after 30 s.',
+  "- **The process scan no longer dominates provider calls** (`providers/processes.ts`). A CPU profile of 50 concurrent Runs (`node --cpu-prof dist/bench/main.js --only=2`) put 53 s of the worker's " +
+    '196 s busy main-thread time in `scanSandboxProcesses`, 27 s of it allocating a fresh 64 KiB buffer per `/proc` file read. The scan now reads into one reused buffer and remembers each ' +
+    "process's marker by pid and start time; the same 50-Run phase went from 108-129 s to 46-73 s, and provider activities from seconds to hundreds of milliseconds.",
+  '- **A lost exec attempt no longer fails the Run** (`providers/jobs.ts`). With the scan fixed, the remaining failures under load were `execInSandbox: activity Heartbeat timeout`, the attempt ' +
+    "never having heartbeated at all (the bench now records each failed Run's reason and the timeline of the activity that timed out): an attempt lost on its way to or from the worker. " +
+    'Jobs ran once by design, so the Run failed. Exec is now retried like every provider call, and a per-sandbox job journal makes the retry safe: a finished job returns its outcome, ' +
+    'a running one is joined, and one an earlier worker process started is refused (`JOB_INTERRUPTED`) instead of running twice.',
+  '- **Completed Runs no longer leave checkpoints in the store** (`providers/local.ts`, `stores/`). An earlier run counted 85 objects under `checkpoints/` after the throughput phases, whose ' +
+    'Runs had all ended: destroying a sandbox now deletes every checkpoint under its prefix, and a checkpoint key is fixed per release request, so a retry after a killed upload replaces ' +
+    'what that attempt left (object and unfinished multipart upload).',
+  "- **The bench loads the server less**: its visibility polls name the phase's Runs (`WorkflowId STARTS_WITH`) instead of listing every Run of the bench every 200 ms.",
 ];
 
 const NOT_MEASURED_ALWAYS: string[] = [

@@ -3,6 +3,7 @@ import type { BenchEnv } from './env';
 import { listIds, phaseClause, releasedAmong, respondAll, settle } from './fleet';
 import { timedHistory } from './history';
 import { leftovers, type Leftovers } from './leftovers';
+import type { ProfileSummary } from './profile';
 import { PeakRss } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
 import { cycleSpec, newRunId, type ModeCase } from './specs';
@@ -25,6 +26,8 @@ export interface ThroughputResult {
   /** Why Runs did not complete, with counts. */
   failures: Record<string, number>;
   errors: string[];
+  /** Where the worker's main thread spent this phase (the first size only). */
+  profile?: ProfileSummary;
 }
 
 const CASE: ModeCase = { name: 'throughput', mode: 'SNAPSHOT_AND_TERMINATE', bytes: 4096 };

@@ -51,11 +51,16 @@ export async function orphanSweep(options: OrphanSweepOptions): Promise<OrphanSw
     const marker = await readMarker(markerFile);
     // A marker from an earlier dormant period (another checkpoint) does not count.
     if (!marker || marker.checkpointUri !== copy.dormant.checkpoint.uri) {
-      await writeFileAtomic(
-        markerFile,
-        JSON.stringify({ since: now().toISOString(), checkpointUri: copy.dormant.checkpoint.uri }),
+      const since = JSON.stringify({ since: now().toISOString(), checkpointUri: copy.dormant.checkpoint.uri });
+      const written = await writeFileAtomic(markerFile, since).then(
+        () => true,
+        (err: unknown) => {
+          // Its sandbox was destroyed since the listing: nothing to mark, and the other copies still get their turn.
+          if (hasErrorCode(err, 'ENOENT')) return false;
+          throw err;
+        },
       );
-      report.marked.push(copy.sandboxId);
+      if (written) report.marked.push(copy.sandboxId);
       continue;
     }
     const orphanedMs = now().getTime() - Date.parse(marker.since);

@@ -95,6 +95,23 @@ describe('orphanSweep', () => {
     expect(await exists(sandboxPaths(host.dataDir, revived).root)).toBe(true);
   });
 
+  it('a copy destroyed between the listing and its marking is skipped, and the sweep goes on with the others', async () => {
+    // Found by the load test: Runs completing during a sweep made it fail with ENOENT, leaving the other copies unswept.
+    const host = await makeHost();
+    const destroyed = await dormant(host);
+    const orphan = await dormant(host);
+    const report = await orphanSweep({
+      sandboxesDir: sandboxesDir(host.dataDir),
+      ttlSeconds: 60,
+      isLive: async (id) => {
+        if (id === destroyed) await host.provider.destroy({ sandboxId: id, fence: 3 }, context());
+        return false;
+      },
+    });
+    expect(report.marked).toEqual([orphan]);
+    expect(await exists(path.join(sandboxPaths(host.dataDir, orphan).meta, 'orphan-since.json'))).toBe(true);
+  });
+
   it('withLifecycleLock runs holders of one sandbox one at a time, in order', async () => {
     const order: string[] = [];
     const hold = (name: string, ms: number) =>
