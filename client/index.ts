@@ -39,6 +39,7 @@ import type { runWorkflow, sandboxWorkflow } from '../workflows';
 import { isTerminal } from '../workflows/run-state';
 import { StasisKind, StasisProvider, StasisStatus, StasisResourceState } from '../workflows/search-attributes';
 import { isClosedWorkflow, toStasisError } from './errors';
+import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
 
 export { StasisError } from '../common/errors';
@@ -115,7 +116,11 @@ export class RunsApi {
           { key: StasisResourceState, value: 'PROVISIONING' },
         ],
         staticSummary: `Stasis Run ${runId}: ${valid.agent.driver} agent on ${valid.sandbox.provider}`,
-        staticDetails: valid.labels ? Object.entries(valid.labels).map(([k, v]) => `${k}: ${v}`).join('\n') : undefined,
+        staticDetails: valid.labels
+          ? Object.entries(valid.labels)
+              .map(([k, v]) => `${k}: ${v}`)
+              .join('\n')
+          : undefined,
       });
     } catch (err) {
       throw toStasisError(err, `run ${runId}`);
@@ -182,10 +187,16 @@ export class RunsApi {
   ): Promise<InteractionRequest> {
     const valid = parse(InteractionResponse, response, 'response');
     try {
-      return await this.handle(runId).executeUpdate(respondUpdate, {
-        args: [{ interactionId, response: valid, ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}) }],
-        ...(options.updateId ? { updateId: options.updateId } : {}),
-      });
+      return await sendUpdate(
+        (updateId) =>
+          this.handle(runId).executeUpdate(respondUpdate, {
+            args: [
+              { interactionId, response: valid, ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}) },
+            ],
+            updateId,
+          }),
+        options.updateId,
+      );
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -193,7 +204,7 @@ export class RunsApi {
 
   async suspend(runId: string): Promise<RunSnapshot> {
     try {
-      return await this.handle(runId).executeUpdate(suspendRunUpdate);
+      return await sendUpdate((updateId) => this.handle(runId).executeUpdate(suspendRunUpdate, { updateId }));
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -201,7 +212,7 @@ export class RunsApi {
 
   async resume(runId: string): Promise<RunSnapshot> {
     try {
-      return await this.handle(runId).executeUpdate(resumeRunUpdate);
+      return await sendUpdate((updateId) => this.handle(runId).executeUpdate(resumeRunUpdate, { updateId }));
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -210,7 +221,8 @@ export class RunsApi {
   async cancel(runId: string): Promise<RunSnapshot> {
     // Temporal accepts a cancel request for a closed workflow; the contract answers 409.
     const current = await this.get(runId);
-    if (isTerminal(current.status)) throw new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${current.status}`);
+    if (isTerminal(current.status))
+      throw new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${current.status}`);
     try {
       await this.handle(runId).cancel();
     } catch (err) {
@@ -256,7 +268,7 @@ export class SandboxesApi {
         ],
         staticSummary: `Stasis sandbox ${sandboxId} (${create.provider})`,
       });
-      return await this.handle(sandboxId).executeUpdate(sandboxReadyUpdate);
+      return await sendUpdate((updateId) => this.handle(sandboxId).executeUpdate(sandboxReadyUpdate, { updateId }));
     } catch (err) {
       throw toStasisError(err, `sandbox ${sandboxId}`);
     }
@@ -282,12 +294,16 @@ export class SandboxesApi {
 
   async exec(sandboxId: string, input: unknown): Promise<ExecResult> {
     const valid = parse(ExecInput, input, 'exec');
-    return this.update(sandboxId, () => this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid] }));
+    return this.update(sandboxId, (updateId) =>
+      this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
+    );
   }
 
   async readFile(sandboxId: string, path: string): Promise<Buffer> {
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
-    const out = await this.update(sandboxId, () => this.handle(sandboxId).executeUpdate(readFileUpdate, { args: [{ path }] }));
+    const out = await this.update(sandboxId, (updateId) =>
+      this.handle(sandboxId).executeUpdate(readFileUpdate, { args: [{ path }], updateId }),
+    );
     return Buffer.from(out.contentBase64, 'base64');
   }
 
@@ -296,18 +312,21 @@ export class SandboxesApi {
     if (content.length > FILE_LIMIT_BYTES) {
       throw new StasisError('PAYLOAD_TOO_LARGE', `file content must be at most ${FILE_LIMIT_BYTES} bytes`);
     }
-    await this.update(sandboxId, () =>
-      this.handle(sandboxId).executeUpdate(writeFileUpdate, { args: [{ path, contentBase64: content.toString('base64') }] }),
+    await this.update(sandboxId, (updateId) =>
+      this.handle(sandboxId).executeUpdate(writeFileUpdate, {
+        args: [{ path, contentBase64: content.toString('base64') }],
+        updateId,
+      }),
     );
   }
 
   private change(sandboxId: string, def: typeof startSandboxUpdate): Promise<SandboxView> {
-    return this.update(sandboxId, () => this.handle(sandboxId).executeUpdate(def));
+    return this.update(sandboxId, (updateId) => this.handle(sandboxId).executeUpdate(def, { updateId }));
   }
 
-  private async update<T>(sandboxId: string, call: () => Promise<T>): Promise<T> {
+  private async update<T>(sandboxId: string, call: (updateId: string) => Promise<T>): Promise<T> {
     try {
-      return await call();
+      return await sendUpdate(call);
     } catch (err) {
       if (isClosedWorkflow(err)) throw new StasisError('NOT_FOUND', `sandbox ${sandboxId} not found (destroyed)`);
       throw toStasisError(err, `sandbox ${sandboxId}`);
