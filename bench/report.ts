@@ -281,7 +281,7 @@ function waitingSection(r: BenchResults): string {
       ],
     ),
     '',
-    "Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started in waves of 100. Answers are `respond` updates, 50 in flight. The database is the dev server's SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox's processes alive — one or more processes and their memory per waiting Run (here " +
+    "Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time. Answers are `respond` updates, 50 in flight. The database is the dev server's SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox's processes alive — one or more processes and their memory per waiting Run (here " +
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
     ...w.errors.map((e) => `- ${e}`),
     ...failureLines(`${w.runs} waiting Runs`, w.failures),

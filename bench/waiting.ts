@@ -2,12 +2,12 @@ import { statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { RunSpec } from '../common/schemas';
 import type { BenchEnv } from './env';
-import { respondAll, settle, waitAllReleased } from './fleet';
+import { releasedAmong, respondAll, settle, waitAllReleased } from './fleet';
 import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
 import { PeakRss, rssMiB } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
 import { newRunId } from './specs';
-import { mapLimit, round } from './stats';
+import { mapLimit, round, sleep } from './stats';
 
 // Figure 5: N Runs suspended at once (TERMINATE on an active workspace, so no
 // process is held), what holding them costs, and how long answering all takes.
@@ -62,7 +62,7 @@ function waitingSpec(runId: string, scratch: string): RunSpec {
   };
 }
 
-/** Starts up to `target` Runs in waves until `rampMs` has passed, then answers all that were started. */
+/** Starts up to `target` Runs until `rampMs` has passed, then answers all that were started. */
 export async function runWaiting(
   env: BenchEnv,
   target: number,
@@ -79,15 +79,22 @@ export async function runWaiting(
   const ids: string[] = [];
   const t0 = performance.now();
   const rampEnd = Date.now() + rampMs;
-  // In waves, so the host never runs thousands of sandboxes' init processes at once before they are released.
-  const WAVE = 100;
-  for (let i = 0; i < planned.length && Date.now() < rampEnd; i += WAVE) {
-    const wave = planned.slice(i, i + WAVE);
-    ids.push(...wave);
-    await mapLimit(wave, 20, (id) =>
-      env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))),
-    );
-    await waitAllReleased(env, new Set(wave), deadline, 250);
+  // A bounded window of Runs not yet released, topped up as they release: the host never runs
+  // thousands of sandboxes' init processes at once, and never idles between batches either.
+  const WINDOW = 150;
+  const released = new Set<string>();
+  const all = new Set(planned);
+  while (ids.length < planned.length && Date.now() < rampEnd) {
+    const room = WINDOW - (ids.length - released.size);
+    if (room >= 25) {
+      const batch = planned.slice(ids.length, ids.length + room);
+      ids.push(...batch);
+      await mapLimit(batch, 20, (id) =>
+        env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))),
+      );
+    }
+    await sleep(500);
+    for (const id of await releasedAmong(env, all)) released.add(id);
   }
   const runs = ids.length;
   const idSet = new Set(ids);

@@ -2,6 +2,7 @@ import {
   ApplicationFailure,
   allHandlersFinished,
   condition,
+  currentUpdateInfo,
   continueAsNew,
   log,
   proxyActivities,
@@ -30,7 +31,15 @@ import {
   writeFileUpdate,
   type SandboxWorkflowInput,
 } from './definitions';
-import { checkArity, choosePauseMode, decideExec, decideFileAccess, decideSandboxOp, type Rejection, type SandboxOp } from './lifecycle';
+import {
+  checkArity,
+  choosePauseMode,
+  decideExec,
+  decideFileAccess,
+  decideSandboxOp,
+  type Rejection,
+  type SandboxOp,
+} from './lifecycle';
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
 import { nowIso, nowMs } from './clock';
 import { Publisher } from './visibility';
@@ -63,7 +72,13 @@ class SandboxEntity {
       create: input.create,
       createdAt: nowIso(),
       state: 'created',
-      record: { sandboxId: input.sandboxId, provider: input.create.provider, state: 'PROVISIONING', fence: 0, attempts: 0 },
+      record: {
+        sandboxId: input.sandboxId,
+        provider: input.create.provider,
+        state: 'PROVISIONING',
+        fence: 0,
+        attempts: 0,
+      },
       expired: false,
       lastActivityMs: nowMs(),
       ...(input.create.policy?.ttl ? { ttlDeadlineMs: nowMs() + durationMs(input.create.policy.ttl) } : {}),
@@ -105,20 +120,33 @@ class SandboxEntity {
     });
     this.transition(startSandboxUpdate, 'start', () => this.sandbox.op('start'));
     this.transition(stopSandboxUpdate, 'stop', () => this.sandbox.op('stop'));
-    this.transition(pauseSandboxUpdate, 'pause', () => this.sandbox.op('pause'), () => this.sandbox.capabilities?.pause === false ? 'pause' : undefined);
+    this.transition(
+      pauseSandboxUpdate,
+      'pause',
+      () => this.sandbox.op('pause'),
+      () => (this.sandbox.capabilities?.pause === false ? 'pause' : undefined),
+    );
     this.transition(resumeSandboxUpdate, 'resume', () => this.resume());
-    this.transition(suspendSandboxUpdate, 'suspend', () => this.suspend(), () => (this.suspendDecision().kind === 'retain' ? 'suspend' : undefined));
+    this.transition(
+      suspendSandboxUpdate,
+      'suspend',
+      () => this.suspend(),
+      () => (this.suspendDecision().kind === 'retain' ? 'suspend' : undefined),
+    );
     this.transition(destroySandboxUpdate, 'destroy', () => this.destroy());
 
     setHandler(
       execSandboxUpdate,
       async (request) => {
+        // The Update's id names the job: unique per sandbox across continue-as-new, and the same for a
+        // client's retry of this Update, which the provider's job journal then answers without running it again.
+        const jobId = `exec-${currentUpdateInfo()?.id ?? `${workflowInfo().runId}-${workflowInfo().historyLength}`}`;
         this.runningExecs += 1;
         this.s.lastActivityMs = nowMs();
         this.changed();
         try {
           await condition(() => this.ready);
-          return await this.sandbox.exec(`exec-${workflowInfo().historyLength}-${this.epoch}`, request.command, {
+          return await this.sandbox.exec(jobId, request.command, {
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(request.env ? { env: request.env } : {}),
           });
@@ -145,7 +173,11 @@ class SandboxEntity {
       async ({ path }) => {
         this.s.lastActivityMs = nowMs();
         await condition(() => this.ready);
-        return { contentBase64: await this.sandbox.readFile(path, 'base64').catch((err: unknown) => Promise.reject(asFailure(err))) };
+        return {
+          contentBase64: await this.sandbox
+            .readFile(path, 'base64')
+            .catch((err: unknown) => Promise.reject(asFailure(err))),
+        };
       },
       {
         validator: (...args: unknown[]) => {
@@ -159,13 +191,18 @@ class SandboxEntity {
       async ({ path, contentBase64 }) => {
         this.s.lastActivityMs = nowMs();
         await condition(() => this.ready);
-        await this.sandbox.writeFile(path, contentBase64, 'base64').catch((err: unknown) => Promise.reject(asFailure(err)));
+        await this.sandbox
+          .writeFile(path, contentBase64, 'base64')
+          .catch((err: unknown) => Promise.reject(asFailure(err)));
       },
       {
         validator: (...args: unknown[]) => {
           const content = (args[0] as { contentBase64?: unknown } | undefined)?.contentBase64;
           if (args.length === 1 && typeof content === 'string' && (content.length * 3) / 4 > FILE_LIMIT_BYTES) {
-            throw failure({ code: 'PAYLOAD_TOO_LARGE', message: `file content must be at most ${FILE_LIMIT_BYTES} bytes` });
+            throw failure({
+              code: 'PAYLOAD_TOO_LARGE',
+              message: `file content must be at most ${FILE_LIMIT_BYTES} bytes`,
+            });
           }
           parseArgs('writeFile', args, WriteFileInput);
           this.checkFileAccess();
@@ -177,7 +214,10 @@ class SandboxEntity {
       if (alive || hostId !== this.s.record.hostId || this.changing) return;
       if (decideSandboxOp(this.facts(), 'lose').kind === 'transition') {
         this.s.state = 'lost';
-        this.s.error = { code: 'LOST', message: `host ${hostId} restarted and the sandbox's processes did not survive` };
+        this.s.error = {
+          code: 'LOST',
+          message: `host ${hostId} restarted and the sandbox's processes did not survive`,
+        };
         this.changed();
       }
     });
@@ -231,7 +271,11 @@ class SandboxEntity {
           const decision = decideSandboxOp(this.facts(), op);
           if (decision.kind === 'reject') throw failure(decision.rejection);
           const missing = decision.kind === 'transition' ? unsupported() : undefined;
-          if (missing) throw failure({ code: 'NOT_SUPPORTED', message: `provider ${this.s.create.provider} does not support ${missing}` });
+          if (missing)
+            throw failure({
+              code: 'NOT_SUPPORTED',
+              message: `provider ${this.s.create.provider} does not support ${missing}`,
+            });
         },
       },
     );
@@ -250,7 +294,10 @@ class SandboxEntity {
     if (decision.kind === 'retain') throw failure({ code: 'NOT_SUPPORTED', message: decision.why });
     this.sandbox.startRelease(decision.mode, 'MANUAL', { sandboxid: this.s.sandboxId }, () => false);
     this.s.suspendedAtMs = nowMs();
-    await condition(() => this.s.record.state === 'RELEASED' || this.s.record.lastError !== undefined, SUSPEND_ANSWER_MS);
+    await condition(
+      () => this.s.record.state === 'RELEASED' || this.s.record.lastError !== undefined,
+      SUSPEND_ANSWER_MS,
+    );
   }
 
   private async resume(): Promise<void> {
@@ -277,7 +324,12 @@ class SandboxEntity {
       this.changed();
     }
     while (this.s.state !== 'destroyed') {
-      if (workflowInfo().continueAsNewSuggested && !this.changing && this.runningExecs === 0 && !this.sandbox.releaseInFlight) {
+      if (
+        workflowInfo().continueAsNewSuggested &&
+        !this.changing &&
+        this.runningExecs === 0 &&
+        !this.sandbox.releaseInFlight
+      ) {
         await condition(allHandlersFinished);
         await continueAsNew<typeof sandboxWorkflow>({ ...this.input, carried: this.s });
       }
@@ -341,7 +393,8 @@ function parseArgs(update: string, args: unknown[], schema: z.ZodType): void {
   const arity = checkArity(update, args, 1);
   if (arity) throw failure(arity);
   const parsed = schema.safeParse(args[0]);
-  if (!parsed.success) throw failure({ code: 'INVALID_ARGUMENT', message: `${update}: ${describeIssues(parsed.error.issues)}` });
+  if (!parsed.success)
+    throw failure({ code: 'INVALID_ARGUMENT', message: `${update}: ${describeIssues(parsed.error.issues)}` });
 }
 
 function failure(rejection: Rejection): ApplicationFailure {
