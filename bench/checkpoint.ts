@@ -79,7 +79,15 @@ interface Rep {
   reused: boolean;
 }
 
-async function oneRep(env: BenchEnv, s3: S3Client, a: SandboxProvider, b: SandboxProvider, source: string, sizeMiB: number, rep: number): Promise<Rep> {
+async function oneRep(
+  env: BenchEnv,
+  s3: S3Client,
+  a: SandboxProvider,
+  b: SandboxProvider,
+  source: string,
+  sizeMiB: number,
+  rep: number,
+): Promise<Rep> {
   const sandboxId = `ckpt-${sizeMiB}-${rep}`;
   const ctxA: RequestContext = { ownerId: sandboxId, hostId: 'bench-ckpt-a' };
   const ctxB: RequestContext = { ownerId: sandboxId, hostId: 'bench-ckpt-b' };
@@ -88,7 +96,13 @@ async function oneRep(env: BenchEnv, s3: S3Client, a: SandboxProvider, b: Sandbo
   await fs.rm(pathsA.workspace, { recursive: true, force: true });
   await fs.cp(source, pathsA.workspace, { recursive: true });
   await a.start({ sandboxId, fence: 1 }, ctxA);
-  const key = (fence: number) => ({ sandboxId, fence, idempotencyKey: `${sandboxId}/${fence}/release`, mode: 'SNAPSHOT_AND_TERMINATE' as const, reason: 'bench' });
+  const key = (fence: number) => ({
+    sandboxId,
+    fence,
+    idempotencyKey: `${sandboxId}/${fence}/release`,
+    mode: 'SNAPSHOT_AND_TERMINATE' as const,
+    reason: 'bench',
+  });
   const checkpoints: Checkpoint[] = [];
   try {
     const first = await timed(() => a.release(key(1), ctxA));
@@ -99,7 +113,8 @@ async function oneRep(env: BenchEnv, s3: S3Client, a: SandboxProvider, b: Sandbo
     const checkpoint = first.value.checkpoint;
     if (!checkpoint) throw new Error('snapshot release returned no checkpoint');
     const local = await timed(() => a.restore({ sandboxId, fence: 3, checkpoint }, ctxA));
-    if (local.value.source !== 'local-copy') throw new Error(`same-host resume used ${local.value.source}, not the local copy`);
+    if (local.value.source !== 'local-copy')
+      throw new Error(`same-host resume used ${local.value.source}, not the local copy`);
     const again = await timed(() => a.release(key(4), ctxA));
     if (again.value.checkpoint) checkpoints.push(again.value.checkpoint);
     const remote = await timed(() => b.restore({ sandboxId, fence: 5, checkpoint }, ctxB));
@@ -111,7 +126,14 @@ async function oneRep(env: BenchEnv, s3: S3Client, a: SandboxProvider, b: Sandbo
     const archiveBytes = (await fs.stat(archive)).size;
     const objectKey = `baseline/${sandboxId}.tar.gz`;
     const put = await timed(() =>
-      s3.send(new PutObjectCommand({ Bucket: env.minio.bucket, Key: objectKey, Body: createReadStream(archive), ContentLength: archiveBytes })),
+      s3.send(
+        new PutObjectCommand({
+          Bucket: env.minio.bucket,
+          Key: objectKey,
+          Body: createReadStream(archive),
+          ContentLength: archiveBytes,
+        }),
+      ),
     );
     await fs.rm(archive);
     const get = await timed(async () => {
@@ -145,9 +167,22 @@ async function oneRep(env: BenchEnv, s3: S3Client, a: SandboxProvider, b: Sandbo
   }
 }
 
-export async function runCheckpointBench(env: BenchEnv, sizesMiB: number[], reps: number, log: (line: string) => void): Promise<CheckpointResult[]> {
-  const a = createLocalProvider({ hostId: 'bench-ckpt-a', dataDir: path.join(env.scratch, 'ckpt-a'), store: env.store });
-  const b = createLocalProvider({ hostId: 'bench-ckpt-b', dataDir: path.join(env.scratch, 'ckpt-b'), store: env.store });
+export async function runCheckpointBench(
+  env: BenchEnv,
+  sizesMiB: number[],
+  reps: number,
+  log: (line: string) => void,
+): Promise<CheckpointResult[]> {
+  const a = createLocalProvider({
+    hostId: 'bench-ckpt-a',
+    dataDir: path.join(env.scratch, 'ckpt-a'),
+    store: env.store,
+  });
+  const b = createLocalProvider({
+    hostId: 'bench-ckpt-b',
+    dataDir: path.join(env.scratch, 'ckpt-b'),
+    store: env.store,
+  });
   const s3 = s3For(env);
   const results: CheckpointResult[] = [];
   try {

@@ -50,7 +50,8 @@ async function waitReleased(env: BenchEnv, runId: string, timeoutMs: number): Pr
   for (;;) {
     const view = await env.client.runs.resource(runId).catch(() => undefined);
     if (view?.record.state === 'RELEASED') return;
-    if (Date.now() > deadline) throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${view?.record.state ?? 'unknown'})`);
+    if (Date.now() > deadline)
+      throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${view?.record.state ?? 'unknown'})`);
     await sleep(25);
   }
 }
@@ -71,7 +72,8 @@ export function analyseCycle(events: TimedEvent[]): Omit<CycleSample, 'runId' | 
     suspendMs: recorded.timeMs - askAnswered.timeMs,
     resumeMs: firstJob.timeMs - accepted.timeMs,
     suspendProviderMs: suspendBreakdown.activityRunMs.releaseSandbox ?? 0,
-    resumeProviderMs: (resumeBreakdown.activityRunMs.restoreSandbox ?? 0) + (resumeBreakdown.activityRunMs.sandboxOp ?? 0),
+    resumeProviderMs:
+      (resumeBreakdown.activityRunMs.restoreSandbox ?? 0) + (resumeBreakdown.activityRunMs.sandboxOp ?? 0),
     suspendBreakdown,
     resumeBreakdown,
   };
@@ -88,22 +90,37 @@ async function stasisCycle(env: BenchEnv, c: ModeCase): Promise<CycleSample> {
 }
 
 /** The same provider operations without Temporal: release, then attach / re-provision / restore. */
-async function baselineCycle(provider: SandboxProvider, c: ModeCase, scratch: string, i: number): Promise<{ suspendMs: number; resumeMs: number }> {
+async function baselineCycle(
+  provider: SandboxProvider,
+  c: ModeCase,
+  scratch: string,
+  i: number,
+): Promise<{ suspendMs: number; resumeMs: number }> {
   const sandboxId = `base-${c.mode.toLowerCase().slice(0, 4)}-${c.bytes}-${i}`;
   const ctx: RequestContext = { ownerId: sandboxId, hostId: 'bench-baseline' };
   const workspace =
-    c.mode === 'TERMINATE' ? { kind: 'active' as const, hostPath: path.join(scratch, 'baseline-active', sandboxId) } : { kind: 'isolated' as const };
+    c.mode === 'TERMINATE'
+      ? { kind: 'active' as const, hostPath: path.join(scratch, 'baseline-active', sandboxId) }
+      : { kind: 'isolated' as const };
   await provider.provision({ sandboxId, fence: 1, workspace }, ctx);
   await provider.start({ sandboxId, fence: 1 }, ctx);
   await provider.exec({ sandboxId, fence: 1, jobId: 'job-1', command: fillCommand(c.bytes) }, ctx);
   const release = await timed(() =>
-    provider.release({ sandboxId, fence: 1, idempotencyKey: `${sandboxId}/1/release`, mode: c.mode, reason: 'INTERACTION' }, ctx),
+    provider.release(
+      { sandboxId, fence: 1, idempotencyKey: `${sandboxId}/1/release`, mode: c.mode, reason: 'INTERACTION' },
+      ctx,
+    ),
   );
   const resume = await timed(async () => {
     if (c.mode === 'DETACH') await provider.attach({ sandboxId, fence: 2 }, ctx);
     else
       await provider.restore(
-        { sandboxId, fence: 2, workspace, ...(release.value.checkpoint ? { checkpoint: release.value.checkpoint } : {}) },
+        {
+          sandboxId,
+          fence: 2,
+          workspace,
+          ...(release.value.checkpoint ? { checkpoint: release.value.checkpoint } : {}),
+        },
         ctx,
       );
   });
@@ -126,8 +143,17 @@ function medianParts(samples: Breakdown[]): Record<string, number> {
   return Object.fromEntries([...keys].map((k) => [k, summarize(samples.map((s) => pick(s, k))).median]));
 }
 
-export async function runCycleBench(env: BenchEnv, reps: number, largeMiB: number, log: (line: string) => void): Promise<ModeResult[]> {
-  const provider = createLocalProvider({ hostId: 'bench-baseline', dataDir: path.join(env.scratch, 'baseline'), store: env.store });
+export async function runCycleBench(
+  env: BenchEnv,
+  reps: number,
+  largeMiB: number,
+  log: (line: string) => void,
+): Promise<ModeResult[]> {
+  const provider = createLocalProvider({
+    hostId: 'bench-baseline',
+    dataDir: path.join(env.scratch, 'baseline'),
+    store: env.store,
+  });
   const results: ModeResult[] = [];
   for (const c of modeCases(largeMiB)) {
     const samples: CycleSample[] = [];
@@ -135,7 +161,9 @@ export async function runCycleBench(env: BenchEnv, reps: number, largeMiB: numbe
     const errors: string[] = [];
     // One warm-up of each (bundle caches, first upload), not counted; then alternate Temporal and direct.
     await stasisCycle(env, c).catch((err: unknown) => errors.push(`warm-up: ${String(err)}`));
-    await baselineCycle(provider, c, env.scratch, 0).catch((err: unknown) => errors.push(`baseline warm-up: ${String(err)}`));
+    await baselineCycle(provider, c, env.scratch, 0).catch((err: unknown) =>
+      errors.push(`baseline warm-up: ${String(err)}`),
+    );
     for (let i = 1; i <= reps; i++) {
       try {
         samples.push(await stasisCycle(env, c));

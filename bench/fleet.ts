@@ -79,15 +79,27 @@ export async function waitAllClosed(
   }
 }
 
-export async function respondAll(env: BenchEnv, ids: string[], concurrency: number): Promise<string[]> {
+/** Answers `ids`, `concurrency` at a time; answers not sent by `deadline` are counted as one error, so a phase never overruns its budget. */
+export async function respondAll(
+  env: BenchEnv,
+  ids: string[],
+  concurrency: number,
+  deadline = Infinity,
+): Promise<string[]> {
   const errors: string[] = [];
+  let unsent = 0;
   await mapLimit(ids, concurrency, async (id) => {
+    if (Date.now() > deadline) {
+      unsent += 1;
+      return;
+    }
     try {
       await env.client.runs.respond(id, 'int-1', { decision: 'approve' });
     } catch (err) {
       errors.push(`${id}: ${String(err)}`);
     }
   });
+  if (unsent > 0) errors.push(`${unsent} of ${ids.length} answers not sent by the phase deadline`);
   return errors;
 }
 

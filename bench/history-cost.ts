@@ -28,7 +28,11 @@ export interface HistoryCost {
   errors: string[];
 }
 
-async function runToEnd(env: BenchEnv, c: ModeCase, cycles: number): Promise<{ runId: string; events: number; bytes: number; types: Record<string, number> }> {
+async function runToEnd(
+  env: BenchEnv,
+  c: ModeCase,
+  cycles: number,
+): Promise<{ runId: string; events: number; bytes: number; types: Record<string, number> }> {
   const runId = newRunId(`hist-${cycles}`);
   await env.client.runs.start(cycleSpec(runId, c, env.scratch, cycles));
   let answered = 0;
@@ -38,7 +42,8 @@ async function runToEnd(env: BenchEnv, c: ModeCase, cycles: number): Promise<{ r
     if (Date.now() > deadline) throw new Error(`run ${runId}: cycle ${answered + 1} never suspended`);
     const view = await env.client.runs.resource(runId);
     const next = `int-${answered + 1}`;
-    const pending = view.record.state === 'RELEASED' && view.suspension?.interactionIds.includes(next) ? next : undefined;
+    const pending =
+      view.record.state === 'RELEASED' && view.suspension?.interactionIds.includes(next) ? next : undefined;
     if (pending) {
       await env.client.runs.respond(runId, pending, { decision: 'approve' });
       answered += 1;
@@ -49,7 +54,12 @@ async function runToEnd(env: BenchEnv, c: ModeCase, cycles: number): Promise<{ r
   return { runId, ...stats, types: countTypes(await timedHistory(env.temporal, runId)) };
 }
 
-export async function runHistoryCost(env: BenchEnv, reps: number, k: number, log: (line: string) => void): Promise<HistoryCost[]> {
+export async function runHistoryCost(
+  env: BenchEnv,
+  reps: number,
+  k: number,
+  log: (line: string) => void,
+): Promise<HistoryCost[]> {
   const results: HistoryCost[] = [];
   for (const c of modeCases(1).slice(0, 3)) {
     const cost: HistoryCost = {
@@ -72,7 +82,9 @@ export async function runHistoryCost(env: BenchEnv, reps: number, k: number, log
         const perBytes = (many.bytes - one.bytes) / (k - 1);
         cost.eventsPerCycle.push(perEvents);
         cost.bytesPerCycle.push(Math.round(perBytes));
-        cost.workflowTasksPerCycle.push(((many.types.WorkflowTaskCompleted ?? 0) - (one.types.WorkflowTaskCompleted ?? 0)) / (k - 1));
+        cost.workflowTasksPerCycle.push(
+          ((many.types.WorkflowTaskCompleted ?? 0) - (one.types.WorkflowTaskCompleted ?? 0)) / (k - 1),
+        );
         cost.baseEvents = one.events - perEvents;
         cost.baseBytes = Math.round(one.bytes - perBytes);
         cost.typesPerCycle = Object.fromEntries(
@@ -90,7 +102,9 @@ export async function runHistoryCost(env: BenchEnv, reps: number, k: number, log
     const byBytes = Math.floor((SUGGEST_CAN_BYTES - cost.baseBytes) / bytes);
     cost.cyclesBeforeContinueAsNew = Math.min(byEvents, byBytes);
     cost.limitedBy = byEvents <= byBytes ? 'events' : 'bytes';
-    log(`history ${c.name}: ${cost.eventsPerCycle.join('/')} events, ${cost.workflowTasksPerCycle.join('/')} workflow tasks, ${cost.bytesPerCycle.join('/')} bytes per cycle; ${cost.cyclesBeforeContinueAsNew} cycles before continue-as-new`);
+    log(
+      `history ${c.name}: ${cost.eventsPerCycle.join('/')} events, ${cost.workflowTasksPerCycle.join('/')} workflow tasks, ${cost.bytesPerCycle.join('/')} bytes per cycle; ${cost.cyclesBeforeContinueAsNew} cycles before continue-as-new`,
+    );
     results.push(cost);
   }
   return results;

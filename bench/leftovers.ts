@@ -43,7 +43,9 @@ async function countCheckpoints(env: BenchEnv): Promise<number> {
     let count = 0;
     let token: string | undefined;
     do {
-      const page = await s3.send(new ListObjectsV2Command({ Bucket: minio.bucket, Prefix: 'checkpoints/', ContinuationToken: token }));
+      const page = await s3.send(
+        new ListObjectsV2Command({ Bucket: minio.bucket, Prefix: 'checkpoints/', ContinuationToken: token }),
+      );
       count += page.KeyCount ?? 0;
       token = page.IsTruncated ? page.NextContinuationToken : undefined;
     } while (token);

@@ -32,7 +32,9 @@ export function newRunId(prefix: string): string {
 export function sandboxFor(mode: PauseMode, runId: string, scratch: string): Pick<RunSpec, 'sandbox' | 'policy'> {
   if (mode === 'DETACH') return { sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' } };
   if (mode === 'TERMINATE')
-    return { sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: path.join(scratch, 'active', runId) } } };
+    return {
+      sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: path.join(scratch, 'active', runId) } },
+    };
   return { sandbox: { provider: 'local' } };
 }
 
@@ -41,5 +43,10 @@ export function cycleSpec(runId: string, c: ModeCase, scratch: string, cycles = 
   const steps: StepShape[] = [{ exec: fillCommand(c.bytes) }];
   for (let i = 1; i <= cycles; i++) steps.push({ ask: `Continue (${i})?` }, { exec: `echo cycle ${i} >> cycles.txt` });
   steps.push({ complete: 'done' });
-  return { runId, agent: { driver: 'scripted', steps }, ...sandboxFor(c.mode, runId, scratch), labels: { bench: c.name } };
+  return {
+    runId,
+    agent: { driver: 'scripted', steps },
+    ...sandboxFor(c.mode, runId, scratch),
+    labels: { bench: c.name },
+  };
 }

@@ -15,7 +15,13 @@ export function summarize(samples: number[]): Summary {
   const mid = Math.floor(sorted.length / 2);
   const median = sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
   const p95 = sorted[Math.min(sorted.length - 1, Math.ceil(0.95 * sorted.length) - 1)];
-  return { n: sorted.length, median: round(median), p95: round(p95), min: round(sorted[0]), max: round(sorted[sorted.length - 1]) };
+  return {
+    n: sorted.length,
+    median: round(median),
+    p95: round(p95),
+    min: round(sorted[0]),
+    max: round(sorted[sorted.length - 1]),
+  };
 }
 
 export function round(value: number, digits = 1): number {
@@ -37,7 +43,11 @@ export async function timed<T>(fn: () => Promise<T>): Promise<{ ms: number; valu
 export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Runs `fn` over `items` with at most `limit` in flight. */
-export async function mapLimit<T, R>(items: T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {
+export async function mapLimit<T, R>(
+  items: T[],
+  limit: number,
+  fn: (item: T, index: number) => Promise<R>,
+): Promise<R[]> {
   const results = new Array<R>(items.length);
   let next = 0;
   const lanes = Array.from({ length: Math.min(limit, items.length) }, async () => {

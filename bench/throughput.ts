@@ -53,7 +53,7 @@ export async function runThroughput(
   while (answered.size < concurrency && Date.now() < deadline) {
     const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
     for (const id of released) answered.add(id);
-    if (released.length > 0) answering.push(respondAll(env, released, 20));
+    if (released.length > 0) answering.push(respondAll(env, released, 20, deadline));
     // Runs that failed before suspending are never answered: stop waiting for them.
     const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
     for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);

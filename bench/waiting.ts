@@ -108,7 +108,7 @@ export async function runWaiting(
   );
 
   const t1 = performance.now();
-  for (const e of await respondAll(env, ids, 50)) errors.push(e);
+  for (const e of await respondAll(env, ids, 50, deadline)) errors.push(e);
   const answerAllMs = performance.now() - t1;
   const { completed, failed, failures } = await settle(env, idSet, deadline, 500);
   const completeAllMs = performance.now() - t1;

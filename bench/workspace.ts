@@ -15,7 +15,24 @@ export interface WorkspaceShape {
 
 const LARGE_FILE = 16 * MiB;
 const SMALL_FILE = 16 * 1024;
-const WORDS = ['const', 'return', 'function', 'import', 'export', 'await', 'value', 'sandbox', 'stasis', 'result', '{', '}', '(', ')', ';', '\n'];
+const WORDS = [
+  'const',
+  'return',
+  'function',
+  'import',
+  'export',
+  'await',
+  'value',
+  'sandbox',
+  'stasis',
+  'result',
+  '{',
+  '}',
+  '(',
+  ')',
+  ';',
+  '\n',
+];
 
 function textChunk(bytes: number): Buffer {
   const seed = randomBytes(bytes);
@@ -43,7 +60,10 @@ export async function fillWorkspace(dir: string, bytes: number): Promise<Workspa
     if (i % 256 === 0) await fs.mkdir(sub, { recursive: true });
     // Each file differs (its index up front) so nothing deduplicates.
     const header = Buffer.from(`// file ${i}\n`);
-    await fs.writeFile(path.join(sub, `f${i}.ts`), Buffer.concat([header, template.subarray(0, Math.max(0, size - header.length))]));
+    await fs.writeFile(
+      path.join(sub, `f${i}.ts`),
+      Buffer.concat([header, template.subarray(0, Math.max(0, size - header.length))]),
+    );
     small -= size;
     files += 1;
   }
