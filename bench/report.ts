@@ -442,12 +442,14 @@ function findings(r: BenchResults): string[] {
         `a workflow task waited ${s('workflow_task_schedule_to_start_latency')} to start and took ${s('workflow_task_execution_latency')}, and an activity waited ` +
         `${s('activity_schedule_to_start_latency')}.` +
         (p && profiledPhase
-          ? ` The profile of the ${profiledPhase.concurrency}-Run phase shows the worker's main thread busy ${busy}% of the time; the largest areas are ` +
-            `${p.selfByArea
-              .filter((a) => a.area !== '(garbage collector)')
-              .slice(0, 3)
-              .map((a) => a.area)
-              .join(', ')} (see figure 2).`
+          ? ` The profile of the ${profiledPhase.concurrency}-Run phase shows the worker's main thread busy ${busy}% of the time, and inside Stasis code ` +
+            `${p.inclusiveOurs
+              .slice(0, 2)
+              .map((f) => `${f.fn} ${Math.round((100 * f.ms) / Math.max(1, p.wallMs))}%`)
+              .join(
+                ' and ',
+              )} of it (see figure 2). Starting sandbox processes dominates: Node's \`spawn\` forks the whole worker ` +
+            'synchronously, for every sandbox start and every job, and a fork costs more the more memory the worker holds (its workflow cache grows with the Runs it keeps).'
           : ''),
     );
   }
