@@ -126,8 +126,9 @@ export async function settle(env: BenchEnv, ids: Set<string>, deadline: number, 
   // One timeline per reason: how long the activity that timed out waited and ran.
   for (const [reason, id] of examples) {
     const timeline = lastTimeout(await timedHistory(env.temporal, id).catch(() => []));
-    if (timeline) failures[`${reason} (e.g. ${timeline})`] = failures[reason];
-    if (timeline) delete failures[reason];
+    if (!timeline) continue;
+    failures[`${reason} (e.g. ${timeline})`] = failures[reason];
+    delete failures[reason];
   }
   return { completed: closed.completed.size, failed: closed.failed.size, failures };
 }

@@ -40,7 +40,7 @@ export function toStasisError(err: unknown, what: string): StasisError {
  * The gRPC status error in a failure chain: the client wraps it (a ServiceError
  * "Failed to query Workflow" whose cause is the UNAVAILABLE status), so look past the top.
  */
-function grpcErrorOf(err: unknown): { code: number; message: string } | undefined {
+export function grpcErrorOf(err: unknown): { code: number; message: string } | undefined {
   let e: unknown = err;
   while (e instanceof Error) {
     const code = (e as { code?: unknown }).code;

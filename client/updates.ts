@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
+import { grpcErrorOf } from './errors';
 
 // Updates sent again while Temporal is unavailable or too slow to answer (under
 // load the server's own deadline passes: DEADLINE_EXCEEDED). Every attempt
@@ -25,12 +26,11 @@ export async function sendUpdate<T>(
   }
 }
 
-/** DEADLINE_EXCEEDED (4) or UNAVAILABLE (14) anywhere in the chain, or the SDK's own Update RPC timeout. */
+/** DEADLINE_EXCEEDED (4) or UNAVAILABLE (14) in the chain, or the SDK's own Update RPC timeout. */
 function isTransient(err: unknown): boolean {
   for (let e: unknown = err; e instanceof Error; e = (e as { cause?: unknown }).cause) {
     if (e instanceof WorkflowUpdateRPCTimeoutOrCancelledError) return true;
-    const code = (e as { code?: unknown }).code;
-    if (code === 4 || code === 14) return true;
   }
-  return false;
+  const code = grpcErrorOf(err)?.code;
+  return code === 4 || code === 14;
 }
