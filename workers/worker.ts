@@ -42,7 +42,14 @@ let cachedBundle: Promise<WorkflowBundleWithSourceMap> | undefined;
 
 /** The workflow bundle, built once per process. */
 export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
-  cachedBundle ??= bundleWorkflowCode({ workflowsPath: require.resolve('../workflows'), logger: quietBundlerLogger });
+  cachedBundle ??= bundleWorkflowCode({
+    workflowsPath: require.resolve('../workflows'),
+    // Evaluated once per V8 context instead of once per workflow (the SDK deep-freezes it): zod
+    // holds no per-workflow state, and loading it was a third of a workflow's start-up (BENCHMARKS.md).
+    // Not our schemas: zod fills in schema members on first use, which a frozen schema refuses.
+    preloadModules: ['zod'],
+    logger: quietBundlerLogger,
+  });
   return cachedBundle;
 }
 

@@ -6,9 +6,9 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { ListMultipartUploadsCommand } from '@aws-sdk/client-s3';
 import { Client, Connection } from '@temporalio/client';
-import { bundleWorkflowCode } from '@temporalio/worker';
 import { StasisClient } from '../../client';
 import { killSandbox, scanSandboxProcesses, sandboxProcesses } from '../../providers/processes';
+import { workflowBundle } from '../../workers/worker';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 import { eventually, saw } from '../helpers/stack';
 import {
@@ -70,7 +70,7 @@ beforeAll(async () => {
   writeFileSync(files.log, '');
   writePlan();
   // Bundled once here: each worker process then starts in seconds.
-  const bundle = await bundleWorkflowCode({ workflowsPath: require.resolve('../../workflows'), logger: quiet });
+  const bundle = await workflowBundle();
   writeFileSync(files.bundle, JSON.stringify(bundle));
   const connection = await Connection.connect({ address: process.env.TEMPORAL_ADDRESS });
   client = new StasisClient(new Client({ connection, namespace: process.env.TEMPORAL_NAMESPACE ?? 'default' }), {
@@ -85,15 +85,6 @@ afterAll(async () => {
     await killSandbox({ hostId, sandboxId }).catch(() => undefined);
   await client?.close();
 });
-
-const quiet = {
-  trace: () => undefined,
-  debug: () => undefined,
-  info: () => undefined,
-  log: () => undefined,
-  warn: () => undefined,
-  error: (m: string) => console.error(m),
-};
 
 function writePlan(): void {
   writeFileSync(files.plan, JSON.stringify(plan));
