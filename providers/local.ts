@@ -318,13 +318,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           // Admitted and started under the lock, so no release can slip between the check and the spawn.
           const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
             env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
+            maxOutputBytes,
           }).catch(async (err: unknown) => {
             await journal.forget(request); // nothing ran
             throw err;
           });
           // Listening starts right away: a quick command can exit before the lock is released.
           const running = waitForOutcome(child, {
-            maxOutputBytes,
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(context.signal ? { signal: context.signal } : {}),
           });

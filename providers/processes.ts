@@ -1,6 +1,7 @@
 import { closeSync, openSync, readdirSync, readSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
+import { spawnerPid } from './spawner';
 
 // Every process of a sandbox carries two environment variables, inherited by
 // everything it starts. Scanning /proc/*/environ for them finds all of a
@@ -35,8 +36,8 @@ interface KnownMarker {
 /**
  * Markers by pid. A marked process stays marked for its life (its sandbox's, even if it
  * later execs with another environment); an unmarked one is only remembered when it cannot
- * gain a marker: a child of this worker may be between fork and exec, still carrying the
- * worker's environment, so those are read again each scan.
+ * gain a marker: a child of this worker or of its process starter may be between fork and
+ * exec, still carrying its parent's environment, so those are read again each scan.
  */
 const known = new Map<number, KnownMarker>();
 
@@ -58,7 +59,8 @@ export async function scanSandboxProcesses(hostId: string): Promise<Map<string, 
   type Stat = NonNullable<ReturnType<typeof processStat>>;
   const learn = (pid: number, stat: Stat, environ: string | undefined) => {
     const marker = markerIn(environ);
-    if (marker || stat.ppid !== process.pid) known.set(pid, { startTime: stat.startTime, marker });
+    if (marker || (stat.ppid !== process.pid && stat.ppid !== spawnerPid()))
+      known.set(pid, { startTime: stat.startTime, marker });
     add(pid, stat.state, marker);
   };
   let unreadable: { pid: number; stat: Stat }[] = [];

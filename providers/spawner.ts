@@ -1,0 +1,221 @@
+import { fork, spawn, type ChildProcess } from 'node:child_process';
+import * as path from 'node:path';
+import { StasisError } from '../common/errors';
+
+// Sandbox processes are started by a small helper process, not by the worker.
+// Node's spawn forks the calling process synchronously, and the cost of a fork
+// grows with the caller's memory: at the worker's 1-2 GiB (a large workflow
+// cache) each start blocked its event loop for 50-85 ms, the largest share of
+// the worker's main thread under load (BENCHMARKS.md). The helper stays at tens
+// of MiB, so its forks stay cheap and off the worker's event loop.
+
+/** What to start; `env` is the whole environment, the helper's own never leaks in. */
+export interface SpawnRequest {
+  file: string;
+  args: string[];
+  cwd: string;
+  env: Record<string, string>;
+  /** Long-lived processes are not waited for; their output goes nowhere. */
+  background: boolean;
+  /** Cap on each of stdout and stderr kept for a foreground process. */
+  maxOutputBytes: number;
+}
+
+/** How a foreground process ended, with its output (each stream capped). */
+export interface ProcessExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+type ToHelper = SpawnRequest & { id: number };
+type FromHelper =
+  | { id: number; kind: 'spawned'; pid: number }
+  | { id: number; kind: 'failed'; message: string }
+  | { id: number; kind: 'exited'; exit: ProcessExit };
+
+export interface StartedProcess {
+  pid: number;
+  /** Resolves when a foreground process has ended and its output is in; never for a background one. */
+  exited: Promise<ProcessExit>;
+}
+
+interface Pending {
+  spawned: (pid: number) => void;
+  failed: (err: Error) => void;
+  exited: (exit: ProcessExit) => void;
+  lost: (err: Error) => void;
+  background: boolean;
+}
+
+/** The worker's side: one helper per process, started on first use and again if it dies. */
+class Spawner {
+  private helper: ChildProcess | undefined;
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+
+  get pid(): number | undefined {
+    return this.helper?.pid;
+  }
+
+  start(request: SpawnRequest): Promise<StartedProcess> {
+    const helper = this.ensureHelper();
+    const id = this.nextId++;
+    return new Promise<StartedProcess>((resolveStart, rejectStart) => {
+      let resolveExit: (exit: ProcessExit) => void = () => undefined;
+      let rejectExit: (err: Error) => void = () => undefined;
+      const exited = new Promise<ProcessExit>((res, rej) => {
+        resolveExit = res;
+        rejectExit = rej;
+      });
+      exited.catch(() => undefined); // a caller that never waits (background) must not see it as unhandled
+      let started = false;
+      this.pending.set(id, {
+        background: request.background,
+        spawned: (pid) => {
+          started = true;
+          if (request.background) this.pending.delete(id);
+          resolveStart({ pid, exited });
+        },
+        failed: (err) => {
+          this.pending.delete(id);
+          rejectStart(err);
+        },
+        exited: (exit) => {
+          this.pending.delete(id);
+          resolveExit(exit);
+        },
+        lost: (err) => (started ? rejectExit(err) : rejectStart(err)),
+      });
+      const message: ToHelper = { ...request, id };
+      helper.send(message, (err) => {
+        if (err) this.lose(new StasisError('INTERNAL', `could not reach the process starter: ${err.message}`));
+      });
+    });
+  }
+
+  private ensureHelper(): ChildProcess {
+    if (this.helper && this.helper.exitCode === null && this.helper.connected) return this.helper;
+    const main = require.resolve('./spawner-main');
+    // Run from the TypeScript sources (as the tests do), the helper compiles its files as jest does.
+    const execArgv = main.endsWith('.ts') ? ['-r', path.resolve(__dirname, '..', 'test', 'cli', 'register-ts.js')] : [];
+    const helper = fork(main, [], {
+      execArgv,
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      serialization: 'advanced',
+    });
+    helper.on('message', (message: FromHelper) => this.receive(message));
+    helper.on('exit', (code, signal) => {
+      if (this.helper === helper) this.helper = undefined;
+      this.lose(new StasisError('INTERNAL', `the process starter exited (${signal ?? `code ${code}`})`));
+    });
+    helper.on('error', () => undefined); // 'exit' follows and fails what was pending
+    // Neither the helper nor its channel keeps the worker alive; it exits when the worker goes.
+    helper.unref();
+    helper.channel?.unref();
+    this.helper = helper;
+    return helper;
+  }
+
+  private receive(message: FromHelper): void {
+    const pending = this.pending.get(message.id);
+    if (!pending) return;
+    if (message.kind === 'spawned') pending.spawned(message.pid);
+    else if (message.kind === 'failed') pending.failed(new StasisError('INTERNAL', message.message));
+    else pending.exited(message.exit);
+  }
+
+  /** The helper is gone: starts not confirmed fail, and foreground processes' outcomes are unknown. */
+  private lose(err: Error): void {
+    for (const [id, pending] of this.pending) {
+      this.pending.delete(id);
+      pending.lost(err);
+    }
+  }
+}
+
+const spawner = new Spawner();
+
+/** Starts a process through the helper and resolves once it runs (or rejects with why it could not start). */
+export function startProcess(request: SpawnRequest): Promise<StartedProcess> {
+  return spawner.start(request);
+}
+
+/** The helper's pid: its children are this worker's, for the process scan. */
+export function spawnerPid(): number | undefined {
+  return spawner.pid;
+}
+
+/** How long output pipes may stay open after the command exits (a background child can hold them). */
+const PIPE_GRACE_MS = 200;
+
+/** The helper's side (run by spawner-main): starts what it is sent, reports the pid and, for foreground processes, the exit. */
+export function serveSpawner(): void {
+  const reply = (message: FromHelper) => process.send?.(message);
+  process.on('disconnect', () => process.exit(0));
+  process.on('message', (request: ToHelper) => {
+    const child = spawn(request.file, request.args, {
+      cwd: request.cwd,
+      env: request.env,
+      // Its own process group: a timeout or a release kills the command with everything it started.
+      detached: true,
+      stdio: request.background ? 'ignore' : ['ignore', 'pipe', 'pipe'],
+    });
+    child.once('error', (err) =>
+      reply({ id: request.id, kind: 'failed', message: `could not start ${request.file}: ${err.message}` }),
+    );
+    child.once('spawn', () => {
+      if (child.pid === undefined) return; // not started: 'error' reports it
+      reply({ id: request.id, kind: 'spawned', pid: child.pid });
+      if (request.background) child.unref();
+      else collect(child, request.maxOutputBytes, (exit) => reply({ id: request.id, kind: 'exited', exit }));
+    });
+  });
+}
+
+function collect(child: ChildProcess, maxOutputBytes: number, done: (exit: ProcessExit) => void): void {
+  const stdout = new CappedBuffer(maxOutputBytes);
+  const stderr = new CappedBuffer(maxOutputBytes);
+  child.stdout?.on('data', (chunk: Buffer) => stdout.push(chunk));
+  child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));
+  child.once('exit', (code, signal) => {
+    let finished = false;
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      clearTimeout(grace);
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      done({ code, signal, stdout: stdout.text(), stderr: stderr.text() });
+    };
+    const grace = setTimeout(finish, PIPE_GRACE_MS);
+    child.once('close', finish);
+  });
+}
+
+/** Keeps the first `limit` bytes of a stream and says when the rest was dropped. */
+class CappedBuffer {
+  private readonly chunks: Buffer[] = [];
+  private size = 0;
+  private dropped = 0;
+
+  constructor(private readonly limit: number) {}
+
+  push(chunk: Buffer): void {
+    const room = this.limit - this.size;
+    if (room > 0) {
+      const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
+      this.chunks.push(kept);
+      this.size += kept.length;
+    }
+    this.dropped += Math.max(0, chunk.length - Math.max(0, room));
+  }
+
+  text(): string {
+    const text = Buffer.concat(this.chunks).toString('utf8');
+    return this.dropped > 0
+      ? `${text}\n[stasis: output truncated after ${this.limit} bytes, ${this.dropped} more dropped]`
+      : text;
+  }
+}
