@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
@@ -19,6 +19,8 @@ export interface BenchEnv {
   dataDir: string;
   temporalServer: TemporalServer;
   minio: MinioServer;
+  /** MinIO's process, for the CPU it uses. */
+  minioPid: number | undefined;
   config: Config;
   client: StasisClient;
   temporal: Client;
@@ -91,6 +93,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     dataDir,
     temporalServer,
     minio,
+    minioPid: processesMentioning(path.join(dataDir, 'minio'))[0],
     config,
     client,
     temporal,
@@ -119,4 +122,18 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
       if (errors.length > 0) log(`stop: ${errors.map(String).join('; ')}`);
     },
   };
+}
+
+/** Processes whose command line names `dir` (the servers we started: MinIO's data dir, Temporal's database file). */
+export function processesMentioning(dir: string): number[] {
+  const found: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, 'utf8').includes(dir)) found.push(Number(name));
+    } catch {
+      // gone
+    }
+  }
+  return found;
 }

@@ -1,11 +1,11 @@
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { BINARIES } from '../platform/binaries';
 import { isAlive } from '../platform/servers';
 import { runCheckpointBench } from './checkpoint';
 import { runCycleBench } from './cycle';
-import { startEnv, HOST_ID, type BenchEnv } from './env';
+import { processesMentioning, startEnv, HOST_ID, type BenchEnv } from './env';
 import { runHistoryCost } from './history-cost';
 import { killSandboxProcesses, sandboxProcessCount } from './leftovers';
 import { machineInfo } from './machine';
@@ -90,20 +90,6 @@ function save(results: BenchResults, started: number): void {
     `${JSON.stringify(results, null, 2)}\n`,
   );
   writeFileSync(path.join(OUT_DIR ?? ROOT, 'BENCHMARKS.md'), renderMarkdown(results));
-}
-
-/** Processes whose command line names `dir` (the servers we started: MinIO's data dir, Temporal's database file). */
-function processesMentioning(dir: string): number[] {
-  const found: number[] = [];
-  for (const name of readdirSync('/proc')) {
-    if (!/^[0-9]+$/.test(name)) continue;
-    try {
-      if (readFileSync(`/proc/${name}/cmdline`, 'utf8').includes(dir)) found.push(Number(name));
-    } catch {
-      // gone
-    }
-  }
-  return found;
 }
 
 function log(line: string): void {

@@ -1,5 +1,6 @@
 import type { CheckpointResult } from './checkpoint';
 import type { ModeResult } from './cycle';
+import type { CpuUse } from './cpu';
 import type { BenchResults } from './results';
 import type { Summary } from './stats';
 
@@ -242,6 +243,7 @@ function throughputSection(r: BenchResults): string {
     "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
     ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
+    ...r.throughput.flatMap((t) => cpuLines(`${t.concurrency} concurrent Runs`, t.cpu)),
     ...r.throughput.flatMap((t) => profileLines(t)),
   ].join('\n');
 }
@@ -285,7 +287,19 @@ function waitingSection(r: BenchResults): string {
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
     ...w.errors.map((e) => `- ${e}`),
     ...failureLines(`${w.runs} waiting Runs`, w.failures),
+    ...cpuLines(`suspending ${w.runs} Runs`, w.cpuSuspending),
+    ...cpuLines(`answering and completing ${w.runs} Runs`, w.cpuAnswering),
   ].join('\n');
+}
+
+/** Where the machine's CPU went during a phase, by process and worker thread (results of older runs have no `cpu`). */
+function cpuLines(what: string, cpu: CpuUse | undefined): string[] {
+  if (!cpu) return [];
+  return [
+    '',
+    `**CPU while ${what}** (from \`/proc\`, ${fmt(cpu.wallS)} s wall, ${fmt(cpu.cores)} of the 2 cores busy on average): ` +
+      `${cpu.parts.map((p) => `${p.part} ${fmt(p.cpuS)} s`).join(', ')}.`,
+  ];
 }
 
 /** Where the worker's main thread spent a profiled phase. */

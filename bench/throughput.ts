@@ -1,3 +1,4 @@
+import { CpuMeter, type CpuUse } from './cpu';
 import { analyseCycle } from './cycle';
 import type { BenchEnv } from './env';
 import { listIds, phaseClause, releasedAmong, respondAll, settle } from './fleet';
@@ -26,6 +27,8 @@ export interface ThroughputResult {
   /** Why Runs did not complete, with counts. */
   failures: Record<string, number>;
   errors: string[];
+  /** CPU seconds by process and worker thread over the phase. */
+  cpu: CpuUse;
   /** Where the worker's main thread spent this phase (the first size only). */
   profile?: ProfileSummary;
 }
@@ -43,6 +46,7 @@ export async function runThroughput(
   const idSet = new Set(ids);
   const before = await scrapeSdk(env.sdkMetricsUrl);
   const rss = new PeakRss();
+  const cpu = new CpuMeter(env);
   const t0 = performance.now();
   const deadline = Date.now() + timeoutMs;
   await mapLimit(ids, 20, (id) =>
@@ -63,6 +67,7 @@ export async function runThroughput(
   const { completed, failed, failures } = await settle(env, idSet, deadline, 200);
   const wallMs = performance.now() - t0;
   const peakRssMiB = rss.stop();
+  const cpuUse = cpu.stop();
   const sdk = sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl));
   const sample = ids.slice(0, Math.min(10, ids.length));
   const analysed = await Promise.all(
@@ -85,6 +90,7 @@ export async function runThroughput(
     suspendMs: summarize(ok.map((a) => a.suspendMs)),
     resumeMs: summarize(ok.map((a) => a.resumeMs)),
     sdk,
+    cpu: cpuUse,
     leftovers: await leftovers(env),
     failures,
     errors: errors.slice(0, 5),

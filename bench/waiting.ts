@@ -1,6 +1,7 @@
 import { statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { RunSpec } from '../common/schemas';
+import { CpuMeter, type CpuUse } from './cpu';
 import type { BenchEnv } from './env';
 import { releasedAmong, respondAll, settle, waitAllReleased } from './fleet';
 import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
@@ -33,6 +34,9 @@ export interface WaitingResult {
   completed: number;
   failed: number;
   sdk: Record<string, SdkLatency>;
+  /** CPU seconds by process and worker thread while suspending, and while answering and completing. */
+  cpuSuspending: CpuUse;
+  cpuAnswering: CpuUse;
   leftovers: Leftovers;
   /** Why Runs did not complete, with counts. */
   failures: Record<string, number>;
@@ -74,6 +78,7 @@ export async function runWaiting(
   const dbBefore = databaseMiB(env);
   const before = await scrapeSdk(env.sdkMetricsUrl);
   const rss = new PeakRss();
+  const cpuSuspending = new CpuMeter(env);
   const deadline = Date.now() + timeoutMs;
   const planned = Array.from({ length: target }, () => newRunId('wait'));
   const ids: string[] = [];
@@ -100,6 +105,7 @@ export async function runWaiting(
   const idSet = new Set(ids);
   await waitAllReleased(env, idSet, deadline, 250);
   const suspendAllMs = performance.now() - t0;
+  const suspendingCpu = cpuSuspending.stop();
   const processesHeld = await sandboxProcessCount();
   const rssWhileWaitingMiB = Math.round(rssMiB());
   const dbWaiting = databaseMiB(env);
@@ -108,10 +114,12 @@ export async function runWaiting(
   );
 
   const t1 = performance.now();
+  const cpuAnswering = new CpuMeter(env);
   for (const e of await respondAll(env, ids, 50, deadline)) errors.push(e);
   const answerAllMs = performance.now() - t1;
   const { completed, failed, failures } = await settle(env, idSet, deadline, 500);
   const completeAllMs = performance.now() - t1;
+  const answeringCpu = cpuAnswering.stop();
   const result: WaitingResult = {
     target,
     runs,
@@ -127,6 +135,8 @@ export async function runWaiting(
     completed,
     failed,
     sdk: sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl)),
+    cpuSuspending: suspendingCpu,
+    cpuAnswering: answeringCpu,
     leftovers: await leftovers(env),
     failures,
     errors: errors.slice(0, 5),
