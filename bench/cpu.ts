@@ -41,11 +41,11 @@ function snapshot(env: BenchEnv): Map<string, number> {
   const parts = new Map<string, number>();
   const add = (part: string, s: number) => parts.set(part, (parts.get(part) ?? 0) + s);
   for (const tid of readdirSync('/proc/self/task')) {
-    let comm = '';
+    let comm: string;
     try {
       comm = readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim();
     } catch {
-      continue;
+      continue; // the thread ended
     }
     add(threadPart(tid, comm), cpuSeconds(`/proc/self/task/${tid}/stat`));
   }
