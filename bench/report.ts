@@ -451,20 +451,33 @@ function findings(r: BenchResults): string[] {
     const profiledPhase = r.throughput.find((t) => t.profile);
     const p = profiledPhase?.profile;
     const busy = p ? Math.round((100 * (p.wallMs - p.idleMs)) / Math.max(1, p.wallMs)) : undefined;
+    const top = tp.cpu?.parts[0];
+    const cpuTotal = tp.cpu?.parts.reduce((sum, part) => sum + part.cpuS, 0) ?? 0;
     out.push(
-      `- **Throughput is bounded by this 2-core machine's CPU**, which the worker shares with the dev server (SQLite), MinIO and the sandboxes: with ${tp.concurrency} concurrent Runs ` +
+      `- **Throughput is bounded by this 2-core machine**, which the worker shares with the dev server (SQLite), MinIO and the sandboxes: with ${tp.concurrency} concurrent Runs ` +
         `a workflow task waited ${s('workflow_task_schedule_to_start_latency')} to start and took ${s('workflow_task_execution_latency')}, and an activity waited ` +
         `${s('activity_schedule_to_start_latency')}.` +
+        (top && tp.cpu
+          ? ` ${fmt(tp.cpu.cores)} of the 2 cores were busy on average; the largest share went to ${top.part.replace(/^worker: /, "the worker's ")} ` +
+            `(${fmt(top.cpuS)} of ${fmt(cpuTotal)} CPU seconds).`
+          : '') +
         (p && profiledPhase
           ? ` The profile of the ${profiledPhase.concurrency}-Run phase shows the worker's main thread busy ${busy}% of the time, and inside Stasis code ` +
             `${p.inclusiveOurs
               .slice(0, 2)
               .map((f) => `${f.fn} ${Math.round((100 * f.ms) / Math.max(1, p.wallMs))}%`)
-              .join(
-                ' and ',
-              )} of it (see figure 2). Starting sandbox processes dominates: Node's \`spawn\` forks the whole worker ` +
-            'synchronously, for every sandbox start and every job, and a fork costs more the more memory the worker holds (its workflow cache grows with the Runs it keeps).'
+              .join(' and ')} of it (see figure 2).`
           : ''),
+    );
+  }
+  const w = r.waiting;
+  if (w && w.runs > 0) {
+    const top = w.cpuAnswering?.parts[0];
+    out.push(
+      `- **Waiting Runs cost memory and database, not processes**: ${w.runs} suspended Runs held ${w.processesHeld} sandbox processes; the worker held ${w.rssWhileWaitingMiB} MiB ` +
+        `(its workflow cache; about ${fmt(w.rssWhileWaitingMiB / w.runs)} MiB per Run) and the dev server's database grew ${fmt(w.databaseGrowthMiB)} MiB ` +
+        `(about ${fmt((1024 * w.databaseGrowthMiB) / w.runs)} KiB per Run). Answering all of them ran at ${fmt(w.answersPerSecond)} answers/s` +
+        (top ? `, and the largest share of the CPU went to ${top.part.replace(/^worker: /, "the worker's ")}.` : '.'),
     );
   }
   const failed = [
@@ -510,6 +523,18 @@ const IMPROVEMENTS: string[] = [
   '- **Completed Runs no longer leave checkpoints in the store** (`providers/local.ts`, `stores/`). An earlier run counted 85 objects under `checkpoints/` after the throughput phases, whose ' +
     'Runs had all ended: destroying a sandbox now deletes every checkpoint under its prefix, and a checkpoint key is fixed per release request, so a retry after a killed upload replaces ' +
     'what that attempt left (object and unfinished multipart upload).',
+  '- **Sandbox processes are started by a small helper process** (`providers/spawner.ts`). The previous profile of 50 concurrent Runs put 22% of the main thread in `spawnInSandbox`: ' +
+    "Node's `spawn` forks the whole worker synchronously, and a fork here took a median 10 ms at 43 MiB, 48 ms at 1 GiB and 85 ms at 2 GiB (30 `spawn('/bin/true')` each); " +
+    'the worker holds 2-3 GiB of workflow cache with a thousand waiting Runs. The helper is forked once and stays small. A 200-Run waiting phase (suspend, answer, complete) ' +
+    "went from 122 to 56 CPU seconds in the worker (its SDK core threads from 40 to 9 s: after every fork the kernel copied each page the worker's threads wrote; the main thread from 37 to 21 s) " +
+    'and from 135 to 105 s wall. In the full bench: 50 concurrent Runs 46.8 s → 28.3 s; waiting Runs suspended within the ramp 1,040 → 1,329, answered and completed at 1.9 → 2.7 Runs/s.',
+  "- **zod is loaded once per worker thread, not once per workflow** (`workers/worker.ts`, the SDK's `preloadModules`). The workflow thread's profile showed a workflow's start spending most " +
+    'of its time evaluating modules, a third of it loading zod. The same 200-Run phase: workflow-thread CPU 48 → 37 s, wall 173 → 135 s. (Our own schemas stay per workflow: the SDK freezes ' +
+    'what it preloads, and zod fills in schema members on first use.)',
+  "- **The dev server's SQLite runs in WAL mode** (`platform/temporal-server.ts`, so `npm start`, the tests and the bench alike). The CPU accounting by process added in this round showed the " +
+    'dev server as the largest user (0.7 core) while only 1.4 of the 2 cores were busy: it writes through one SQLite connection, and in the default rollback-journal mode each commit waited on ' +
+    'several fsyncs. With `journal_mode=wal` and `synchronous=normal` (safe against a crash of the server, not of the machine) the same 200-Run phase went from 105 to 46 s wall and the ' +
+    "dev server's CPU from 77 to 33 s.",
   "- **The bench loads the server less**: its visibility polls name the phase's Runs (`WorkflowId STARTS_WITH`) instead of listing every Run of the bench every 200 ms.",
 ];
 
