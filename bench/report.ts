@@ -243,7 +243,7 @@ function throughputSection(r: BenchResults): string {
     "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
     ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
-    ...r.throughput.flatMap((t) => cpuLines(`${t.concurrency} concurrent Runs`, t.cpu)),
+    ...r.throughput.flatMap((t) => cpuLines(`running ${t.concurrency} concurrent Runs`, t.cpu)),
     ...r.throughput.flatMap((t) => profileLines(t)),
   ].join('\n');
 }
@@ -290,6 +290,12 @@ function waitingSection(r: BenchResults): string {
     ...cpuLines(`suspending ${w.runs} Runs`, w.cpuSuspending),
     ...cpuLines(`answering and completing ${w.runs} Runs`, w.cpuAnswering),
   ].join('\n');
+}
+
+/** A CPU part as it reads in a sentence: "the worker's main thread …", "the Temporal dev server". */
+function partPhrase(part: string): string {
+  if (part.startsWith('worker: ')) return `the worker's ${part.slice('worker: '.length)}`;
+  return part === 'MinIO' ? part : `the ${part}`;
 }
 
 /** Where the machine's CPU went during a phase, by process and worker thread (results of older runs have no `cpu`). */
@@ -458,7 +464,7 @@ function findings(r: BenchResults): string[] {
         `a workflow task waited ${s('workflow_task_schedule_to_start_latency')} to start and took ${s('workflow_task_execution_latency')}, and an activity waited ` +
         `${s('activity_schedule_to_start_latency')}.` +
         (top && tp.cpu
-          ? ` ${fmt(tp.cpu.cores)} of the 2 cores were busy on average; the largest share went to ${top.part.replace(/^worker: /, "the worker's ")} ` +
+          ? ` ${fmt(tp.cpu.cores)} of the 2 cores were busy on average; the largest share went to ${partPhrase(top.part)} ` +
             `(${fmt(top.cpuS)} of ${fmt(cpuTotal)} CPU seconds).`
           : '') +
         (p && profiledPhase
@@ -477,7 +483,7 @@ function findings(r: BenchResults): string[] {
       `- **Waiting Runs cost memory and database, not processes**: ${w.runs} suspended Runs held ${w.processesHeld} sandbox processes; the worker held ${w.rssWhileWaitingMiB} MiB ` +
         `(its workflow cache; about ${fmt(w.rssWhileWaitingMiB / w.runs)} MiB per Run) and the dev server's database grew ${fmt(w.databaseGrowthMiB)} MiB ` +
         `(about ${fmt((1024 * w.databaseGrowthMiB) / w.runs)} KiB per Run). Answering all of them ran at ${fmt(w.answersPerSecond)} answers/s` +
-        (top ? `, and the largest share of the CPU went to ${top.part.replace(/^worker: /, "the worker's ")}.` : '.'),
+        (top ? `, and the largest share of the CPU went to ${partPhrase(top.part)}.` : '.'),
     );
   }
   const failed = [
