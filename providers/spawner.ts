@@ -46,7 +46,8 @@ interface Pending {
   failed: (err: Error) => void;
   exited: (exit: ProcessExit) => void;
   lost: (err: Error) => void;
-  background: boolean;
+  /** The helper asked: only its own death fails the request. */
+  helper: ChildProcess;
 }
 
 /** The worker's side: one helper per process, started on first use and again if it dies. */
@@ -72,7 +73,7 @@ class Spawner {
       exited.catch(() => undefined); // a caller that never waits (background) must not see it as unhandled
       let started = false;
       this.pending.set(id, {
-        background: request.background,
+        helper,
         spawned: (pid) => {
           started = true;
           if (request.background) this.pending.delete(id);
@@ -90,7 +91,7 @@ class Spawner {
       });
       const message: ToHelper = { ...request, id };
       helper.send(message, (err) => {
-        if (err) this.lose(new StasisError('INTERNAL', `could not reach the process starter: ${err.message}`));
+        if (err) this.lose(helper, new StasisError('INTERNAL', `could not reach the process starter: ${err.message}`));
       });
     });
   }
@@ -108,7 +109,7 @@ class Spawner {
     helper.on('message', (message: FromHelper) => this.receive(message));
     helper.on('exit', (code, signal) => {
       if (this.helper === helper) this.helper = undefined;
-      this.lose(new StasisError('INTERNAL', `the process starter exited (${signal ?? `code ${code}`})`));
+      this.lose(helper, new StasisError('INTERNAL', `the process starter exited (${signal ?? `code ${code}`})`));
     });
     helper.on('error', () => undefined); // 'exit' follows and fails what was pending
     // Neither the helper nor its channel keeps the worker alive; it exits when the worker goes.
@@ -126,9 +127,10 @@ class Spawner {
     else pending.exited(message.exit);
   }
 
-  /** The helper is gone: starts not confirmed fail, and foreground processes' outcomes are unknown. */
-  private lose(err: Error): void {
+  /** A helper is gone: its starts not confirmed fail, and its foreground processes' outcomes are unknown. */
+  private lose(helper: ChildProcess, err: Error): void {
     for (const [id, pending] of this.pending) {
+      if (pending.helper !== helper) continue;
       this.pending.delete(id);
       pending.lost(err);
     }
