@@ -1,6 +1,8 @@
 import { QueryRejectedError, WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ApplicationFailure, WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/common';
 import { isErrorCode, StasisError } from '../common/errors';
+import type { RunSnapshot } from '../common/schemas';
+import { isTerminal as isTerminalStatus } from '../workflows/run-state';
 
 // Maps what Temporal answers into the one StasisError class with code and httpStatus.
 
@@ -13,6 +15,26 @@ function applicationFailureOf(err: unknown): ApplicationFailure | undefined {
   return undefined;
 }
 
+/**
+ * An Update refused because the Run's workflow has closed or is closing: said in
+ * the contract's terms from the Run's snapshot (when the Run exists). The server
+ * answers "already completed", or NOT_FOUND "workflow update was aborted by closing
+ * workflow" when the workflow closed while the Update was in flight (an answer
+ * racing a Run's expiry), so both are checked.
+ */
+export function refusedByClosedRun(
+  runId: string,
+  err: unknown,
+  snapshot: Pick<RunSnapshot, 'status' | 'error'> | undefined,
+): StasisError {
+  const closing = isClosedWorkflow(err) || err instanceof WorkflowNotFoundError;
+  if (!closing || !snapshot || !isTerminalStatus(snapshot.status)) return toStasisError(err, `run ${runId}`);
+  if (snapshot.status === 'EXPIRED' && snapshot.error?.code === 'SUSPEND_EXPIRED') {
+    return new StasisError('STALE_SANDBOX_ROUTE', `run ${runId} was suspended past retention`);
+  }
+  return new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${snapshot.status}`);
+}
+
 /** True when Temporal refuses an update because the workflow has already closed. */
 export function isClosedWorkflow(err: unknown): boolean {
   return err instanceof Error && !(err instanceof WorkflowUpdateFailedError) && /already completed/i.test(err.message);
@@ -21,18 +43,24 @@ export function isClosedWorkflow(err: unknown): boolean {
 export function toStasisError(err: unknown, what: string): StasisError {
   if (err instanceof StasisError) return err;
   if (err instanceof WorkflowNotFoundError) return new StasisError('NOT_FOUND', `${what} not found`);
-  if (err instanceof WorkflowExecutionAlreadyStartedError) return new StasisError('ALREADY_EXISTS', `${what} already exists`);
+  if (err instanceof WorkflowExecutionAlreadyStartedError)
+    return new StasisError('ALREADY_EXISTS', `${what} already exists`);
   const failure = applicationFailureOf(err);
   if (failure) {
     const code = failure.type;
     return new StasisError(isErrorCode(code) ? code : 'INTERNAL', failure.message);
   }
-  if (err instanceof WorkflowUpdateFailedError || err instanceof WorkflowFailedError || err instanceof QueryRejectedError) {
+  if (
+    err instanceof WorkflowUpdateFailedError ||
+    err instanceof WorkflowFailedError ||
+    err instanceof QueryRejectedError
+  ) {
     return new StasisError('INTERNAL', `${what}: ${err.message}`);
   }
   const grpc = grpcErrorOf(err);
   if (grpc?.code === 5) return new StasisError('NOT_FOUND', `${what} not found`);
-  if (grpc?.code === 14 || grpc?.code === 4) return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${grpc.message}`);
+  if (grpc?.code === 14 || grpc?.code === 4)
+    return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${grpc.message}`);
   return new StasisError('INTERNAL', `${what}: ${err instanceof Error ? err.message : String(err)}`);
 }
 

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
+import { WorkflowNotFoundError } from '@temporalio/common';
 import { describeIssues, StasisError } from '../common/errors';
 import {
   CreateSandboxInput,
@@ -38,7 +39,7 @@ import {
 import type { runWorkflow, sandboxWorkflow } from '../workflows';
 import { isTerminal } from '../workflows/run-state';
 import { StasisKind, StasisProvider, StasisStatus, StasisResourceState } from '../workflows/search-attributes';
-import { isClosedWorkflow, toStasisError } from './errors';
+import { isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
 
@@ -233,12 +234,9 @@ export class RunsApi {
 
   /** An update to a closed Run: say why in the contract's terms. */
   private async closedRunError(runId: string, err: unknown): Promise<StasisError> {
-    if (!isClosedWorkflow(err)) return toStasisError(err, `run ${runId}`);
-    const snapshot = await this.get(runId);
-    if (snapshot.status === 'EXPIRED' && snapshot.error?.code === 'SUSPEND_EXPIRED') {
-      return new StasisError('STALE_SANDBOX_ROUTE', `run ${runId} was suspended past retention`);
-    }
-    return new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${snapshot.status}`);
+    if (!isClosedWorkflow(err) && !(err instanceof WorkflowNotFoundError)) return toStasisError(err, `run ${runId}`);
+    // A Run that does not exist has no snapshot: the refusal stays NOT_FOUND.
+    return refusedByClosedRun(runId, err, await this.get(runId).catch(() => undefined));
   }
 }
 

@@ -1,6 +1,6 @@
 import { ServiceError, WorkflowUpdateFailedError } from '@temporalio/client';
-import { ApplicationFailure } from '@temporalio/common';
-import { toStasisError } from '../../client/errors';
+import { ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
+import { refusedByClosedRun, toStasisError } from '../../client/errors';
 
 // How the typed client names what Temporal answered (found by the fault suite:
 // with the server down, list and get said INTERNAL instead of UNAVAILABLE).
@@ -10,17 +10,82 @@ const grpc = (code: number, message: string) => Object.assign(new Error(message)
 describe('toStasisError', () => {
   test.each([
     ['a bare gRPC UNAVAILABLE', grpc(14, '14 UNAVAILABLE: connect ECONNREFUSED'), 'UNAVAILABLE', 503],
-    ['UNAVAILABLE inside a ServiceError (list, query)', new ServiceError('Failed to list workflows', { cause: grpc(14, '14 UNAVAILABLE: No connection established') }), 'UNAVAILABLE', 503],
-    ['DEADLINE_EXCEEDED inside a ServiceError', new ServiceError('Failed to query Workflow', { cause: grpc(4, '4 DEADLINE_EXCEEDED') }), 'UNAVAILABLE', 503],
-    ['NOT_FOUND inside a ServiceError', new ServiceError('Failed to query Workflow', { cause: grpc(5, '5 NOT_FOUND: workflow not found') }), 'NOT_FOUND', 404],
-    ['an update refused by its validator', new WorkflowUpdateFailedError('failed', ApplicationFailure.create({ type: 'INVALID_ARGUMENT', message: 'stop: takes no arguments, got 1' })), 'INVALID_ARGUMENT', 400],
+    [
+      'UNAVAILABLE inside a ServiceError (list, query)',
+      new ServiceError('Failed to list workflows', { cause: grpc(14, '14 UNAVAILABLE: No connection established') }),
+      'UNAVAILABLE',
+      503,
+    ],
+    [
+      'DEADLINE_EXCEEDED inside a ServiceError',
+      new ServiceError('Failed to query Workflow', { cause: grpc(4, '4 DEADLINE_EXCEEDED') }),
+      'UNAVAILABLE',
+      503,
+    ],
+    [
+      'NOT_FOUND inside a ServiceError',
+      new ServiceError('Failed to query Workflow', { cause: grpc(5, '5 NOT_FOUND: workflow not found') }),
+      'NOT_FOUND',
+      404,
+    ],
+    [
+      'an update refused by its validator',
+      new WorkflowUpdateFailedError(
+        'failed',
+        ApplicationFailure.create({ type: 'INVALID_ARGUMENT', message: 'stop: takes no arguments, got 1' }),
+      ),
+      'INVALID_ARGUMENT',
+      400,
+    ],
     ['anything else', new Error('boom'), 'INTERNAL', 500],
   ])('%s', (_what, err, code, httpStatus) => {
     expect(toStasisError(err, 'run r1')).toMatchObject({ code, httpStatus });
   });
 
   test('an unavailable server is named with the cause, not the wrapper', () => {
-    const wrapped = new ServiceError('Failed to list workflows', { cause: grpc(14, '14 UNAVAILABLE: No connection established') });
-    expect(toStasisError(wrapped, 'runs').message).toBe('Temporal is unavailable: 14 UNAVAILABLE: No connection established');
+    const wrapped = new ServiceError('Failed to list workflows', {
+      cause: grpc(14, '14 UNAVAILABLE: No connection established'),
+    });
+    expect(toStasisError(wrapped, 'runs').message).toBe(
+      'Temporal is unavailable: 14 UNAVAILABLE: No connection established',
+    );
+  });
+});
+
+describe('refusedByClosedRun', () => {
+  // An answer sent as the Run expired, its workflow closing meanwhile (seen in CI): the server's
+  // AbortedByWorkflowClosingErr is a gRPC NOT_FOUND, which the SDK raises as WorkflowNotFoundError.
+  const closedNotFound = new WorkflowNotFoundError('workflow execution already completed', 'r1', undefined);
+  const updateNotFound = new WorkflowNotFoundError('workflow update was aborted by closing workflow', 'r1', undefined);
+  const alreadyCompleted = new Error('workflow execution already completed');
+  const expired = {
+    status: 'EXPIRED' as const,
+    error: { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' },
+  };
+
+  test.each([
+    ['"already completed" for a Run expired past retention', alreadyCompleted, expired, 'STALE_SANDBOX_ROUTE', 409],
+    ['aborted by the closing workflow of an expired Run', updateNotFound, expired, 'STALE_SANDBOX_ROUTE', 409],
+    [
+      'NOT_FOUND "already completed" for a completed Run',
+      closedNotFound,
+      { status: 'COMPLETED' as const },
+      'INVALID_STATE_TRANSITION',
+      409,
+    ],
+    ['NOT_FOUND for a Run with no snapshot (it does not exist)', updateNotFound, undefined, 'NOT_FOUND', 404],
+    ['NOT_FOUND for a Run still running', updateNotFound, { status: 'WAITING' as const }, 'NOT_FOUND', 404],
+    [
+      'a validator refusal is passed through',
+      new WorkflowUpdateFailedError(
+        'failed',
+        ApplicationFailure.create({ type: 'ALREADY_ANSWERED', message: 'answered' }),
+      ),
+      expired,
+      'ALREADY_ANSWERED',
+      409,
+    ],
+  ])('%s', (_what, err, snapshot, code, httpStatus) => {
+    expect(refusedByClosedRun('r1', err, snapshot)).toMatchObject({ code, httpStatus });
   });
 });
