@@ -32,8 +32,7 @@ function cpuSeconds(statFile: string, children = false): number {
 
 function threadPart(tid: string, comm: string): string {
   if (Number(tid) === process.pid) return 'worker: main thread (activities, the bench driver)';
-  if (comm.startsWith('tokio-runtime')) return 'worker: SDK core (Rust)';
-  if (comm.startsWith('workflow-proces')) return 'worker: SDK core (Rust)';
+  if (comm.startsWith('tokio-runtime') || comm.startsWith('workflow-proces')) return 'worker: SDK core (Rust)';
   return 'worker: other Node threads (workflows, GC, I/O)';
 }
 

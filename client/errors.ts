@@ -16,28 +16,33 @@ function applicationFailureOf(err: unknown): ApplicationFailure | undefined {
 }
 
 /**
- * An Update refused because the Run's workflow has closed or is closing: said in
- * the contract's terms from the Run's snapshot (when the Run exists). The server
- * answers "already completed", or NOT_FOUND "workflow update was aborted by closing
- * workflow" when the workflow closed while the Update was in flight (an answer
- * racing a Run's expiry), so both are checked.
+ * An Update refused because the Run's workflow has closed or is closing, said in
+ * the contract's terms from the Run's snapshot (when the Run exists).
  */
 export function refusedByClosedRun(
   runId: string,
   err: unknown,
   snapshot: Pick<RunSnapshot, 'status' | 'error'> | undefined,
 ): StasisError {
-  const closing = isClosedWorkflow(err) || err instanceof WorkflowNotFoundError;
-  if (!closing || !snapshot || !isTerminalStatus(snapshot.status)) return toStasisError(err, `run ${runId}`);
+  if (!isClosedWorkflow(err) || !snapshot || !isTerminalStatus(snapshot.status))
+    return toStasisError(err, `run ${runId}`);
   if (snapshot.status === 'EXPIRED' && snapshot.error?.code === 'SUSPEND_EXPIRED') {
     return new StasisError('STALE_SANDBOX_ROUTE', `run ${runId} was suspended past retention`);
   }
   return new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${snapshot.status}`);
 }
 
-/** True when Temporal refuses an update because the workflow has already closed. */
+/**
+ * True when Temporal refuses an update because the workflow has closed: "already
+ * completed", or (a gRPC NOT_FOUND) "workflow update was aborted by closing workflow"
+ * when it closed while the Update was in flight, e.g. an answer racing a Run's expiry.
+ */
 export function isClosedWorkflow(err: unknown): boolean {
-  return err instanceof Error && !(err instanceof WorkflowUpdateFailedError) && /already completed/i.test(err.message);
+  return (
+    err instanceof Error &&
+    !(err instanceof WorkflowUpdateFailedError) &&
+    /already completed|aborted by closing workflow/i.test(err.message)
+  );
 }
 
 export function toStasisError(err: unknown, what: string): StasisError {

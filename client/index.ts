@@ -1,6 +1,5 @@
 import { randomUUID } from 'node:crypto';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
-import { WorkflowNotFoundError } from '@temporalio/common';
 import { describeIssues, StasisError } from '../common/errors';
 import {
   CreateSandboxInput,
@@ -234,8 +233,7 @@ export class RunsApi {
 
   /** An update to a closed Run: say why in the contract's terms. */
   private async closedRunError(runId: string, err: unknown): Promise<StasisError> {
-    if (!isClosedWorkflow(err) && !(err instanceof WorkflowNotFoundError)) return toStasisError(err, `run ${runId}`);
-    // A Run that does not exist has no snapshot: the refusal stays NOT_FOUND.
+    if (!isClosedWorkflow(err)) return toStasisError(err, `run ${runId}`);
     return refusedByClosedRun(runId, err, await this.get(runId).catch(() => undefined));
   }
 }

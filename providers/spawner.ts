@@ -71,11 +71,9 @@ class Spawner {
         rejectExit = rej;
       });
       exited.catch(() => undefined); // a caller that never waits (background) must not see it as unhandled
-      let started = false;
       this.pending.set(id, {
         helper,
         spawned: (pid) => {
-          started = true;
           if (request.background) this.pending.delete(id);
           resolveStart({ pid, exited });
         },
@@ -87,7 +85,11 @@ class Spawner {
           this.pending.delete(id);
           resolveExit(exit);
         },
-        lost: (err) => (started ? rejectExit(err) : rejectStart(err)),
+        // Whichever is still open fails: a settled promise ignores the other call.
+        lost: (err) => {
+          rejectStart(err);
+          rejectExit(err);
+        },
       });
       const message: ToHelper = { ...request, id };
       helper.send(message, (err) => {
