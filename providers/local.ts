@@ -156,6 +156,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           fence: request.fence,
           idempotencyKey: request.idempotencyKey,
           labels,
+          limits: archiveLimits,
           progress,
           ...(context.signal ? { signal: context.signal } : {}),
         });

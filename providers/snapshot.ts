@@ -2,10 +2,11 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { pipeline, Transform } from 'node:stream';
+import { StasisError } from '../common/errors';
 import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
-import { CHECKPOINT_DIRS, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
+import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
 import { hasErrorCode } from '../stores/atomic-file';
 import type { SandboxPaths } from './sandbox-state';
 
@@ -25,6 +26,7 @@ export async function uploadSnapshot(input: {
   fence: number;
   idempotencyKey: string;
   labels: Record<string, string>;
+  limits: ArchiveLimits;
   progress: Progress;
   signal?: AbortSignal;
 }): Promise<Checkpoint> {
@@ -40,8 +42,17 @@ export async function uploadSnapshot(input: {
       callback(null, chunk);
     },
   });
-  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), counted, () => {}); // errors reach the store through `counted`
-  return input.store.put(key, counted, input.labels, input.signal);
+  // The archive passes restore's own checks on its way out, so no checkpoint that restore would refuse is ever taken.
+  let refused: StasisError | undefined;
+  const checked = checkingStream(input.limits).on('error', (err) => {
+    if (err instanceof StasisError) refused = err;
+  });
+  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), checked, counted, () => {}); // errors reach the store through `counted`
+  try {
+    return await input.store.put(key, counted, input.labels, input.signal);
+  } catch (err) {
+    throw refused ?? err;
+  }
 }
 
 /** Where all checkpoints of a sandbox live; destroying the sandbox deletes them. */
@@ -85,7 +96,6 @@ export async function restoreSnapshot(input: {
     await fs.rm(archive, { force: true });
   }
 }
-
 
 /** Replaces `dest` with `src` (same filesystem) by two renames; the old tree is removed afterwards. */
 async function swapInto(src: string, dest: string): Promise<void> {
