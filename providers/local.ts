@@ -245,6 +245,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             workspace,
             limits: archiveLimits,
             progress,
+            beforeSwap: async () => {
+              if (!existing?.dormant) return;
+              // A restore killed from here on leaves files that are no local copy of that checkpoint any more.
+              delete existing.dormant;
+              await writeState(paths, existing);
+            },
             ...(context.signal ? { signal: context.signal } : {}),
           }),
         );

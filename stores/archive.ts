@@ -310,7 +310,10 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
     case 'file': {
       const handle = await fs.open(absolute, NEW_FILE, 0o600);
       try {
-        for await (const chunk of data) await handle.write(chunk as Buffer);
+        let written = 0;
+        for await (const chunk of data) written += await writeAll(handle, chunk as Buffer);
+        // A short write (a full disk can end one without an error) must never pass for the whole file.
+        if (written !== entry.size) throw new Error(`${absolute}: wrote ${written} of ${entry.size} bytes`);
         await handle.chmod(entry.mode);
         if (entry.mtime) await handle.utimes(entry.mtime, entry.mtime);
       } finally {
@@ -329,6 +332,17 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
   }
 }
 
+/** Writes all of `chunk` (write(2) may take only part of it); returns its length. */
+async function writeAll(handle: fs.FileHandle, chunk: Buffer): Promise<number> {
+  for (let offset = 0; offset < chunk.length;) {
+    const { bytesWritten } = await handle.write(chunk, offset, chunk.length - offset);
+    if (bytesWritten === 0)
+      throw Object.assign(new Error(`no space left writing ${chunk.length} bytes`), { code: 'ENOSPC' });
+    offset += bytesWritten;
+  }
+  return chunk.length;
+}
+
 /**
  * Feeds `source` through a tar parser and hands each entry to `onEntry`, one at
  * a time (the next entry waits until `onEntry` settles). A malformed archive is
@@ -345,13 +359,17 @@ function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<vo
       source.destroy();
       reject(err);
     };
+    // The parser ends once it has handed out the last entry's data, which may be before `onEntry` is done with it.
+    let current: Promise<void> = Promise.resolve();
     parser.on('entry', (entry: ReadEntry) => {
       if (failed) {
         entry.resume();
         return;
       }
-      onEntry(entry).then(
-        () => entry.resume(),
+      current = onEntry(entry).then(
+        () => {
+          entry.resume();
+        },
         (err: unknown) => {
           fail(err);
           entry.resume();
@@ -369,7 +387,9 @@ function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<vo
       ),
     );
     parser.on('end', () => {
-      if (!failed) resolve();
+      void current.then(() => {
+        if (!failed) resolve();
+      });
     });
     source.on('error', fail);
     source.pipe(parser);
