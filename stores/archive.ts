@@ -4,6 +4,7 @@ import * as path from 'node:path';
 import { PassThrough, Readable, Transform, type TransformCallback } from 'node:stream';
 import { create, Parser, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
+import { writeAll } from './atomic-file';
 
 // Checkpoint archives: a gzipped tar of a sandbox's top directories. A checkpoint
 // reproduces the workspace as packed: files with their modes (setuid and setgid
@@ -330,17 +331,6 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
       await fs.link(path.join(target, ...entry.linkpath.split('/')), absolute);
       return;
   }
-}
-
-/** Writes all of `chunk` (write(2) may take only part of it); returns its length. */
-async function writeAll(handle: fs.FileHandle, chunk: Buffer): Promise<number> {
-  for (let offset = 0; offset < chunk.length;) {
-    const { bytesWritten } = await handle.write(chunk, offset, chunk.length - offset);
-    if (bytesWritten === 0)
-      throw Object.assign(new Error(`no space left writing ${chunk.length} bytes`), { code: 'ENOSPC' });
-    offset += bytesWritten;
-  }
-  return chunk.length;
 }
 
 /**
