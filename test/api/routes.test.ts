@@ -34,10 +34,7 @@ beforeAll(async () => {
   });
   app = buildApi({
     client: stack.client,
-    tokens: new Map([
-      ['alice', ALICE],
-      ['bob', BOB],
-    ]),
+    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }, { name: 'bob', secret: BOB, role: 'operator' }],
     logger: { level: 'info', destination: logs },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });

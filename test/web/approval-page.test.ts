@@ -18,7 +18,7 @@ let browser: { context: BrowserContext; close(): Promise<void> };
 
 beforeAll(async () => {
   stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: new Map([['ops', TOKEN]]), logger: false });
+  app = buildApi({ client: stack.client, tokens: [{ name: 'ops', secret: TOKEN, role: 'operator' }], logger: false });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
   base = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`;
