@@ -6,8 +6,8 @@ import type { CreateSandboxInput, RunSpec, Workspace } from './schemas';
 // Active workspaces put a sandbox's files on a host directory. Only directories
 // under a prefix of STASIS_HOST_PATHS may be used (unset: none), never `/` and
 // never anything that overlaps the data dir. A prefix test on the string alone
-// is bypassed with `..` or a symlink, so the path is checked both as written
-// (normalised) and as the host resolves it now.
+// is bypassed with `..` or a symlink, so `.` and `..` are refused and the path
+// is checked both as written and as the host resolves it now.
 
 /** Where active workspaces may live. */
 export interface HostPathPolicy {
@@ -74,6 +74,10 @@ export async function checkHostPath(hostPath: string, policy: HostPathPolicy, fi
   const refuse = (why: string) =>
     new StasisError('INVALID_ARGUMENT', `${field}: ${JSON.stringify(hostPath)} ${why}`);
   if (!path.isAbsolute(hostPath) || hostPath.includes('\0')) throw refuse('must be an absolute path');
+  // The kernel takes `..` after a symlink from the symlink's target, not from the
+  // text before it: a path with `.` or `..` is refused rather than guessed at.
+  if (hostPath.split('/').some((segment) => segment === '.' || segment === '..'))
+    throw refuse('must not contain "." or ".." segments');
   const written = path.resolve(hostPath);
   let real: string;
   try {
