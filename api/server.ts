@@ -8,13 +8,9 @@ import { FILE_LIMIT_BYTES } from '../workflows/definitions';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
 import { httpFailure } from './errors';
-import { openApiDocument } from './openapi';
 import { PROMETHEUS_CONTENT_TYPE } from './prometheus';
 import { refusal, type RouteDef } from './route';
-import { metaRoutes } from './routes/meta';
-import { metricsRoutes } from './routes/metrics';
-import { runRoutes } from './routes/runs';
-import { sandboxRoutes } from './routes/sandboxes';
+import { apiRoutes } from './routes';
 import { errorBody } from './schemas';
 
 // The REST API of SPEC section 5 and the approval page, on fastify.
@@ -145,12 +141,6 @@ function frameworkRefusal(err: FastifyError): StasisError {
     return new StasisError('INVALID_ARGUMENT', `params: longer than ${MAX_PARAM_LENGTH} characters`);
   }
   return httpFailure(err, JSON_BODY_LIMIT);
-}
-
-/** Every route of the API, in one table: the handlers, their roles and the OpenAPI document come from it. */
-export function apiRoutes(): RouteDef[] {
-  const routes: RouteDef[] = [...runRoutes(), ...sandboxRoutes(), ...metricsRoutes()];
-  return [...routes, ...metaRoutes(() => openApiDocument(routes))];
 }
 
 /** The Temporal client identity of what a token does through the API: this prefix and the token's name. */

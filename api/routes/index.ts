@@ -1,0 +1,12 @@
+import { openApiDocument } from '../openapi';
+import type { RouteDef } from '../route';
+import { metaRoutes } from './meta';
+import { metricsRoutes } from './metrics';
+import { runRoutes } from './runs';
+import { sandboxRoutes } from './sandboxes';
+
+/** Every route of the API, in one table: the handlers, their roles and the OpenAPI document come from it. */
+export function apiRoutes(): RouteDef[] {
+  const routes: RouteDef[] = [...runRoutes(), ...sandboxRoutes(), ...metricsRoutes()];
+  return [...routes, ...metaRoutes(() => openApiDocument(routes))];
+}
