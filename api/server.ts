@@ -13,7 +13,7 @@ import { refusal, type RouteDef } from './route';
 import { apiRoutes } from './routes';
 import { errorBody } from './schemas';
 
-// The REST API of SPEC section 5 and the approval page, on fastify.
+// The REST API (docs/SURFACES.md) and the approval page, on fastify.
 
 export interface ApiLogOptions {
   level?: LevelWithSilent;

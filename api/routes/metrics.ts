@@ -2,7 +2,7 @@ import { MetricsSnapshot } from '../../common/schemas';
 import { prometheusText } from '../prometheus';
 import { defineRoute, type RouteDef } from '../route';
 
-// Diagnostics (SPEC section 5): the snapshot as JSON, and as Prometheus text for scrapers.
+// Diagnostics: the snapshot as JSON, and as Prometheus text for scrapers.
 
 export function metricsRoutes(): RouteDef[] {
   return [

@@ -3,7 +3,7 @@ import { InteractionRequest, InteractionResponse, ResourceView, RunSnapshot, Run
 import { defineRoute, type RouteDef } from '../route';
 import { InteractionParams, ListRunsQuery, RunList, RunParams, RunStarted } from '../schemas';
 
-// Runs (SPEC section 5): start, read, list, answer, suspend, resume, cancel.
+// Runs: start, read, list, answer, suspend, resume, cancel.
 
 export function runRoutes(): RouteDef[] {
   return [

@@ -4,7 +4,7 @@ import type { ErrorCode } from '../../common/errors';
 import { defineRoute, type RouteDef } from '../route';
 import { FileQuery, SandboxParams } from '../schemas';
 
-// Standalone sandboxes (SPEC section 3).
+// Standalone sandboxes.
 
 const CHANGE_ERRORS: ErrorCode[] = ['NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE', 'NOT_SUPPORTED'];
 
