@@ -123,9 +123,10 @@ export class RunsApi {
     return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
   }
 
-  async start(spec: unknown): Promise<{ runId: string }> {
-    const valid = parse(RunSpec, spec, 'spec');
-    await checkHostPaths(activeWorkspacesOfRun(valid), this.hostPaths, 'spec.');
+  /** `options.inputName` names the spec in errors (the REST API's `body`). */
+  async start(spec: unknown, options: { inputName?: string } = {}): Promise<{ runId: string }> {
+    const valid = parse(RunSpec, spec, options.inputName ?? 'spec');
+    await checkHostPaths(activeWorkspacesOfRun(valid), this.hostPaths, `${options.inputName ?? 'spec'}.`);
     const runId = valid.runId ?? `run-${randomUUID()}`;
     try {
       await this.temporal.workflow.start<typeof runWorkflow>('runWorkflow', {
@@ -273,9 +274,10 @@ export class SandboxesApi {
     return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
   }
 
-  async create(input: unknown): Promise<SandboxView> {
-    const create = parse(CreateSandboxInput, input, 'sandbox');
-    await checkHostPaths(activeWorkspacesOfSandbox(create), this.hostPaths, 'sandbox.');
+  /** `options.inputName` names the input in errors (the REST API's `body`). */
+  async create(input: unknown, options: { inputName?: string } = {}): Promise<SandboxView> {
+    const create = parse(CreateSandboxInput, input, options.inputName ?? 'sandbox');
+    await checkHostPaths(activeWorkspacesOfSandbox(create), this.hostPaths, `${options.inputName ?? 'sandbox'}.`);
     const sandboxId = `sbx-${randomUUID().slice(0, 12)}`;
     try {
       await this.temporal.workflow.start<typeof sandboxWorkflow>('sandboxWorkflow', {

@@ -8,5 +8,7 @@ import { sandboxRoutes } from './sandboxes';
 /** Every route of the API, in one table: the handlers, their roles and the OpenAPI document come from it. */
 export function apiRoutes(): RouteDef[] {
   const routes: RouteDef[] = [...runRoutes(), ...sandboxRoutes(), ...metricsRoutes()];
-  return [...routes, ...metaRoutes(() => openApiDocument(routes))];
+  // The document describes itself too: it is made on first request, from the whole table.
+  routes.push(...metaRoutes(() => openApiDocument(routes)));
+  return routes;
 }

@@ -17,7 +17,7 @@ export function runRoutes(): RouteDef[] {
       errors: ['INVALID_ARGUMENT', 'ALREADY_EXISTS'],
       role: 'operator',
       adminField: (spec) => activeWorkspacesOfRun(spec)[0]?.field,
-      handle: ({ body, client }) => client.runs.start(body),
+      handle: ({ body, client }) => client.runs.start(body, { inputName: 'body' }),
     }),
     defineRoute({
       method: 'GET',

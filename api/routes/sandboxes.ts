@@ -42,7 +42,7 @@ export function sandboxRoutes(): RouteDef[] {
       errors: ['INVALID_ARGUMENT'],
       role: 'operator',
       adminField: (input) => activeWorkspacesOfSandbox(input)[0]?.field,
-      handle: ({ body, client }) => client.sandboxes.create(body),
+      handle: ({ body, client }) => client.sandboxes.create(body, { inputName: 'body' }),
     }),
     defineRoute({
       method: 'GET',

@@ -76,6 +76,7 @@ const API_ROUTES: [string, string][] = [
   ['DELETE', '/api/v1/sandboxes/s1'],
   ['GET', '/api/v1/metrics'],
   ['GET', '/api/openapi.json'],
+  ['GET', '/api/v1/me'],
 ];
 
 describe('authentication', () => {
@@ -154,6 +155,8 @@ describe('OpenAPI', () => {
         'DELETE /api/v1/sandboxes/{id}',
         'GET /api/v1/metrics',
         'GET /metrics',
+        'GET /api/openapi.json',
+        'GET /api/v1/me',
       ].sort(),
     );
     expect(doc.paths['/api/v1/runs'].post.requestBody?.content['application/json'].schema).toEqual({
