@@ -55,6 +55,16 @@ async function waitingRun(): Promise<string> {
   return runId;
 }
 
+/** A Run busy in its sandbox (a manual suspend applies to it), suspended by hand if asked. */
+async function busyRun(suspended: boolean): Promise<string> {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ exec: 'sleep 2' }, { exec: 'echo after' }] },
+    sandbox: { provider: 'local' },
+  });
+  if (suspended) await stack.client.runs.suspend(runId);
+  return runId;
+}
+
 async function sandboxIn(state: 'created' | 'running' | 'paused'): Promise<string> {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
   if (state === 'created') return sandboxId;
@@ -92,7 +102,7 @@ interface Case {
   body?: unknown;
   raw?: Buffer;
   /** A Run and a sandbox in the state this request works on. */
-  needsRun?: 'waiting' | 'suspended';
+  needsRun?: 'waiting' | 'busy' | 'suspended';
   needsSandbox?: 'created' | 'running' | 'paused';
 }
 
@@ -122,7 +132,7 @@ function cases(): Case[] {
       });
     } else if (route.path.startsWith('/api/v1/runs/{id}')) {
       const body = op === '{iid}' ? { decision: 'approve' } : undefined;
-      out.push({ ...base, body, needsRun: op === 'resume' ? 'suspended' : 'waiting' });
+      out.push({ ...base, body, needsRun: op === 'resume' ? 'suspended' : op === 'suspend' ? 'busy' : 'waiting' });
     } else if (route.path.startsWith('/api/v1/sandboxes/{id}')) {
       const state = op === 'start' ? 'created' : op === 'resume' ? 'paused' : 'running';
       const body = op === 'exec' ? { command: 'touch executed' } : undefined;
@@ -153,11 +163,11 @@ test('every route × every role: the route does its job, or 403 FORBIDDEN as dec
       tally.start(id, `${id}: ${allowed ? 'refused' : 'let in'}`);
       let runId = shared.runId;
       let sandboxId = shared.sandboxId;
-      if (allowed && c.needsRun) {
-        runId = await waitingRun();
-        if (c.needsRun === 'suspended') await stack.client.runs.suspend(runId);
-      }
+      if (allowed && c.needsRun)
+        runId = c.needsRun === 'waiting' ? await waitingRun() : await busyRun(c.needsRun === 'suspended');
       if (allowed && c.needsSandbox) sandboxId = await sandboxIn(c.needsSandbox);
+      if (allowed && c.route.method === 'GET' && c.route.path.endsWith('/files'))
+        await stack.client.sandboxes.writeFile(sandboxId, 'written.txt', Buffer.from('there'));
       const url =
         c.route.path
           .replace('/runs/{id}', `/runs/${runId}`)
@@ -176,10 +186,12 @@ test('every route × every role: the route does its job, or 403 FORBIDDEN as dec
         });
       } else {
         if (response.status !== 403) escapes += 1;
+        // The route's own role is checked first (before the body is read), then what the body asks for.
+        const refusedFor = allows(role, c.route.role!) ? c.needs : c.route.role!;
         expect({ id, status: response.status, json: response.json }).toEqual({
           id,
           status: 403,
-          json: { error: { code: 'FORBIDDEN', message: expect.stringContaining(`needs the ${c.needs} role`) } },
+          json: { error: { code: 'FORBIDDEN', message: expect.stringContaining(`needs the ${refusedFor} role`) } },
         });
         expect({ id, world: await world(shared.runId, shared.sandboxId) }).toEqual({ id, world: before });
       }
