@@ -8,7 +8,7 @@ import type { SandboxProvider } from '../../providers/api';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { errorCode, errorMessage, httpClient, type CallOptions, type HttpResult } from '../api/http';
-import { startStack, type TestStack } from '../helpers/stack';
+import { startStack, unprintedWorkerLogs, type TestStack } from '../helpers/stack';
 import { makeHost, sh, type Host } from '../providers/harness';
 import { context, swapLoop, swapping, tempDir } from '../providers/helpers';
 import { Tally, writeSummary } from './helpers';
@@ -216,8 +216,10 @@ describe('through the REST route', () => {
   let call: (method: string, url: string, options?: CallOptions) => Promise<HttpResult>;
 
   beforeAll(async () => {
+    // Hundreds of refusals, each an activity failing as it should: kept in workerLogs, not printed.
+    unprintedWorkerLogs.push(/^Activity failed/);
     stack = await startStack();
-    app = buildApi({ client: stack.client, tokens: new Map([['tester', TOKEN]]) });
+    app = buildApi({ client: stack.client, tokens: new Map([['tester', TOKEN]]), logger: false });
     await app.listen({ host: '127.0.0.1', port: 0 });
     const address = app.server.address();
     call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);

@@ -240,7 +240,6 @@ test('a directory swapped with a link to a host directory: thousands of reads an
         }
       }),
     );
-    console.log(`file race: ${JSON.stringify({ ...counts, escapes: counts.escapes.length })}`);
     expect(counts.escapes).toEqual([]);
     await outsideUntouched(outside);
     // Every write that succeeded is inside the workspace (in whichever directory the swap left it).
