@@ -16,9 +16,15 @@ export type PauseMode = z.infer<typeof PauseMode>;
 export const PauseBehavior = z.enum(['CANCEL', 'CONTINUE', 'DETACH']);
 export const ExecutionAffinity = z.enum(['SANDBOX', 'EXTERNAL']);
 
+/** A string that reaches a process (argv, environment, script): a NUL byte would end it early or fail the start. */
+export const ProcessText = z.string().refine((s) => !s.includes('\0'), 'must not contain a NUL byte');
+
+/** A shell command run in a sandbox. */
+export const ShellCommand = ProcessText.min(1);
+
 export const EnvMap = z.record(
   z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'),
-  z.string(),
+  ProcessText,
 );
 
 export const Workspace = z.discriminatedUnion('kind', [
@@ -50,7 +56,7 @@ export const WorkspacePath = z
 
 export const ExecStep = z
   .object({
-    exec: z.string().min(1),
+    exec: ShellCommand,
     pauseBehavior: PauseBehavior.optional(),
     executionAffinity: ExecutionAffinity.optional(),
     background: z.boolean().optional(),
@@ -272,7 +278,7 @@ export type CreateSandboxInput = z.infer<typeof CreateSandboxInput>;
 
 export const ExecInput = z
   .object({
-    command: z.string().min(1).max(1_000_000),
+    command: ShellCommand.max(1_000_000),
     timeoutMs: z.number().int().positive().max(86_400_000).optional(),
     env: EnvMap.optional(),
   })

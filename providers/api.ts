@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { Checkpoint, EnvMap, PauseMode, SandboxTemplate, Workspace } from '../common/schemas';
+import { Checkpoint, EnvMap, PauseMode, SandboxTemplate, ShellCommand, Workspace } from '../common/schemas';
 
 // Sandbox plugin API v3 (SPEC section 4). The schemas validate what a provider
 // module exports and every request and receipt that crosses it.
@@ -65,7 +65,7 @@ export type FencedRequest = z.infer<typeof FencedRequest>;
 
 export const ProviderExecRequest = FencedRequest.extend({
   jobId: z.string().min(1),
-  command: z.string().min(1),
+  command: ShellCommand,
   timeoutMs: z.number().int().positive().optional(),
   env: EnvMap.optional(),
 });

@@ -19,7 +19,7 @@ import {
   type SandboxProvider,
   type SandboxReleaseReceipt,
 } from './api';
-import { hostCommands, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
+import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
 import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
@@ -316,8 +316,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           }
           await journal.begin(request);
           // Admitted and started under the lock, so no release can slip between the check and the spawn.
-          const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
+          const child = await spawnInSandbox(commands, paths, SHELL_FROM_STDIN, {
             env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
+            stdin: request.command,
             maxOutputBytes,
           }).catch(async (err: unknown) => {
             await journal.forget(request); // nothing ran

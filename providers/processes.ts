@@ -21,6 +21,11 @@ export function markerEnv(marker: SandboxMarker): Record<string, string> {
   return { [ID_VAR]: marker.sandboxId, [HOST_VAR]: marker.hostId };
 }
 
+/** Only the marker of a sandbox environment: what a launcher the host starts for the sandbox carries. */
+export function markerOnly(env: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([name]) => name === ID_VAR || name === HOST_VAR));
+}
+
 interface ProcessInfo {
   pid: number;
   /** The state letter of /proc/<pid>/stat: R, S, D, T (stopped), Z (zombie)... */

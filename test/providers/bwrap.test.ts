@@ -122,4 +122,30 @@ describe('bwrap provider', () => {
       'STALE_FENCE',
     );
   });
+
+  it('launches bubblewrap by its absolute path with a fixed environment, whatever PATH the sandbox sets', async () => {
+    const host = await bwrapHost();
+    const outside = await tempDir('outside');
+    const id = await host.sandbox({ env: { PATH: './bin:/usr/bin:/bin' } });
+    // A fake bwrap in the workspace: run on the host (cwd = the workspace), it would write outside.
+    await host.provider.writeFile(
+      { sandboxId: id, path: 'bin/bwrap', content: Buffer.from(`#!/bin/sh\necho escaped > ${outside}/pwned\n`) },
+      context(),
+    );
+    await sh(host.provider, id, 'chmod +x bin/bwrap');
+    const outcome = await host.provider.exec(
+      {
+        sandboxId: id,
+        fence: 1,
+        jobId: 'path',
+        command: 'echo "$PATH|$MINE"; cat /proc/1/environ | tr "\\0" "\\n"',
+        env: { PATH: './bin:/usr/bin:/bin', MINE: 'm' },
+      },
+      context(),
+    );
+    expect(await fs.readdir(outside)).toEqual([]);
+    expect(outcome.exitCode).toBe(0);
+    // The sandbox still gets its own environment, inside.
+    expect(outcome.stdout.split('\n')[0]).toBe('./bin:/usr/bin:/bin|m');
+  });
 });
