@@ -96,7 +96,9 @@ describe('a hostile request never takes the starter down', () => {
 
   it('a long script goes in on stdin, past any argv limit', async () => {
     const script = `x=${'a'.repeat(512 * 1024)}\necho \${#x}`;
-    const exit = await (await startProcess({ ...request([]), args: ['-c', 'eval "$(/bin/cat)"'], stdin: script })).exited;
+    const exit = await (
+      await startProcess({ ...request([]), args: ['-c', 'eval "$(/bin/cat)"'], stdin: script })
+    ).exited;
     expect(exit).toMatchObject({ code: 0, stdout: `${512 * 1024}\n` });
   });
 });
