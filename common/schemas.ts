@@ -260,16 +260,7 @@ export const ResourceView = z.object({
 export type ResourceView = z.infer<typeof ResourceView>;
 
 // Standalone sandboxes (SPEC section 3).
-export const SandboxState = z.enum([
-  'created',
-  'running',
-  'stopped',
-  'paused',
-  'suspended',
-  'destroyed',
-  'failed',
-  'lost',
-]);
+export const SandboxState = z.enum(['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost']);
 export type SandboxState = z.infer<typeof SandboxState>;
 
 export const SandboxLifecyclePolicy = z.object({ timeout: Duration.optional(), ttl: Duration.optional() }).strict();
