@@ -12,6 +12,8 @@ import { markerOnly } from './processes';
 // process) inside bubblewrap: own pid and network namespaces, a read-only view
 // of the system, and only this sandbox's directories, at /workspace,
 // /home/sandbox and /envs. Other sandboxes and the data dir are not visible.
+// A sandbox outlives the worker that started it (no --die-with-parent), as a
+// local one does: the next worker finds its processes and adopts them.
 
 const SANDBOX_HOME = '/home/sandbox';
 
@@ -101,7 +103,6 @@ export function bubblewrapCommands(bwrapPath?: string): CommandWrapper {
         '--unshare-net',
         '--unshare-ipc',
         '--unshare-uts',
-        '--die-with-parent',
         ...mounts,
         '--proc',
         '/proc',

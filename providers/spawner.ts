@@ -161,7 +161,8 @@ const PIPE_GRACE_MS = 200;
 
 /** The helper's side (run by spawner-main): starts what it is sent, reports the pid and, for foreground processes, the exit. */
 export function serveSpawner(): void {
-  const reply = (message: FromHelper) => process.send?.(message);
+  // The worker gone (the channel closed), a reply has nowhere to go; 'disconnect' ends the helper.
+  const reply = (message: FromHelper) => process.send?.(message, undefined, {}, () => undefined);
   process.on('disconnect', () => process.exit(0));
   // The helper serves every sandbox on the host, so no single request may take it down: whatever
   // arrives is checked first, and anything spawn() still throws fails that request alone.
