@@ -78,12 +78,28 @@ export const ExpectFileStep = z
   .strict();
 export const CompleteStep = z.object({ complete: z.unknown() }).strict();
 
+/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox limits"). */
+export const SandboxLimits = z
+  .object({
+    /** Processes (and threads) alive at once. */
+    processes: z.number().int().min(16).max(1_000_000).optional(),
+    /** Memory, in MiB. */
+    memoryMiB: z.number().int().min(64).max(16_777_216).optional(),
+    /** CPU time per period, in CPUs (0.5 is half of one CPU). */
+    cpus: z.number().min(0.01).max(1024).optional(),
+    /** Largest file a process may write, in MiB. */
+    fileMiB: z.number().int().min(1).max(16_777_216).optional(),
+  })
+  .strict();
+export type SandboxLimits = z.infer<typeof SandboxLimits>;
+
 export const SandboxSpec = z
   .object({
     provider: z.string().min(1),
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),
+    limits: SandboxLimits.optional(),
   })
   .strict();
 
@@ -271,6 +287,7 @@ export const CreateSandboxInput = z
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),
+    limits: SandboxLimits.optional(),
     policy: SandboxLifecyclePolicy.optional(),
   })
   .strict();

@@ -103,6 +103,9 @@ export function bubblewrapCommands(bwrapPath?: string): CommandWrapper {
         '--unshare-net',
         '--unshare-ipc',
         '--unshare-uts',
+        // Root inside keeps no capability: it cannot mount a cgroup fs to leave its group, nor raise its limits.
+        '--cap-drop',
+        'ALL',
         ...mounts,
         '--proc',
         '/proc',

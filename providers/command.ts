@@ -1,7 +1,8 @@
 import { constants } from 'node:os';
 import { abortReason } from '../stores/abort';
 import type { ExecOutcome } from './api';
-import { sendSignal } from './processes';
+import { confine, joined, type ResolvedLimits } from './limits';
+import { sendSignal, type SandboxMarker } from './processes';
 import type { SandboxPaths } from './sandbox-state';
 import { startProcess, type StartedProcess } from './spawner';
 
@@ -48,6 +49,8 @@ export function sandboxEnv(home: string, env: Record<string, string>): Record<st
 export const SYSTEM_PATH = BASE_ENV.PATH;
 
 export interface SpawnOptions {
+  /** Whose process it is: it joins that sandbox's control groups and takes its limits. */
+  sandbox: { marker: SandboxMarker; limits: ResolvedLimits };
   /** Sandbox env, request env and markers, in increasing precedence. */
   env: Record<string, string>;
   /** Long-lived processes are not waited for and do not keep the worker alive. */
@@ -77,12 +80,16 @@ export async function spawnInSandbox(
   options: SpawnOptions,
 ): Promise<StartedProcess> {
   const command = wrapper.wrap(paths, argv, options.env);
-  return startProcess({
+  const { join, ...confined } = confine(options.sandbox.marker, options.sandbox.limits, command);
+  const started = await startProcess({
     ...command,
+    ...confined,
     background: options.background ?? false,
     maxOutputBytes: options.maxOutputBytes ?? 0,
     ...(options.stdin === undefined ? {} : { stdin: options.stdin }),
   });
+  await joined(started.pid, join);
+  return started;
 }
 
 export interface WaitOptions {
