@@ -88,6 +88,6 @@ export async function startCounter(provider: SandboxProvider, sandboxId: string,
   );
 }
 
-export async function readCounter(workspace: string): Promise<number> {
-  return Number((await fs.readFile(path.join(workspace, 'counter'), 'utf8').catch(() => '0')).trim() || '0');
+export async function readCounter(workspace: string, file = 'counter'): Promise<number> {
+  return Number((await fs.readFile(path.join(workspace, file), 'utf8').catch(() => '0')).trim() || '0');
 }

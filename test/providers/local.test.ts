@@ -84,13 +84,18 @@ describe('local provider: commands', () => {
     await host.provider.writeFile({ sandboxId: id, path: 'dir/new.txt', content: Buffer.from('content') }, context());
     expect(await sh(host.provider, id, 'cat dir/new.txt')).toBe('content');
     await sh(host.provider, id, `ln -s ${outside} out; ln -s dir inner; ln -s ${outside}/secret leak`);
-    expect((await host.provider.readFile({ sandboxId: id, path: 'inner/new.txt' }, context())).toString()).toBe(
-      'content',
-    );
     expect(
       (await host.provider.readFile({ sandboxId: id, path: '/workspace/dir/new.txt' }, context())).toString(),
     ).toBe('content');
-    for (const bad of ['../meta/state.json', '/etc/passwd', 'out/secret', 'leak', 'dir/../../home/x']) {
+    // No link is followed, also one that stays inside: the sandbox may turn it into one that leaves at any moment.
+    for (const bad of [
+      '../meta/state.json',
+      '/etc/passwd',
+      'out/secret',
+      'leak',
+      'dir/../../home/x',
+      'inner/new.txt',
+    ]) {
       const err = await stasisError(
         host.provider.readFile({ sandboxId: id, path: bad }, context()),
         'INVALID_ARGUMENT',
