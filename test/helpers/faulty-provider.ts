@@ -8,9 +8,10 @@ import { StasisError } from '../../common/errors';
  * `stale-fence` (another owner has raised the sandbox's fence first, so the real
  * provider refuses with STALE_FENCE); `idempotency-conflict` (the same key was
  * already used for a different, DETACH, request, so the real provider refuses
- * with IDEMPOTENCY_CONFLICT).
+ * with IDEMPOTENCY_CONFLICT); `no-checkpoint` (the real release runs, but its receipt
+ * comes back without the checkpoint).
  */
-export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict';
+export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict' | 'no-checkpoint';
 /**
  * How one restore call fails: `throw` (an exception), `hang` (never answers, until
  * cancelled), or `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores).
@@ -53,6 +54,10 @@ export interface ReleaseFaults {
   restoreCalls?: ProviderCall[];
   /** What a `hold` restore waits for. */
   gate?: Promise<void>;
+  /** While set, every file write waits for it before it reaches the provider (a slow write). */
+  writeGate?: Promise<void>;
+  /** Every file write the provider saw, in order (idempotencyKey is the path). */
+  writeCalls?: ProviderCall[];
 }
 
 /**
@@ -99,6 +104,27 @@ export function faultyProvider(faults: ReleaseFaults) {
         }
         call.outcome = 'answered';
         return outcome;
+      },
+      async writeFile(request, context) {
+        const call: ProviderCall = {
+          sandboxId: request.sandboxId,
+          fence: request.fence ?? -1,
+          idempotencyKey: request.path,
+          outcome: 'arrived',
+          at: Date.now(),
+        };
+        (faults.writeCalls ??= []).push(call);
+        if (faults.writeGate) {
+          call.outcome = 'held';
+          await faults.writeGate;
+        }
+        try {
+          await local.writeFile(request, context);
+          call.outcome = 'written';
+        } catch (err) {
+          call.outcome = `refused ${(err as { code?: string }).code ?? String(err)}`;
+          throw err;
+        }
       },
       async stop(request, context) {
         breakable('stop');
@@ -183,6 +209,11 @@ export function faultyProvider(faults: ReleaseFaults) {
         try {
           const receipt = await local.release(request, context);
           call.outcome = receipt.duplicate ? 'duplicate' : 'released';
+          if (fault === 'no-checkpoint') {
+            call.outcome += ' (checkpoint dropped)';
+            const { checkpoint: _dropped, ...rest } = receipt;
+            return rest;
+          }
           return receipt;
         } catch (err) {
           call.outcome = `refused ${(err as { code?: string }).code ?? ''}`;
