@@ -14,9 +14,10 @@ import { StasisError } from '../../common/errors';
 export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict' | 'no-checkpoint';
 /**
  * How one restore call fails: `throw` (an exception), `hang` (never answers, until
- * cancelled), or `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores).
+ * cancelled), `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores),
+ * or `unavailable` (refused for good: NOT_FOUND, as when the checkpoint object is missing).
  */
-export type RestoreFault = 'throw' | 'hang' | 'hold';
+export type RestoreFault = 'throw' | 'hang' | 'hold' | 'unavailable';
 
 /**
  * How one exec call fails: `lost` (the attempt never reaches the provider: it hangs without
@@ -152,6 +153,10 @@ export function faultyProvider(faults: ReleaseFaults) {
         if (fault === 'hang') {
           call.outcome = 'hung';
           return hang(context.signal, 'restore');
+        }
+        if (fault === 'unavailable') {
+          call.outcome = 'refused NOT_FOUND';
+          throw new StasisError('NOT_FOUND', 'injected: the checkpoint object is not in the store');
         }
         if (fault === 'hold') {
           call.outcome = 'held';

@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
 import * as path from 'node:path';
+import { StasisClient } from '../../client';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { scanSandboxProcesses } from '../../providers/processes';
 import { createCheckpointStore } from '../../stores';
@@ -28,6 +29,20 @@ test('destroy deletes every checkpoint the sandbox ever had, not only the latest
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
   await stack.client.sandboxes.destroy(sandboxId);
   expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+});
+
+test('retention expiry deletes every checkpoint the sandbox ever had, not only the latest', async () => {
+  const expiring = new StasisClient(stack.temporal, { taskQueue: stack.config.STASIS_TASK_QUEUE, suspendedRetentionSeconds: 4 });
+  const { sandboxId } = await expiring.sandboxes.create({ provider: 'local' });
+  await expiring.sandboxes.start(sandboxId);
+  await expiring.sandboxes.suspend(sandboxId);
+  await expiring.sandboxes.resume(sandboxId);
+  await expiring.sandboxes.exec(sandboxId, { command: 'echo changed > f' });
+  await expiring.sandboxes.suspend(sandboxId);
+  expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
+  await eventually(async () => (await expiring.sandboxes.get(sandboxId)).error?.code === 'SUSPEND_EXPIRED', 30_000, 'expired');
+  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  await expiring.sandboxes.destroy(sandboxId);
 });
 
 test('destroy while the host is gone ends promptly; the host removes the sandbox when it is back', async () => {
