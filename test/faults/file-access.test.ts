@@ -219,7 +219,11 @@ describe('through the REST route', () => {
     // Hundreds of refusals, each an activity failing as it should: kept in workerLogs, not printed.
     unprintedWorkerLogs.push(/^Activity failed/);
     stack = await startStack();
-    app = buildApi({ client: stack.client, tokens: new Map([['tester', TOKEN]]), logger: false });
+    app = buildApi({
+      client: stack.client,
+      tokens: [{ name: 'tester', secret: TOKEN, role: 'operator' }],
+      logger: false,
+    });
     await app.listen({ host: '127.0.0.1', port: 0 });
     const address = app.server.address();
     call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);
