@@ -3,6 +3,7 @@ import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { AgentAction, type AgentDriver, type AgentStepInput, type AgentStepOutput } from '../drivers/api';
 import type { ExecResult } from '../common/schemas';
+import { checkpointPrefix } from '../providers/snapshot';
 import type { CheckpointStore } from '../stores/api';
 
 // Host-independent activities on the shared task queue.
@@ -40,6 +41,11 @@ export function createSharedActivities(deps: SharedActivityDeps) {
 
     async deleteCheckpoint(input: { uri: string }): Promise<void> {
       await deps.store.delete(input.uri);
+    },
+
+    /** Every checkpoint a sandbox ever had, whatever its fence. */
+    async deleteSandboxCheckpoints(input: { sandboxId: string }): Promise<void> {
+      await deps.store.deletePrefix(checkpointPrefix(input.sandboxId));
     },
 
     /** An EXTERNAL job runs beside the sandbox, never in it, so it never holds its compute. */

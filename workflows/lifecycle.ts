@@ -23,7 +23,7 @@ export interface Rejection {
 
 // ---------------------------------------------------------------- sandboxes
 
-export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose';
+export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose' | 'unsuspend';
 
 /** Legal transitions of SPEC section 3 (and of 002_...txt). */
 export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: SandboxState }> = {
@@ -35,6 +35,8 @@ export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: 
   destroy: { from: ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'], to: 'destroyed' },
   fail: { from: ['running'], to: 'failed' },
   lose: { from: ['running', 'paused'], to: 'lost' },
+  /** A suspend answered before its release settled, whose release then failed for good: compute never left. */
+  unsuspend: { from: ['suspended'], to: 'running' },
 };
 
 /** Operations that answer with the current state when already there (idempotent). */
@@ -48,6 +50,8 @@ export interface SandboxFacts {
   changing: boolean;
   /** Commands running now. */
   runningExecs: number;
+  /** File reads and writes under way: like commands, they hold off a suspend. */
+  fileOps: number;
   /** Retention expired: the sandbox's route is stale. */
   expired: boolean;
 }
@@ -68,6 +72,10 @@ export function decideSandboxOp(facts: SandboxFacts, op: SandboxOp): SandboxDeci
   if (!rule.from.includes(facts.state)) return { kind: 'reject', rejection: INVALID_TRANSITION };
   if (op === 'suspend' && facts.runningExecs > 0) {
     return reject('SANDBOX_SUSPEND_BUSY', `sandbox: ${facts.runningExecs} command(s) running; suspend refused`);
+  }
+  // A write the snapshot might miss: refused rather than lost.
+  if (op === 'suspend' && facts.fileOps > 0) {
+    return reject('SANDBOX_SUSPEND_BUSY', `sandbox: ${facts.fileOps} file operation(s) under way; suspend refused`);
   }
   return { kind: 'transition', to: rule.to };
 }
@@ -161,10 +169,35 @@ export function releaseBackoffMs(attempt: number): number {
   return Math.min(1_000 * 2 ** (attempt - 2), 300_000);
 }
 
-/** Whether a receipt confirms the release. DETACH never frees compute, so it needs no confirmation. */
-export function receiptConfirms(mode: PauseMode, receipt: { computeReleased: boolean; mode: PauseMode }): boolean {
-  if (receipt.mode !== mode) return false;
-  return mode === 'DETACH' || receipt.computeReleased;
+/** What a receipt must match: the request it answers. */
+export interface ReleaseRequestFacts {
+  sandboxId: string;
+  idempotencyKey: string;
+  mode: PauseMode;
+  fence: number;
+}
+
+export interface ReleaseReceiptFacts extends ReleaseRequestFacts {
+  computeReleased: boolean;
+  checkpoint?: { uri: string; sha256: string; bytes: number };
+}
+
+/**
+ * Why a receipt does not confirm the release it answers, or undefined when it does.
+ * It must answer this very request (sandbox, key, fence, mode); TERMINATE and
+ * SNAPSHOT_AND_TERMINATE must have released compute, and a snapshot needs its
+ * checkpoint. DETACH never frees compute, so it needs no confirmation.
+ */
+export function receiptProblem(request: ReleaseRequestFacts, receipt: ReleaseReceiptFacts): string | undefined {
+  for (const field of ['sandboxId', 'idempotencyKey', 'fence', 'mode'] as const) {
+    if (receipt[field] !== request[field]) {
+      return `receipt ${field} ${JSON.stringify(receipt[field])} does not match the request's ${JSON.stringify(request[field])}`;
+    }
+  }
+  if (request.mode === 'DETACH') return undefined;
+  if (!receipt.computeReleased) return `receipt for ${request.mode} says computeReleased=false`;
+  if (request.mode === 'SNAPSHOT_AND_TERMINATE' && !receipt.checkpoint) return 'receipt for SNAPSHOT_AND_TERMINATE has no checkpoint';
+  return undefined;
 }
 
 export const releaseIdempotencyKey = (ownerId: string, sandboxId: string, fence: number): string =>

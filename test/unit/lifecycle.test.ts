@@ -1,4 +1,5 @@
-import type { SandboxState } from '../../common/schemas';
+import fc from 'fast-check';
+import type { PauseMode, SandboxState } from '../../common/schemas';
 import {
   blockingChildren,
   checkArity,
@@ -12,7 +13,8 @@ import {
   isReleaseBlocked,
   jobsToCancel,
   planResume,
-  receiptConfirms,
+  receiptProblem,
+  type ReleaseReceiptFacts,
   releaseBackoffMs,
   releaseIdempotencyKey,
   SANDBOX_TRANSITIONS,
@@ -26,6 +28,7 @@ const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandb
   state,
   changing: false,
   runningExecs: 0,
+  fileOps: 0,
   expired: false,
   ...extra,
 });
@@ -55,7 +58,9 @@ describe('sandbox transition table', () => {
     expect(decideSandboxOp(facts('running'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('paused'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
-    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose'].sort() as SandboxOp[]);
+    expect(decideSandboxOp(facts('suspended'), 'unsuspend')).toEqual({ kind: 'transition', to: 'running' });
+    expect(decideSandboxOp(facts('running'), 'unsuspend').kind).toBe('reject');
+    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose', 'unsuspend'].sort() as SandboxOp[]);
   });
 
   test('a state change in progress makes a second one 409', () => {
@@ -70,6 +75,15 @@ describe('sandbox transition table', () => {
       kind: 'reject',
       rejection: { code: 'SANDBOX_SUSPEND_BUSY' },
     });
+    expect(decideSandboxOp(facts('running', { fileOps: 1 }), 'suspend')).toMatchObject({
+      kind: 'reject',
+      rejection: { code: 'SANDBOX_SUSPEND_BUSY' },
+    });
+    // Only suspend waits for file operations: stop, pause and destroy do not touch the files.
+    for (const op of ['stop', 'pause', 'destroy'] as const) {
+      expect(decideSandboxOp(facts('running', { fileOps: 1 }), op).kind).toBe('transition');
+    }
+    expect(decideFileAccess(facts('running', { changing: true }))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideExec(facts('running', { changing: true }))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideExec(facts('running'))).toBeUndefined();
     expect(decideExec(facts('paused'))?.code).toBe('INVALID_STATE_TRANSITION');
@@ -144,18 +158,47 @@ describe('release blocking', () => {
 });
 
 describe('receipts, retries and keys', () => {
-  test.each([
-    ['TERMINATE', true, true],
-    ['TERMINATE', false, false],
-    ['SNAPSHOT_AND_TERMINATE', false, false],
-    ['SNAPSHOT_AND_TERMINATE', true, true],
-    ['DETACH', false, true],
-  ] as const)('%s with computeReleased=%s confirms=%s', (mode, computeReleased, confirms) => {
-    expect(receiptConfirms(mode, { mode, computeReleased })).toBe(confirms);
+  const checkpoint = { uri: 's3://b/checkpoints/sbx/3-x.tar.gz', sha256: 'a'.repeat(64), bytes: 10 };
+  const request = (mode: PauseMode) => ({ sandboxId: 'sbx', idempotencyKey: 'run-1/sbx/3/release', mode, fence: 3 });
+  const answer = (mode: PauseMode, extra: Partial<ReleaseReceiptFacts> = {}): ReleaseReceiptFacts => ({
+    ...request(mode),
+    computeReleased: mode !== 'DETACH',
+    ...(mode === 'SNAPSHOT_AND_TERMINATE' ? { checkpoint } : {}),
+    ...extra,
   });
 
-  test('a receipt for another mode never confirms', () => {
-    expect(receiptConfirms('TERMINATE', { mode: 'DETACH', computeReleased: true })).toBe(false);
+  test.each([
+    ['TERMINATE', {}, undefined],
+    ['TERMINATE', { computeReleased: false }, 'computeReleased=false'],
+    ['SNAPSHOT_AND_TERMINATE', {}, undefined],
+    ['SNAPSHOT_AND_TERMINATE', { computeReleased: false }, 'computeReleased=false'],
+    ['SNAPSHOT_AND_TERMINATE', { checkpoint: undefined }, 'no checkpoint'],
+    ['DETACH', {}, undefined],
+    ['DETACH', { computeReleased: true }, undefined],
+    ['TERMINATE', { mode: 'DETACH' }, 'mode'],
+    ['SNAPSHOT_AND_TERMINATE', { mode: 'TERMINATE' }, 'mode'],
+    ['SNAPSHOT_AND_TERMINATE', { sandboxId: 'other' }, 'sandboxId'],
+    ['TERMINATE', { idempotencyKey: 'run-1/sbx/2/release' }, 'idempotencyKey'],
+    ['SNAPSHOT_AND_TERMINATE', { fence: 2 }, 'fence'],
+    ['DETACH', { fence: 4 }, 'fence'],
+    ['DETACH', { sandboxId: 'other' }, 'sandboxId'],
+  ] as const)('%s answered with %j: problem %s', (mode, extra, problem) => {
+    const found = receiptProblem(request(mode), answer(mode, extra as Partial<ReleaseReceiptFacts>));
+    if (problem === undefined) expect(found).toBeUndefined();
+    else expect(found).toContain(problem);
+  });
+
+  test('no receipt confirms a request it does not answer (any field off)', () => {
+    fc.assert(
+      fc.property(
+        fc.constantFrom<PauseMode>('DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'),
+        fc.constantFrom('sandboxId', 'idempotencyKey', 'fence', 'mode'),
+        (mode, field) => {
+          const wrong = { sandboxId: 'x', idempotencyKey: 'k', fence: 9, mode: mode === 'DETACH' ? 'TERMINATE' : 'DETACH' }[field];
+          expect(receiptProblem(request(mode), answer(mode, { [field]: wrong }))).toContain(field);
+        },
+      ),
+    );
   });
 
   test('backoff doubles from 1 s and stops at 5 min', () => {
