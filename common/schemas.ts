@@ -79,7 +79,7 @@ export const ExpectFileStep = z
   .strict();
 export const CompleteStep = z.object({ complete: z.unknown() }).strict();
 
-/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox limits"). */
+/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox processes and limits"). */
 export const SandboxLimits = z
   .object({
     /** Processes (and threads) alive at once. */
