@@ -3,7 +3,7 @@ import type { z } from 'zod';
 import { describeIssues, StasisError } from '../common/errors';
 import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
 import {
   FencedRequest,
   FileRequest,
@@ -166,6 +166,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           fence: request.fence,
           idempotencyKey: request.idempotencyKey,
           labels,
+          limits: archiveLimits,
           progress,
           ...(context.signal ? { signal: context.signal } : {}),
         });
@@ -187,7 +188,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
   async function layOut(paths: SandboxPaths, workspace: Workspace): Promise<void> {
-    for (const dir of [paths.home, paths.envs, paths.receipts]) await fs.mkdir(dir, { recursive: true });
+    for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
+    await makeDirDurable(paths.receipts);
     if (workspace.kind === 'isolated') {
       await fs.mkdir(paths.workspace, { recursive: true });
       return;
@@ -257,6 +259,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             workspace,
             limits: archiveLimits,
             progress,
+            beforeSwap: async () => {
+              if (!existing?.dormant) return;
+              // A restore killed from here on leaves files that are no local copy of that checkpoint any more.
+              delete existing.dormant;
+              await writeState(paths, existing);
+            },
             ...(context.signal ? { signal: context.signal } : {}),
           }),
         );

@@ -34,10 +34,7 @@ beforeAll(async () => {
   });
   app = buildApi({
     client: stack.client,
-    tokens: new Map([
-      ['alice', ALICE],
-      ['bob', BOB],
-    ]),
+    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }, { name: 'bob', secret: BOB, role: 'operator' }],
     logger: { level: 'info', destination: logs },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -79,6 +76,7 @@ const API_ROUTES: [string, string][] = [
   ['DELETE', '/api/v1/sandboxes/s1'],
   ['GET', '/api/v1/metrics'],
   ['GET', '/api/openapi.json'],
+  ['GET', '/api/v1/me'],
 ];
 
 describe('authentication', () => {
@@ -157,6 +155,8 @@ describe('OpenAPI', () => {
         'DELETE /api/v1/sandboxes/{id}',
         'GET /api/v1/metrics',
         'GET /metrics',
+        'GET /api/openapi.json',
+        'GET /api/v1/me',
       ].sort(),
     );
     expect(doc.paths['/api/v1/runs'].post.requestBody?.content['application/json'].schema).toEqual({
