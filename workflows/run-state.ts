@@ -44,6 +44,8 @@ export interface SessionAggregate {
   /** Absolute time (ms) at which policy.ttl ends the Run; kept across continue-as-new. */
   ttlDeadlineMs?: number;
   jobCounter: number;
+  /** The sandbox was frozen by policy.idleTimeout; the next job thaws it. Kept across continue-as-new. */
+  idlePaused?: boolean;
 }
 
 /** Read-only views of the aggregate: the user snapshot never shows resource state. */
@@ -74,5 +76,4 @@ export function toResourceView(run: SessionAggregate, nowMs: number): ResourceVi
 export const pendingInteractions = (run: SessionAggregate): InteractionRequest[] =>
   run.interactions.filter((i) => i.status === 'pending');
 
-export const isTerminal = (status: RunStatus): boolean =>
-  status === 'COMPLETED' || status === 'FAILED' || status === 'CANCELLED' || status === 'EXPIRED';
+export { isTerminalRunStatus as isTerminal } from './lifecycle';
