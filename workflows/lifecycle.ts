@@ -137,12 +137,20 @@ export function jobsToCancel(jobs: JobState[]): JobState[] {
 
 const SETTLED: ResourceState[] = ['RELEASED', 'DESTROYED'];
 
-/** A parent's release waits until every child's record is released (or gone). */
-export function blockingChildren(children: { runId: string; state: ResourceState }[]): string[] {
-  return children.filter((c) => !SETTLED.includes(c.state)).map((c) => c.runId);
+/** A child Run as its parent knows it: its record's last reported state, and why it closed unreported, if it did. */
+export interface ChildState {
+  runId: string;
+  state: ResourceState;
+  /** The child closed without its final report (terminated, timed out): it holds nothing its parent can wait for. */
+  closed?: string;
 }
 
-export function isReleaseBlocked(jobs: JobState[], children: { runId: string; state: ResourceState }[]): boolean {
+/** A parent's release waits until every child's record is released (or gone, or the child closed unreported). */
+export function blockingChildren(children: ChildState[]): string[] {
+  return children.filter((c) => !c.closed && !SETTLED.includes(c.state)).map((c) => c.runId);
+}
+
+export function isReleaseBlocked(jobs: JobState[], children: ChildState[]): boolean {
   return blockingJobs(jobs).length > 0 || blockingChildren(children).length > 0;
 }
 
@@ -201,6 +209,17 @@ export interface HashSet {
   run: string;
   spec: string;
   policy: string;
+}
+
+/**
+ * The run/spec/policy hashes a restored workspace was checkpointed under, from the
+ * checkpoint's labels. A workspace that came back from a checkpoint (or its local
+ * copy) must say; a host-persistent workspace re-provisioned in place records none.
+ */
+export function recordedHashes(restored: { source: string; labels?: Record<string, string> } | undefined): Partial<HashSet> | undefined {
+  if (!restored || restored.source === 'workspace') return undefined;
+  const labels = restored.labels ?? {};
+  return { run: labels.runhash ?? '', spec: labels.spechash ?? '', policy: labels.policyhash ?? '' };
 }
 
 /** Names which of run/spec/policy differ between what is computed now and what was stored. */

@@ -1,11 +1,15 @@
 import {
   CancellationScope,
+  ChildWorkflowFailure,
   ParentClosePolicy,
+  TerminatedFailure,
+  TimeoutFailure,
   allHandlersFinished,
   condition,
   continueAsNew,
   isCancellation,
   log,
+  patched,
   startChild,
   workflowInfo,
 } from '@temporalio/workflow';
@@ -14,7 +18,7 @@ import { durationMs } from '../common/duration';
 import type { InteractionRequest, RunSpec } from '../common/schemas';
 import { failureCode, failureMessage } from './coordinator';
 import type { RunWorkflowInput } from './definitions';
-import { shared, type RunController } from './run-controller';
+import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, shared, type RunController } from './run-controller';
 import { isTerminal } from './run-state';
 import { finish } from './run-ending';
 import { suspendAndWait } from './run-suspension';
@@ -167,12 +171,29 @@ async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   const childId = spec.runId ?? `${run.runId}.child-${run.children.length + 1}`;
   run.children.push({ runId: childId, state: 'PROVISIONING' });
   c.changed();
+  // A child outlives its parent's continue-as-new (REQUEST_CANCEL would cancel it then): the
+  // parent cancels its children itself when it ends (endWith), and they report to its workflow id.
+  const survivesContinueAsNew = patched(PATCH_CHILDREN_SURVIVE_CAN);
   const handle = await startChild('runWorkflow', {
     workflowId: childId,
     args: [{ spec: { ...spec, runId: childId }, parentRunId: run.runId } satisfies RunWorkflowInput],
-    parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
+    parentClosePolicy: survivesContinueAsNew ? ParentClosePolicy.ABANDON : ParentClosePolicy.REQUEST_CANCEL,
     staticSummary: `Stasis child Run of ${run.runId}`,
   });
-  void handle.result().catch((err: unknown) => log.info('child run ended without output', { childId, error: failureMessage(err) }));
+  c.watchedChildren.add(childId);
+  void handle.result().catch((err: unknown) => {
+    log.info('child run ended without output', { childId, error: failureMessage(err) });
+    if (!isTerminal(run.childStatus[childId] ?? 'RUNNING') && patched(PATCH_CHILD_CLOSED_UNREPORTED)) {
+      c.childClosedUnreported(childId, closedWhy(err));
+    }
+  });
   return { runId: childId };
+}
+
+/** Why a child closed without its final report, from the failure its result gave. */
+function closedWhy(err: unknown): string {
+  const cause = err instanceof ChildWorkflowFailure ? err.cause : err;
+  if (cause instanceof TerminatedFailure) return 'terminated';
+  if (cause instanceof TimeoutFailure) return 'timed out';
+  return `closed: ${failureMessage(err)}`;
 }

@@ -14,6 +14,14 @@ export const shared = proxyActivities<Activities>({
   retry: { initialInterval: '1s', maximumInterval: '1m', maximumAttempts: 10, nonRetryableErrorTypes: ['NOT_FOUND', 'INVALID_ARGUMENT'] },
 });
 
+// Changes to the Run's command sequence, each behind its patch so recorded histories replay.
+export const PATCH_CHILDREN_SURVIVE_CAN = 'stasis-run-children-survive-can';
+export const PATCH_CHILD_CLOSED_UNREPORTED = 'stasis-run-child-closed-unreported';
+export const PATCH_IDLE_ATTACH = 'stasis-run-idle-attach';
+export const PATCH_KEEP_RETAINED = 'stasis-run-keep-retained';
+export const PATCH_EXPIRY_FIRST = 'stasis-run-expiry-first';
+export const PATCH_RECORDED_HASHES = 'stasis-run-recorded-hashes';
+
 /**
  * One Run's in-memory owner: its aggregate, the coordinator of its sandbox, and the
  * flags of requests not yet taken up. Status and phase change only in transition().
@@ -30,6 +38,8 @@ export class RunController {
   /** Set by the `complete` action; the Run is COMPLETED once finish() has settled everything. */
   completed?: { output: unknown };
   reporting: Promise<void> = Promise.resolve();
+  /** Children started by this workflow run, whose close it learns from their handles. */
+  readonly watchedChildren = new Set<string>();
   private lastReportedState?: string;
   private readonly publisher = new Publisher();
 
@@ -90,6 +100,15 @@ export class RunController {
         .then(() => parent.signal(childStateSignal, message))
         .catch((err: unknown) => log.warn('could not report to parent', { error: failureMessage(err) }));
     }
+  }
+
+  /** A child closed without its final report: it settles as FAILED and blocks nothing. */
+  childClosedUnreported(childId: string, why: string): void {
+    const child = this.run.children.find((ch) => ch.runId === childId);
+    if (!child || child.closed) return;
+    child.closed = why;
+    this.run.childStatus[childId] = 'FAILED';
+    this.changed();
   }
 
   /** What a checkpoint of this Run is labelled with, checked again when it is resumed. */

@@ -1,8 +1,9 @@
-import { ApplicationFailure, condition } from '@temporalio/workflow';
+import { ApplicationFailure, condition, getExternalWorkflowHandle, log, patched } from '@temporalio/workflow';
 import { failureMessage } from './coordinator';
 import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
-import type { RunController } from './run-controller';
-import { isTerminal } from './run-state';
+import { childPingSignal } from './definitions';
+import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, PATCH_KEEP_RETAINED, type RunController } from './run-controller';
+import { isTerminal, liveChildren } from './run-state';
 import { releaseKeepingNothing } from './run-suspension';
 
 // How a Run ends: completed, failed, cancelled or past its ttl. Each settles the
@@ -16,9 +17,9 @@ export async function finish(c: RunController): Promise<void> {
     return;
   }
   // Children first: their Runs end and their compute is released before the parent completes.
-  await condition(
-    () => blockingChildren(run.children).length === 0 && run.children.every((ch) => isTerminal(run.childStatus[ch.runId] ?? 'RUNNING')),
-  );
+  const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
+  if (run.children.length === 0 || !patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
+  else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
   await endWith(c, undefined, () => c.sandbox.destroy());
   run.output = c.completed.output;
   c.transition('complete');
@@ -64,7 +65,9 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
     advertised: sandbox.capabilities?.pauseModes ?? [],
   });
   if (decision.kind === 'retain') {
-    await sandbox.destroy();
+    // No snapshot is possible: destroying would lose the workspace, so it is kept (RETAINED).
+    if (patched(PATCH_KEEP_RETAINED)) sandbox.noteError(`kept after the Run ended (${reason}): ${decision.why}`);
+    else await sandbox.destroy();
     return;
   }
   if (state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
@@ -82,10 +85,35 @@ async function endWith(c: RunController, event: RunEvent | undefined, cleanup: (
     c.run.suspension = undefined;
     c.changed();
   }
+  if (event && liveChildren(c.run).length > 0 && patched(PATCH_CHILDREN_SURVIVE_CAN)) await cancelChildren(c);
   try {
     await cleanup();
   } catch (err) {
     c.sandbox.noteError(failureMessage(err));
   }
   c.changed();
+}
+
+/** A Run that ends other than by completing cancels its children (they outlive only its continue-as-new). */
+async function cancelChildren(c: RunController): Promise<void> {
+  await Promise.all(
+    liveChildren(c.run).map((ch) =>
+      getExternalWorkflowHandle(ch.runId)
+        .cancel()
+        .catch((err: unknown) => log.info('could not cancel child run', { childId: ch.runId, error: failureMessage(err) })),
+    ),
+  );
+}
+
+/** How often a parent checks that children it cannot watch (started before a continue-as-new) are still open. */
+const CHILD_PING_INTERVAL = '30s';
+
+/** A child started before this workflow run that no longer takes signals has closed without its final report. */
+async function pingUnwatchedChildren(c: RunController): Promise<void> {
+  for (const ch of liveChildren(c.run)) {
+    if (c.watchedChildren.has(ch.runId)) continue;
+    await getExternalWorkflowHandle(ch.runId)
+      .signal(childPingSignal)
+      .catch((err: unknown) => c.childClosedUnreported(ch.runId, `closed: ${failureMessage(err)}`));
+  }
 }

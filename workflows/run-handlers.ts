@@ -3,6 +3,7 @@ import { RespondInput, type InteractionRequest } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 import { nowIso, nowMs } from './clock';
 import {
+  childPingSignal,
   childStateSignal,
   resourceQuery,
   respondSignal,
@@ -79,6 +80,7 @@ export function setRunHandlers(c: RunController): void {
     if (status) run.childStatus[runId] = status;
     c.changed();
   });
+  setHandler(childPingSignal, () => undefined);
 }
 
 function checkAnswer(c: RunController, input: unknown, updateId: string | undefined): Rejection | 'duplicate' | undefined {

@@ -1,7 +1,6 @@
 import type {
   ExecutionResourceRecord,
   InteractionRequest,
-  ResourceState,
   ResourceView,
   RunError,
   RunPhase,
@@ -11,7 +10,7 @@ import type {
   Suspension,
 } from '../common/schemas';
 import type { Capabilities } from '../providers/api';
-import type { AnsweredBy, HashSet, JobState } from './lifecycle';
+import { isTerminalRunStatus, type AnsweredBy, type ChildState, type HashSet, type JobState } from './lifecycle';
 
 /** The agent driver's opaque state after its last step, plus the step index and the hashes it was taken under. */
 export interface AgentCheckpoint {
@@ -36,7 +35,7 @@ export interface SessionAggregate {
   record: ExecutionResourceRecord;
   capabilities?: Capabilities;
   jobs: JobState[];
-  children: { runId: string; state: ResourceState }[];
+  children: ChildState[];
   /** Each child's last reported Run status; a parent finishes after its children do. */
   childStatus: Record<string, RunStatus>;
   output?: unknown;
@@ -72,6 +71,10 @@ export function toResourceView(run: SessionAggregate, nowMs: number): ResourceVi
     ...(blockedSince !== undefined ? { blockedAgeSeconds: Math.max(0, Math.round((nowMs - blockedSince) / 1000)) } : {}),
   };
 }
+
+/** Children whose Run has not ended (by its own report, or closed unreported). */
+export const liveChildren = (run: SessionAggregate): ChildState[] =>
+  run.children.filter((ch) => !ch.closed && !isTerminalRunStatus(run.childStatus[ch.runId] ?? 'RUNNING'));
 
 export const pendingInteractions = (run: SessionAggregate): InteractionRequest[] =>
   run.interactions.filter((i) => i.status === 'pending');

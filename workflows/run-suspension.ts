@@ -1,9 +1,9 @@
-import { ApplicationFailure, condition } from '@temporalio/workflow';
+import { ApplicationFailure, condition, patched } from '@temporalio/workflow';
 import { computeRunHashes } from '../common/hashes';
 import type { SuspensionReason } from '../common/schemas';
 import { nowIso, nowMs } from './clock';
-import { choosePauseMode, hashMismatches, isReleaseBlocked, jobsToCancel } from './lifecycle';
-import { shared, type RunController } from './run-controller';
+import { choosePauseMode, hashMismatches, isReleaseBlocked, jobsToCancel, recordedHashes } from './lifecycle';
+import { PATCH_EXPIRY_FIRST, PATCH_IDLE_ATTACH, PATCH_RECORDED_HASHES, shared, type RunController } from './run-controller';
 
 // Suspension: SUSPENDING → SUSPENDED → (answer, resume or retention expiry) → RESUMING → ACTIVE.
 
@@ -58,12 +58,16 @@ async function resume(c: RunController): Promise<void> {
   const run = c.run;
   c.transition('resume');
   const restored = await c.sandbox.resume();
-  run.idlePaused = false;
+  // Attached, the sandbox is as it was left: still frozen if idleTimeout froze it (the next job thaws it).
+  if (restored || !run.idlePaused || !patched(PATCH_IDLE_ATTACH)) run.idlePaused = false;
+  // Compared with what the checkpoint recorded, not with the workflow's own copies of the spec.
   const now = computeRunHashes(run.runId, run.spec, run.parentRunId);
   const stored = restored?.labels
     ? { run: restored.labels.runhash, spec: restored.labels.spechash, policy: restored.labels.policyhash }
     : undefined;
-  const bad = hashMismatches(now, run.suspension?.hashes, run.checkpoint.hashes, stored);
+  const before = hashMismatches(now, run.suspension?.hashes, run.checkpoint.hashes, stored);
+  const recorded = hashMismatches(now, recordedHashes(restored));
+  const bad = before.join() === recorded.join() || !patched(PATCH_RECORDED_HASHES) ? before : recorded;
   if (bad.length > 0) {
     throw ApplicationFailure.create({
       type: 'RESUME_HASH_MISMATCH',
@@ -76,10 +80,20 @@ async function resume(c: RunController): Promise<void> {
 
 /** Retention expiry: compute released if it was not, checkpoint deleted, interactions expired. */
 async function expire(c: RunController): Promise<void> {
-  await releaseKeepingNothing(c);
-  for (const i of c.run.interactions) if (i.status === 'pending') i.status = 'expired';
-  c.run.error = { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' };
-  c.transition('expire');
+  // From here answers and resumes are a stale route (the validators see `expiring`).
+  c.expiring = true;
+  const settle = () => {
+    for (const i of c.run.interactions) if (i.status === 'pending') i.status = 'expired';
+    c.run.error = { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' };
+    c.transition('expire');
+  };
+  if (patched(PATCH_EXPIRY_FIRST)) {
+    settle();
+    await releaseKeepingNothing(c);
+  } else {
+    await releaseKeepingNothing(c);
+    settle();
+  }
 }
 
 /** Ends a Run's hold on its sandbox keeping nothing: compute destroyed, checkpoint deleted. */
@@ -88,6 +102,8 @@ export async function releaseKeepingNothing(c: RunController): Promise<void> {
   if (sandbox.record.state === 'RETAINED') {
     await sandbox.destroy();
   } else {
+    // A release still blocked (by jobs or children) would wait for them forever: nothing is kept, so stop it.
+    if (sandbox.record.state === 'RELEASE_BLOCKED' && patched(PATCH_EXPIRY_FIRST)) await sandbox.cancelRelease();
     await sandbox.settleRelease();
     const checkpoint = sandbox.record.checkpoint;
     if (sandbox.record.state !== 'RELEASED' || sandbox.record.pauseMode === 'DETACH') await sandbox.destroy();
