@@ -14,6 +14,7 @@ import type {
   SandboxReleaseRequest,
 } from '../providers/api';
 import { receiptConfirms } from '../workflows/lifecycle';
+import { boundExecOutcome } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
 // Thin adapters from the coordinator to the provider registry. They run on the
@@ -75,7 +76,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     },
 
     async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {
-      return call(input, (p, ctx) => p.exec(input.request, ctx));
+      return boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx)));
     },
 
     async releaseSandbox(

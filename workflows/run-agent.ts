@@ -19,7 +19,7 @@ import type { InteractionRequest, RunSpec } from '../common/schemas';
 import { failureCode, failureMessage } from './coordinator';
 import type { RunWorkflowInput } from './definitions';
 import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, shared, type RunController } from './run-controller';
-import { isTerminal } from './run-state';
+import { carriedAggregate, isTerminal } from './run-state';
 import { finish } from './run-ending';
 import { suspendAndWait } from './run-suspension';
 import { nowIso } from './clock';
@@ -37,12 +37,12 @@ export async function agentLoop(c: RunController): Promise<void> {
       await suspendAndWait(c, 'MANUAL', []);
       continue;
     }
-    if (workflowInfo().continueAsNewSuggested && !run.jobs.some((j) => j.status === 'running')) {
+    if (workflowInfo().continueAsNewSuggested && !c.admit('continueAsNew')) {
       await condition(allHandlersFinished);
       await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>({
         spec: run.spec,
         ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
-        carried: run,
+        carried: carriedAggregate(run),
       });
     }
     const { driver, ...agentRest } = run.spec.agent;
@@ -152,8 +152,9 @@ async function runJob(c: RunController, action: Extract<AgentAction, { type: 'jo
 }
 
 async function ask(c: RunController, action: Extract<AgentAction, { type: 'interaction' }>): Promise<unknown> {
+  c.run.interactionCount = (c.run.interactionCount ?? c.run.interactions.length) + 1;
   const interaction: InteractionRequest = {
-    id: `int-${c.run.interactions.length + 1}`,
+    id: `int-${c.run.interactionCount}`,
     kind: action.kind,
     prompt: action.prompt,
     ...(action.options ? { options: action.options } : {}),

@@ -43,6 +43,8 @@ export interface SessionAggregate {
   /** Absolute time (ms) at which policy.ttl ends the Run; kept across continue-as-new. */
   ttlDeadlineMs?: number;
   jobCounter: number;
+  /** Interactions asked so far (ids stay unique when old ones are no longer carried). */
+  interactionCount?: number;
   /** The sandbox was frozen by policy.idleTimeout; the next job thaws it. Kept across continue-as-new. */
   idlePaused?: boolean;
 }
@@ -80,3 +82,24 @@ export const pendingInteractions = (run: SessionAggregate): InteractionRequest[]
   run.interactions.filter((i) => i.status === 'pending');
 
 export { isTerminalRunStatus as isTerminal } from './lifecycle';
+
+/** Settled interactions a Run carries through continue-as-new, besides the pending ones (the newest). */
+export const CARRIED_INTERACTIONS = 100;
+
+/**
+ * What continue-as-new carries: the aggregate without what no later step needs, so
+ * the carried state stays bounded however long the Run: finished jobs are dropped
+ * (their results went to the agent), and only the newest settled interactions stay.
+ */
+export function carriedAggregate(run: SessionAggregate): SessionAggregate {
+  const settled = run.interactions.filter((i) => i.status !== 'pending');
+  const keep = new Set(settled.slice(-CARRIED_INTERACTIONS).map((i) => i.id));
+  const interactions = run.interactions.filter((i) => i.status === 'pending' || keep.has(i.id));
+  return {
+    ...run,
+    interactions,
+    interactionCount: run.interactionCount ?? run.interactions.length,
+    answeredBy: Object.fromEntries(Object.entries(run.answeredBy).filter(([id]) => interactions.some((i) => i.id === id))),
+    jobs: run.jobs.filter((j) => j.status === 'running'),
+  };
+}
