@@ -1,15 +1,20 @@
+import { mkdtempSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import fc from 'fast-check';
 import type { AgentAction, AgentDriver } from '../../drivers/api';
+import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import type { RunSnapshot } from '../../common/schemas';
 import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
 
 // A model-based test of Runs: random sequences of answer, suspend, resume, cancel and
 // "the agent stops thinking" drive the real runWorkflow (with a child Run) on the real
-// local provider. After every step the Run must reach exactly the state the model
+// local provider, on a Temporal server that suggests continue-as-new after a few events
+// (so Runs continue as new mid-sequence). After every step the Run must reach exactly the state the model
 // predicts, a refused operation must be one of the documented 409/404s and change
 // nothing, and no Run is left SUSPENDING or RESUMING. `STASIS_MODEL_RUNS=1000` runs more.
 
-const RUNS = Number(process.env.STASIS_MODEL_RUNS ?? 3);
+const RUNS = Number(process.env.STASIS_MODEL_RUNS ?? 2);
 
 /** Runs whose driver is thinking, by runId: resolving lets the step return. */
 const thinking = new Map<string, () => void>();
@@ -44,13 +49,22 @@ interface Real {
   runId: string;
 }
 
+let temporal: TemporalServer;
 let stack: TestStack;
 beforeAll(async () => {
-  stack = await startStack({ worker: { drivers: [modelDriver] } });
+  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'model-'));
+  temporal = await startTemporal({
+    dataDir,
+    port: await freePort(),
+    env: { ...process.env, TEMPORAL_ADDRESS: '' },
+    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=30'],
+  });
+  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address }, worker: { drivers: [modelDriver] } });
 });
 afterAll(async () => {
   for (const resolve of thinking.values()) resolve();
   await stack?.stop();
+  await temporal?.stop();
 });
 
 /** Waits until the Run is in `model`'s state, and checks nothing is half-way. */
@@ -83,6 +97,8 @@ async function reached(model: Model, runId: string): Promise<void> {
   );
   const interactions = (await stack.client.runs.get(runId)).interactions;
   expect(interactions).toHaveLength(model.asked);
+  // The child lives as long as its parent, through the parent's continue-as-new.
+  if (model.state !== 'cancelled') expect(['RUNNING', 'WAITING']).toContain((await stack.client.runs.get(`${runId}.child`)).status);
 }
 
 /** A refused operation: one of the documented refusals, and the Run stays where it was. */
@@ -187,5 +203,36 @@ test(`${RUNS} random sequences of Run operations keep the Run where the model sa
       },
     ),
     { numRuns: RUNS, endOnFailure: true },
+  );
+}, 3_600_000);
+
+test(`${RUNS * 2} answers racing retention expiry: accepted means the Run goes on, refused means STALE_SANDBOX_ROUTE and EXPIRED`, async () => {
+  await fc.assert(
+    fc.asyncProperty(fc.integer({ min: 0, max: 3_000 }), async (delayMs) => {
+      const { runId } = await stack.client.runs.start({
+        agent: { driver: 'scripted', steps: [{ ask: 'in time?' }, { complete: 'answered in time' }] },
+        sandbox: { provider: 'local' },
+        policy: { suspendedRetentionSeconds: 1, pauseMode: 'DETACH' },
+      });
+      await eventually(async () => saw(await stack.client.runs.resource(runId)).phase === 'SUSPENDED', 60_000, 'suspended');
+      // The answer is sent at a random moment around the end of retention.
+      await new Promise((r) => setTimeout(r, delayMs));
+      const answer = await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }).then(
+        () => undefined,
+        (err: unknown) => err as { code?: string; httpStatus?: number },
+      );
+      const result = await stack.temporal.workflow.getHandle(runId).result().catch(() => undefined);
+      const snapshot = await stack.client.runs.get(runId);
+      if (answer === undefined) {
+        expect(result).toBe('answered in time');
+        expect(snapshot.interactions[0].status).toBe('answered');
+      } else {
+        expect(answer).toMatchObject({ code: 'STALE_SANDBOX_ROUTE', httpStatus: 409 });
+        expect(snapshot).toMatchObject({ status: 'EXPIRED', error: { code: 'SUSPEND_EXPIRED' } });
+        expect(snapshot.interactions[0].status).toBe('expired');
+      }
+      expect((await stack.client.runs.resource(runId)).phase).toBe('ACTIVE');
+    }),
+    { numRuns: RUNS * 2, endOnFailure: true },
   );
 }, 3_600_000);
