@@ -17,6 +17,7 @@ import type {
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Workspace } from '../common/schemas';
 import { receiptProblem } from '../workflows/lifecycle';
+import { boundExecOutcome } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
 // Thin adapters from the coordinator to the provider registry. They run on the
@@ -97,7 +98,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     },
 
     async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {
-      return call(input, (p, ctx) => p.exec(input.request, ctx));
+      return boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx)));
     },
 
     async releaseSandbox(

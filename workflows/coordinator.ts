@@ -278,6 +278,22 @@ export class ExecutionBindingLifecycleCoordinator {
     await this.settleRelease();
   }
 
+  /** Release under a fence of its own, so no earlier release attempt can land after it. */
+  async releaseUnderNewFence(mode: PauseMode, reason: string, labels: Record<string, string>): Promise<void> {
+    this.record.fence += 1;
+    await this.releaseNow(mode, reason, labels);
+  }
+
+  /** No advertised pause mode is safe: the sandbox is kept as it is (RETAINED). */
+  retain(why: string): void {
+    this.set({ state: 'RETAINED', lastError: `retained: ${why}` });
+  }
+
+  /** Records what went wrong with the sandbox last (a cleanup that failed). */
+  noteError(message: string): void {
+    this.record.lastError = message;
+  }
+
   /**
    * Brings the sandbox back under a new fence: re-attach a live or detached one,
    * re-provision compute on a host-persistent workspace, or restore a checkpoint —

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import type { PauseMode, SandboxState } from '../../common/schemas';
 import {
+  admitRunOp,
   blockingChildren,
   checkArity,
   blockingJobs,
@@ -10,18 +11,25 @@ import {
   decideFileAccess,
   decideSandboxOp,
   hashMismatches,
+  isRejection,
   isReleaseBlocked,
   jobsToCancel,
+  nextRunState,
   planResume,
   receiptProblem,
   type ReleaseReceiptFacts,
   releaseBackoffMs,
   releaseIdempotencyKey,
+  RUN_STATES,
+  RUN_TRANSITIONS,
   SANDBOX_TRANSITIONS,
   type JobState,
+  type RunFacts,
+  type RunState,
   type SandboxOp,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
+import { PHASES, RUN_EVENTS, RUN_LEGAL, STATUSES } from '../helpers/run-table';
 
 const STATES: SandboxState[] = ['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost'];
 const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandboxOp>[0]> = {}) => ({
@@ -279,5 +287,61 @@ describe('update arguments', () => {
   ] as const)('%s with %j (expects %i) → %s', (update, args, expected, message) => {
     const rejection = checkArity(update, args, expected);
     expect(rejection).toEqual(message === undefined ? undefined : { code: 'INVALID_ARGUMENT', message });
+  });
+});
+
+describe('run state machine', () => {
+  const states = STATUSES.flatMap((status) => PHASES.map((phase) => ({ status, phase })));
+  test.each(states.flatMap((s) => RUN_EVENTS.map((event) => [s.status, s.phase, event] as const)))('%s/%s --%s-->', (status, phase, event) => {
+    const next = nextRunState({ status, phase }, event);
+    const expected = RUN_LEGAL[`${status}/${phase}/${event}`];
+    if (expected) expect(`${(next as RunState).status}/${(next as RunState).phase}`).toBe(expected);
+    else expect(next).toEqual({ code: 'INVALID_STATE_TRANSITION', message: `run: cannot ${event} while ${status}/${phase}` });
+  });
+
+  test('every state a transition reaches is in the status × phase table', () => {
+    for (const s of states) {
+      for (const event of RUN_EVENTS) {
+        const next = nextRunState(s, event);
+        if (!isRejection(next)) expect(RUN_STATES[next.status]).toContain(next.phase);
+      }
+    }
+    expect(Object.keys(RUN_TRANSITIONS).sort()).toEqual([...RUN_EVENTS].sort());
+  });
+
+  const facts = (over: Partial<RunFacts> = {}): RunFacts => ({
+    status: 'RUNNING',
+    phase: 'ACTIVE',
+    suspendRequested: false,
+    expiring: false,
+    runningJobs: 0,
+    ...over,
+  });
+  test.each([
+    ['suspend', facts(), undefined],
+    ['suspend', facts({ suspendRequested: true }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'WAITING' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'COMPLETED' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'EXPIRED' }), 'STALE_SANDBOX_ROUTE'],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), undefined],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'POLICY_HOLD' }), undefined],
+    ['resume', facts({ status: 'WAITING', phase: 'SUSPENDED', suspensionReason: 'INTERACTION' }), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts({ phase: 'SUSPENDING', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts(), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL', expiring: true }), 'STALE_SANDBOX_ROUTE'],
+    ['cancel', facts({ phase: 'RESUMING' }), undefined],
+    ['cancel', facts({ status: 'FAILED' }), 'INVALID_STATE_TRANSITION'],
+    ['continueAsNew', facts(), undefined],
+    ['continueAsNew', facts({ runningJobs: 1 }), 'INVALID_STATE_TRANSITION'],
+    ['continueAsNew', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+  ] as const)('%s admitted on %j → %s', (op, f, code) => {
+    expect(admitRunOp(f, op)?.code).toBe(code);
+  });
+
+  test('once expiry begins, answers are a stale route', () => {
+    const pending = { id: 'int-1', kind: 'approval' as const, prompt: 'ok?', createdAt: 't', status: 'pending' as const };
+    const run = { status: 'WAITING' as const, interactions: [pending], answeredBy: {}, expiring: true };
+    expect(checkRespond(run, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({ code: 'STALE_SANDBOX_ROUTE' });
   });
 });
