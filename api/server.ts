@@ -3,6 +3,7 @@ import type { DestinationStream, LevelWithSilent } from 'pino';
 import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
+import { duplicateKey, jsonValueProblem } from '../common/wire-json';
 import { FILE_LIMIT_BYTES } from '../workflows/definitions';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth } from './auth';
@@ -106,9 +107,19 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) =>
-    body === '' ? done(null, undefined) : parseJson(request, body as string, done),
-  );
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    if (body === '') return done(null, undefined);
+    parseJson(request, body as string, (err, value) => {
+      if (err) return done(err, undefined);
+      // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.
+      const twice = duplicateKey(body as string);
+      const problem =
+        twice !== undefined
+          ? `body: the key ${JSON.stringify(twice)} appears twice in one object`
+          : jsonValueProblem(value, 'body');
+      done(problem ? new StasisError('INVALID_ARGUMENT', problem) : null, problem ? undefined : value);
+    });
+  });
 
   app.setErrorHandler((err, request, reply) => {
     const failure = httpFailure(err, request.routeOptions.bodyLimit ?? JSON_BODY_LIMIT);

@@ -20,7 +20,7 @@ import type { Activities } from '../activities';
 import type { AgentAction } from '../drivers/api';
 import { durationMs } from '../common/duration';
 import { computeRunHashes } from '../common/hashes';
-import { RespondInput, type InteractionRequest, type RunSpec, type SuspensionReason } from '../common/schemas';
+import { ChildStateInput, RespondInput, type InteractionRequest, type RunSpec, type SuspensionReason } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 import { ExecutionBindingLifecycleCoordinator, failureCode, failureMessage } from './coordinator';
 import {
@@ -162,7 +162,14 @@ class RunController {
         },
       },
     );
-    setHandler(childStateSignal, ({ runId, state, status }) => {
+    setHandler(childStateSignal, (input) => {
+      // Anyone can signal: a malformed report is logged and changes nothing.
+      const parsed = ChildStateInput.safeParse(input);
+      if (!parsed.success) {
+        log.warn('childState rejected', { runId: this.run.runId, message: describeIssues(parsed.error.issues) });
+        return;
+      }
+      const { runId, state, status } = parsed.data;
       const child = this.run.children.find((c) => c.runId === runId);
       if (child) child.state = state;
       else this.run.children.push({ runId, state });
