@@ -3,7 +3,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
-import { loadConfig, type Config } from '../common/config';
+import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisClient } from '../client';
 import { fileMetricsSource } from '../client/metrics';
 import { freePorts, startMinio, startTemporal, type MinioServer, type TemporalServer } from '../platform/servers';
@@ -76,6 +76,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     AWS_ACCESS_KEY_ID: minio.accessKeyId,
     AWS_SECRET_ACCESS_KEY: minio.secretAccessKey,
     STASIS_WORKER_METRICS_ADDR: 'off',
+    STASIS_HOST_PATHS: scratch,
   });
   const store = createCheckpointStore(config);
   const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
@@ -83,6 +84,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
     workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    hostPaths: hostPathPolicy(config),
   });
   const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
   const worker = await createStasisWorker({ config, connection: native, store });

@@ -1,7 +1,7 @@
 import type { Writable } from 'node:stream';
 import { StasisClient, type StasisClientOptions } from '../client';
 import { fileMetricsSource } from '../client/metrics';
-import { loadConfig, type Config } from '../common/config';
+import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
 
 // What every command works with: the streams, the --json switch, the
@@ -21,6 +21,7 @@ export function clientOptions(config: Config): StasisClientOptions & { address: 
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
     workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    hostPaths: hostPathPolicy(config),
   };
 }
 

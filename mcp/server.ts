@@ -1,13 +1,18 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
-import { CallToolRequestSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
-import { errorBody } from '../api/schemas';
-import type { StasisClient } from '../client';
+import type { Method } from '../api/route';
+import { apiRoutes } from '../api/routes';
+import { errorBody, type Me } from '../api/schemas';
 import { describeIssues, StasisError } from '../common/errors';
+import { allows, type Role } from '../common/roles';
 import { CreateSandboxInput, ExecInput, Identifier, InteractionResponse, RunSpec } from '../common/schemas';
 import { version } from '../package.json';
+import type { ApiClient } from './api-client';
 
-// The MCP tools of SPEC section 5, for agents that drive Stasis themselves.
+// The MCP tools, for agents that drive Stasis themselves. The server is a
+// client of the REST API with one token: the agent can do what that token's
+// role allows and no more, and a tool its role cannot use is not offered.
 // Inputs are the wire schemas; results are JSON text; a refusal is an isError
 // result carrying `{error: {code, message}}` so the agent can act on the code.
 
@@ -27,67 +32,116 @@ async function result(run: () => Promise<unknown>): Promise<CallToolResult> {
   }
 }
 
+/** The least role that may make every one of these API calls, from the routes' own declarations. */
+function roleFor(calls: [Method, string][]): Role {
+  const routes = apiRoutes();
+  const roles = calls.map(([method, path]) => {
+    const route = routes.find((r) => r.method === method && r.path === path);
+    if (!route?.role) throw new Error(`no /api route ${method} ${path}`);
+    return route.role;
+  });
+  return roles.reduce((most, role) => (allows(most, role) ? most : role));
+}
+
+/**
+ * A tools/call request as this server takes it. Loose on purpose: the SDK's server then answers
+ * arguments that are not an object with the protocol's "Invalid params" (-32602), where its own
+ * request schema, failing first, would make them an "Internal error" (-32603).
+ */
+const ToolCall = z.object({
+  method: z.literal('tools/call'),
+  params: z.looseObject({ name: z.string(), arguments: z.unknown().optional() }),
+});
+
 /** Tool inputs are strict like REST bodies: an unknown field is refused, never silently dropped. */
 const SandboxRef = z.object({ sandboxId: Identifier }).strict();
 
-export function createMcpServer(client: StasisClient, options: { respondedBy?: string } = {}): McpServer {
+export function createMcpServer(api: ApiClient, me: Me): McpServer {
   const server = new McpServer({ name: 'stasis', version });
   const tools = new Map<string, { input: z.ZodType; run: (input: never) => Promise<unknown> }>();
+  /** Registers a tool only when the token may make the API calls it makes. */
   const tool = <S extends z.ZodObject>(
     name: string,
-    description: string,
-    input: S,
+    calls: [Method, string][],
+    config: { description: string; inputSchema: S },
     run: (input: z.infer<S>) => Promise<unknown>,
   ) => {
-    tools.set(name, { input, run });
-    server.registerTool(name, { description, inputSchema: input }, ((args: z.infer<S>) =>
-      result(() => run(args))) as never);
+    if (!allows(me.role, roleFor(calls))) return;
+    tools.set(name, { input: config.inputSchema, run });
+    server.registerTool(name, config, ((input: z.infer<S>) => result(() => run(input))) as never);
   };
 
-  tool('run_start', 'Start a Run from a RunSpec; returns {runId}.', z.object({ spec: RunSpec }).strict(), ({ spec }) =>
-    client.runs.start(spec),
+  tool(
+    'run_start',
+    [['POST', '/api/v1/runs']],
+    { description: 'Start a Run from a RunSpec; returns {runId}.', inputSchema: z.object({ spec: RunSpec }).strict() },
+    ({ spec }) => api.runs.start(spec),
   );
   tool(
     'run_status',
-    "A Run's status, interactions (with their ids), output and error.",
-    z.object({ runId: Identifier }).strict(),
-    ({ runId }) => client.runs.get(runId),
+    [['GET', '/api/v1/runs/{id}']],
+    {
+      description: "A Run's status, interactions (with their ids), output and error.",
+      inputSchema: z.object({ runId: Identifier }).strict(),
+    },
+    ({ runId }) => api.runs.get(runId),
   );
   tool(
     'interaction_respond',
-    "Answer a Run's pending interaction: {decision: 'approve'|'deny', comment?} or {input}.",
-    z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }).strict(),
-    ({ runId, interactionId, response }) =>
-      client.runs.respond(runId, interactionId, response, { respondedBy: options.respondedBy ?? 'mcp' }),
+    [['POST', '/api/v1/runs/{id}/interactions/{iid}']],
+    {
+      description: `Answer a Run's pending interaction, as ${me.name}: {decision: 'approve'|'deny', comment?} or {input}.`,
+      inputSchema: z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }).strict(),
+    },
+    ({ runId, interactionId, response }) => api.runs.respond(runId, interactionId, response),
   );
   tool(
     'sandbox_create',
-    'Create a standalone sandbox and start it; returns the running sandbox with its sandboxId.',
-    CreateSandboxInput,
-    async (input) => client.sandboxes.start((await client.sandboxes.create(input)).sandboxId),
+    [
+      ['POST', '/api/v1/sandboxes'],
+      ['POST', '/api/v1/sandboxes/{id}/start'],
+    ],
+    {
+      description: 'Create a standalone sandbox and start it; returns the running sandbox with its sandboxId.',
+      inputSchema: CreateSandboxInput,
+    },
+    async (input) => api.sandboxes.change((await api.sandboxes.create(input)).sandboxId, 'start'),
   );
   tool(
     'sandbox_exec',
-    'Run a shell command in a running sandbox and wait for it; returns {exitCode, stdout, stderr}.',
-    ExecInput.extend({ sandboxId: Identifier }).strict(),
-    ({ sandboxId, ...exec }) => client.sandboxes.exec(sandboxId, exec),
+    [['POST', '/api/v1/sandboxes/{id}/exec']],
+    {
+      description: 'Run a shell command in a running sandbox and wait for it; returns {exitCode, stdout, stderr}.',
+      inputSchema: ExecInput.extend({ sandboxId: Identifier }).strict(),
+    },
+    ({ sandboxId, ...exec }) => api.sandboxes.exec(sandboxId, exec),
   );
   tool(
     'sandbox_suspend',
-    'Release the sandbox compute and keep its workspace; refused (SANDBOX_SUSPEND_BUSY) while a command runs.',
-    SandboxRef,
-    ({ sandboxId }) => client.sandboxes.suspend(sandboxId),
+    [['POST', '/api/v1/sandboxes/{id}/suspend']],
+    {
+      description:
+        'Release the sandbox compute and keep its workspace; refused (SANDBOX_SUSPEND_BUSY) while a command runs.',
+      inputSchema: SandboxRef,
+    },
+    ({ sandboxId }) => api.sandboxes.change(sandboxId, 'suspend'),
   );
-  tool('sandbox_resume', 'Bring a suspended (or paused) sandbox back to running.', SandboxRef, ({ sandboxId }) =>
-    client.sandboxes.resume(sandboxId),
+  tool(
+    'sandbox_resume',
+    [['POST', '/api/v1/sandboxes/{id}/resume']],
+    { description: 'Bring a suspended (or paused) sandbox back to running.', inputSchema: SandboxRef },
+    ({ sandboxId }) => api.sandboxes.change(sandboxId, 'resume'),
   );
-  tool('sandbox_destroy', 'Destroy the sandbox, its workspace and checkpoint.', SandboxRef, ({ sandboxId }) =>
-    client.sandboxes.destroy(sandboxId),
+  tool(
+    'sandbox_destroy',
+    [['DELETE', '/api/v1/sandboxes/{id}']],
+    { description: 'Destroy the sandbox, its workspace and checkpoint.', inputSchema: SandboxRef },
+    ({ sandboxId }) => api.sandboxes.destroy(sandboxId),
   );
 
   // The SDK answers a call it cannot take (unknown tool, arguments failing the schema) with text of its
   // own ("MCP error -32602: ..."); answer those like every other refusal. tools/list stays the SDK's.
-  server.server.setRequestHandler(CallToolRequestSchema, async ({ params }) => {
+  server.server.setRequestHandler(ToolCall, async ({ params }) => {
     const found = tools.get(params.name);
     if (!found) return refusal(new StasisError('NOT_FOUND', `no tool ${JSON.stringify(params.name)}`));
     const parsed = found.input.safeParse(params.arguments ?? {});

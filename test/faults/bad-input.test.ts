@@ -9,6 +9,7 @@ import type { FastifyInstance } from 'fastify';
 import { buildApi } from '../../api/server';
 import { toStasisError } from '../../client/errors';
 import { ERROR_STATUS, isErrorCode } from '../../common/errors';
+import { ApiClient } from '../../mcp/api-client';
 import { createMcpServer } from '../../mcp/server';
 import { spawnerPid } from '../../providers/spawner';
 import { httpClient, type HttpResult } from '../api/http';
@@ -46,8 +47,11 @@ import {
 
 const RUNS = { update: 40, signal: 40, rest: 300, mcp: 160 };
 const SECRET = 'fuzz-secret-0123456789abcdef';
-/** The refusals bad input may get: a 400 naming the field, 404 for what does not exist, 413 for too much. */
-const REFUSALS = ['INVALID_ARGUMENT', 'NOT_FOUND', 'PAYLOAD_TOO_LARGE'];
+/**
+ * The refusals bad input may get: a 400 naming the field, 404 for what does not exist, 413 for too
+ * much, 403 for a host path outside STASIS_HOST_PATHS.
+ */
+const REFUSALS = ['INVALID_ARGUMENT', 'NOT_FOUND', 'PAYLOAD_TOO_LARGE', 'FORBIDDEN'];
 
 let stack: TestStack;
 let app: FastifyInstance;
@@ -62,12 +66,16 @@ const counts = { updates: 0, signals: 0, rest: 0, mcp: 0 };
 beforeAll(async () => {
   unprintedWorkerLogs.push(/respondSignal rejected|childState rejected|reconcile rejected/);
   stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: new Map([['fuzzer', SECRET]]), logger: false });
+  // An admin: every route and tool is open to it, so each refusal is about the input.
+  app = buildApi({ client: stack.client, tokens: [{ name: 'fuzzer', secret: SECRET, role: 'admin' }], logger: false });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
-  call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);
+  const base = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`;
+  call = httpClient(base);
+  // The MCP server as `stasis mcp` runs it, a client of this API with the token.
+  const api = new ApiClient({ url: base, token: SECRET });
   const [serverSide, clientSide] = InMemoryTransport.createLinkedPair();
-  await createMcpServer(stack.client).connect(serverSide);
+  await createMcpServer(api, await api.me()).connect(serverSide);
   mcp = new McpClient({ name: 'fuzz', version: '1.0.0' });
   await mcp.connect(clientSide);
 
@@ -349,7 +357,6 @@ const badQuery = fc.constantFrom(
   'status=waiting',
   'status=WAITING%00',
   'status=',
-  'status[]=WAITING',
   'status=WAITING&status=RUNNING',
 );
 
@@ -435,7 +442,6 @@ function restRefusal(response: HttpResult): Refusal | undefined {
 
 test('malformed REST requests to every route are refused with a documented 4xx; nothing changes', async () => {
   const before = await observable();
-  const sandboxHistory = await historyEvents(stack.temporal, sandboxWf());
   await fc.assert(
     fc.asyncProperty(restCases(), async (request) => {
       counts.rest += 1;
@@ -453,8 +459,8 @@ test('malformed REST requests to every route are refused with a documented 4xx; 
     }),
     { numRuns: RUNS.rest },
   );
+  // (The sandbox's history may grow: a path through a symlink is only found out by the file activity.)
   expect(await observable()).toEqual(before);
-  expect((await historyEvents(stack.temporal, sandboxWf())).length).toBe(sandboxHistory.length);
 }, 600_000);
 
 // ------------------------------------------------------------------ MCP

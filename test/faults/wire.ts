@@ -10,6 +10,7 @@ import * as fc from 'fast-check';
 export type Shape =
   | { t: 'str'; good: fc.Arbitrary<string>; bad: fc.Arbitrary<string> | undefined }
   | { t: 'int'; min: number; max: number }
+  | { t: 'num'; min: number; max: number }
   | { t: 'bool' }
   | { t: 'obj'; fields: Record<string, { shape: Shape; optional?: boolean }> }
   | { t: 'rec'; key: Shape & { t: 'str' }; value: Shape }
@@ -172,6 +173,16 @@ const workspace: Shape = {
     obj({ kind: enumShape(['active']), hostPath: str(fc.constant('/x'), fc.constantFrom('', 'rel/dir', '/tmp/a\0b')) }),
   ],
 };
+/** Per-sandbox limits; each one left out takes the host's default. */
+const limits = obj(
+  {
+    processes: { t: 'int', min: 16, max: 1_000_000 },
+    memoryMiB: { t: 'int', min: 64, max: 16_777_216 },
+    cpus: { t: 'num', min: 0.01, max: 1024 },
+    fileMiB: { t: 'int', min: 1, max: 16_777_216 },
+  },
+  ['processes', 'memoryMiB', 'cpus', 'fileMiB'],
+);
 const template = str(fc.constantFrom('default', 'node'), fc.constantFrom('', 't'.repeat(257)));
 const provider = str(fc.constant('local'), fc.constantFrom('', 'p'.repeat(129)));
 
@@ -181,9 +192,10 @@ export const createSandboxInput: Shape = obj(
     template,
     env: envMap,
     workspace,
+    limits,
     policy: obj({ timeout: duration, ttl: duration }, ['timeout', 'ttl']),
   },
-  ['template', 'env', 'workspace', 'policy'],
+  ['template', 'env', 'workspace', 'limits', 'policy'],
 );
 
 const wsPath = pathShape(fc.constantFrom('notes.txt', 'd/e.txt'));
@@ -203,7 +215,7 @@ export const runSpec: Shape = obj(
   {
     runId: str(fc.constant('fuzz-never-started'), idBad),
     agent: obj({ driver: enumShape(['scripted']), steps: { t: 'arr', item: step, min: 1 } }),
-    sandbox: obj({ provider, template, env: envMap, workspace }, ['template', 'env', 'workspace']),
+    sandbox: obj({ provider, template, env: envMap, workspace, limits }, ['template', 'env', 'workspace', 'limits']),
     policy: obj(
       {
         pauseMode: enumShape(['auto', 'DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']),
@@ -236,6 +248,8 @@ export function valid(shape: Shape): fc.Arbitrary<unknown> {
       return shape.good;
     case 'int':
       return fc.integer({ min: shape.min, max: shape.max });
+    case 'num':
+      return fc.double({ min: shape.min, max: shape.max, noNaN: true });
     case 'bool':
       return fc.boolean();
     case 'any':
@@ -268,6 +282,7 @@ function wrongType(shape: Shape): fc.Arbitrary<unknown> {
   const own: Record<Shape['t'], string[]> = {
     str: ['str'],
     int: ['num'],
+    num: ['num'],
     bool: ['bool'],
     obj: ['obj'],
     rec: ['obj'],
@@ -324,6 +339,9 @@ export function invalid(shape: Shape): fc.Arbitrary<unknown> {
         fc.constantFrom(shape.min - 1, shape.max + 1, 1.5, 1e21, Number.MAX_VALUE, -Number.MAX_VALUE, 2 ** 53),
         fc.oneof(fc.integer({ max: shape.min - 1 }), fc.integer({ min: shape.max + 1 })),
       );
+      break;
+    case 'num':
+      here.push(fc.constantFrom(shape.min / 2 - 1, shape.max * 2 + 1, Number.MAX_VALUE, -Number.MAX_VALUE));
       break;
     case 'arr':
       if (shape.min > 0) here.push(fc.constant([]));

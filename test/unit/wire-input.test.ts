@@ -1,4 +1,5 @@
 import * as fc from 'fast-check';
+import { ListRunsQuery } from '../../api/schemas';
 import { ChildStateInput, CreateSandboxInput, ReconcileInput, RunSpec, WorkspacePath } from '../../common/schemas';
 import { duplicateKey, jsonValueProblem, MAX_JSON_DEPTH } from '../../common/wire-json';
 
@@ -86,4 +87,10 @@ test('jsonValueProblem names lone surrogates and excess depth, and passes everyt
   for (let i = 0; i < MAX_JSON_DEPTH + 1; i++) deep = { d: deep };
   expect(jsonValueProblem(deep, 'body')).toMatch(/nested deeper than 64 levels/);
   fc.assert(fc.property(fc.jsonValue({ maxDepth: 10 }), (v) => jsonValueProblem(v, 'body') === undefined));
+});
+
+test('a list limit is decimal digits only', () => {
+  for (const bad of ['0x10', '1e2', ' 5', '', '1.5', '0', '1001'])
+    expect({ bad, ok: ListRunsQuery.safeParse({ limit: bad }).success }).toEqual({ bad, ok: false });
+  expect(ListRunsQuery.parse({ limit: '50' })).toEqual({ limit: 50 });
 });
