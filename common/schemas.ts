@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { Duration } from './duration';
-import { hasLoneSurrogate, jsonValueProblem } from './wire-json';
+import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 
 // The wire types of SPEC sections 1, 2, 3 and 6. Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
@@ -97,6 +97,21 @@ export const WorkspacePath = z
     if (problem) ctx.addIssue({ code: 'custom', message: `${problem} (a relative path inside the workspace)` });
   });
 
+/**
+ * A value nested at most MAX_JSON_DEPTH levels (and well-formed Unicode), checked before anything
+ * recursive walks it: a spec a few hundred `spawn` levels deep overflows the validator's stack, and
+ * a value a few thousand levels deep the payload converter's (a 500 either way). A value too deep
+ * is not walked at all (`standIn`, valid, takes its place) and its issue does not abort, so the
+ * union of agent kinds still names it as the closest.
+ */
+const shallow = <S extends z.ZodType>(schema: S, standIn: z.input<S>) =>
+  z.preprocess((value, ctx) => {
+    const problem = findJsonProblem(value);
+    if (!problem) return value;
+    ctx.addIssue({ code: 'custom', message: problem.message, path: problem.path.map(String), continue: true });
+    return standIn;
+  }, schema);
+
 export const ExecStep = z
   .object({
     exec: ShellCommand,
@@ -174,40 +189,29 @@ export const Step: z.ZodType<StepShape> = z.lazy(() =>
   ]),
 );
 
-const ScriptedAgent = z.object({ driver: z.literal('scripted'), steps: z.array(Step).min(1) }).strict();
+const ScriptedAgent = z
+  .object({ driver: z.literal('scripted'), steps: z.array(shallow(Step, { hold: 'too deep' })).min(1) })
+  .strict();
 const OtherAgent = z
   .object({
     driver: z
       .string()
       .min(1)
       .refine((d) => d !== 'scripted', { message: 'the scripted driver needs steps' }),
-    input: z.unknown().optional(),
+    input: shallow(z.unknown(), null).optional(),
   })
   .strict();
 
-/**
- * Nesting is checked before the recursive schema runs: a spec thousands of
- * `spawn` levels deep (a few hundred KiB) would overflow the validator's stack.
- */
-const notTooDeep = (value: unknown, ctx: z.RefinementCtx): unknown => {
-  const problem = jsonValueProblem(value, 'spec');
-  if (problem) ctx.addIssue({ code: 'custom', message: problem.replace(/^spec[.:]\s?/, '') });
-  return value;
-};
-
 export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
-  z.preprocess(
-    notTooDeep,
-    z
-      .object({
-        runId: Identifier.optional(),
-        agent: z.union([ScriptedAgent, OtherAgent]),
-        sandbox: SandboxSpec,
-        policy: RunPolicy.optional(),
-        labels: z.record(z.string(), z.string()).optional(),
-      })
-      .strict(),
-  ),
+  z
+    .object({
+      runId: Identifier.optional(),
+      agent: z.union([ScriptedAgent, OtherAgent]),
+      sandbox: SandboxSpec,
+      policy: RunPolicy.optional(),
+      labels: z.record(z.string(), z.string()).optional(),
+    })
+    .strict(),
 );
 export type RunSpec = RunSpecShape;
 export type Step = StepShape;

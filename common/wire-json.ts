@@ -13,32 +13,42 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 /** True when a string holds a UTF-16 surrogate without its pair. */
 export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
 
-const where = (path: (string | number)[]): string => path.map(String).join('.');
+/** Where a JSON value breaks a rule beyond its schema, and which rule. */
+export interface JsonProblem {
+  path: (string | number)[];
+  message: string;
+}
 
 /**
- * What is wrong with a parsed JSON value beyond its schema, naming the place
- * (`at` prefixes the path, e.g. `body`); undefined when nothing is. Iterative, so
- * any depth is measured without recursion.
+ * What is wrong with a parsed JSON value beyond its schema, or undefined when
+ * nothing is. Iterative, so any depth is measured without recursion.
  */
-export function jsonValueProblem(value: unknown, at: string): string | undefined {
-  const stack: { value: unknown; path: (string | number)[] }[] = [{ value, path: [at] }];
+export function findJsonProblem(value: unknown): JsonProblem | undefined {
+  const stack: { value: unknown; path: (string | number)[] }[] = [{ value, path: [] }];
   while (stack.length > 0) {
     const { value: v, path } = stack.pop()!;
     if (typeof v === 'string') {
-      if (hasLoneSurrogate(v)) return `${where(path)}: must be well-formed Unicode (it holds a lone surrogate)`;
+      if (hasLoneSurrogate(v)) return { path, message: 'must be well-formed Unicode (it holds a lone surrogate)' };
       continue;
     }
     if (typeof v !== 'object' || v === null) continue;
-    if (path.length > MAX_JSON_DEPTH) return `${where(path.slice(0, 3))}: nested deeper than ${MAX_JSON_DEPTH} levels`;
+    if (path.length >= MAX_JSON_DEPTH)
+      return { path: path.slice(0, 2), message: `nested deeper than ${MAX_JSON_DEPTH} levels` };
     if (Array.isArray(v)) v.forEach((item, i) => stack.push({ value: item, path: [...path, i] }));
     else
       for (const [key, item] of Object.entries(v)) {
         if (hasLoneSurrogate(key))
-          return `${where(path)}: a key must be well-formed Unicode (it holds a lone surrogate)`;
+          return { path, message: 'a key must be well-formed Unicode (it holds a lone surrogate)' };
         stack.push({ value: item, path: [...path, key] });
       }
   }
   return undefined;
+}
+
+/** findJsonProblem as one line naming the place, under `at` (e.g. `body.comment: ...`). */
+export function jsonValueProblem(value: unknown, at: string): string | undefined {
+  const problem = findJsonProblem(value);
+  return problem && `${[at, ...problem.path].map(String).join('.')}: ${problem.message}`;
 }
 
 /**

@@ -13,7 +13,8 @@ test('a RunSpec nested thousands of levels deep is refused, not a stack overflow
   for (let i = 0; i < 2_000; i++) deep = spec([{ spawn: deep }]);
   const parsed = RunSpec.safeParse(deep);
   expect(parsed.success).toBe(false);
-  expect(parsed.error?.issues[0].message).toMatch(/nested deeper than 64 levels/);
+  // (named inside the union of agent kinds, as the branch that came closest)
+  expect(JSON.stringify(parsed.error?.issues)).toMatch(/nested deeper than 64 levels/);
 
   let value: unknown = 1;
   for (let i = 0; i < 20_000; i++) value = [value];
