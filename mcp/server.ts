@@ -143,7 +143,7 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
   // own ("MCP error -32602: ..."); answer those like every other refusal. tools/list stays the SDK's.
   server.server.setRequestHandler(ToolCall, async ({ params }) => {
     const found = tools.get(params.name);
-    if (!found) return refusal(new StasisError('NOT_FOUND', `no tool ${JSON.stringify(params.name)}`));
+    if (!found) return refusal(new StasisError('NOT_FOUND', `tool ${JSON.stringify(params.name)} not found`));
     const parsed = found.input.safeParse(params.arguments ?? {});
     if (!parsed.success) {
       const issues = parsed.error.issues.map((issue) => ({ ...issue, path: ['arguments', ...issue.path] }));
