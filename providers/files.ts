@@ -42,7 +42,7 @@ export async function readWorkspaceFile(workspace: string, requested: string): P
       if (leaf.stat.size > MAX_FILE_BYTES) throw tooLarge(requested, `${leaf.stat.size} bytes is`);
       const file = await fs.open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK);
       try {
-        return await readBounded(file, requested);
+        return await readBounded(file, leaf.stat.size, requested);
       } finally {
         await file.close();
       }
@@ -174,17 +174,16 @@ function assertRegular(stat: Stats, requested: string, names: string[]): void {
   throw invalid(requested, what);
 }
 
-/** Reads to the end, but never more than MAX_FILE_BYTES (the file may grow while we read). */
-async function readBounded(file: fs.FileHandle, requested: string): Promise<Buffer> {
+/** Reads to the end, but never more than MAX_FILE_BYTES (the file may have grown since its `size`). */
+async function readBounded(file: fs.FileHandle, size: number, requested: string): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let total = 0;
   for (;;) {
-    const { bytesRead, buffer } = await file.read(Buffer.alloc(Math.min(1 << 20, MAX_FILE_BYTES + 1 - total)));
+    const room = Math.min(Math.max(size + 1 - total, 64 * 1024), MAX_FILE_BYTES + 1 - total);
+    const { bytesRead, buffer } = await file.read(Buffer.allocUnsafe(room), 0, room);
     if (bytesRead === 0) return Buffer.concat(chunks, total);
     total += bytesRead;
-    if (total > MAX_FILE_BYTES) {
-      throw tooLarge(requested, 'it has grown');
-    }
+    if (total > MAX_FILE_BYTES) throw tooLarge(requested, 'it has grown to');
     chunks.push(buffer.subarray(0, bytesRead));
   }
 }
