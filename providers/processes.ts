@@ -12,7 +12,7 @@ import { spawnerPid } from './spawner';
 // sets in its environment matters. Elsewhere every process of a sandbox carries two
 // environment variables, inherited by everything it starts, and /proc/*/environ is
 // scanned for them; a sandbox process can unset or forge them there, so on such hosts
-// this tracking holds only against processes that do not try (README, "Sandbox limits").
+// this tracking holds only against processes that do not try (README, "Sandbox processes and limits").
 
 export interface SandboxMarker {
   sandboxId: string;
