@@ -1,5 +1,5 @@
 import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workflow';
-import { RespondInput, type InteractionRequest } from '../common/schemas';
+import { ChildStateInput, RespondInput, type InteractionRequest } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 import { nowIso, nowMs } from './clock';
 import {
@@ -73,7 +73,14 @@ export function setRunHandlers(c: RunController): void {
       },
     },
   );
-  setHandler(childStateSignal, ({ runId, state, status }) => {
+  setHandler(childStateSignal, (input) => {
+    // Anyone can signal: a malformed report is logged and changes nothing.
+    const parsed = ChildStateInput.safeParse(input);
+    if (!parsed.success) {
+      log.warn('childState rejected', { runId: run.runId, message: describeIssues(parsed.error.issues) });
+      return;
+    }
+    const { runId, state, status } = parsed.data;
     const child = run.children.find((ch) => ch.runId === runId);
     if (child) child.state = state;
     else run.children.push({ runId, state });

@@ -44,7 +44,7 @@ import {
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
 import { nowIso, nowMs } from './clock';
 import { Publisher } from './visibility';
-import { ExecInput, ReadFileInput, WriteFileInput } from '../common/schemas';
+import { ExecInput, ReadFileInput, ReconcileInput, WriteFileInput } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 
 const shared = proxyActivities<Activities>({ startToCloseTimeout: '5m', retry: { maximumInterval: '1m' } });
@@ -129,10 +129,19 @@ class SandboxEntity {
 
   private setHandlers(): void {
     setHandler(sandboxQuery, () => this.view());
-    setHandler(sandboxReadyUpdate, async () => {
-      await condition(() => this.ready);
-      return this.view();
-    });
+    setHandler(
+      sandboxReadyUpdate,
+      async () => {
+        await condition(() => this.ready);
+        return this.view();
+      },
+      {
+        validator: (...args: unknown[]) => {
+          const arity = checkArity('ready', args, 0);
+          if (arity) throw failure(arity);
+        },
+      },
+    );
     this.transition(startSandboxUpdate, 'start', () => this.sandbox.op('start'));
     this.transition(stopSandboxUpdate, 'stop', () => this.sandbox.op('stop'));
     this.transition(
@@ -215,7 +224,14 @@ class SandboxEntity {
       },
     );
 
-    setHandler(reconcileSignal, ({ hostId, alive }) => {
+    setHandler(reconcileSignal, (input) => {
+      // Anyone can signal: a malformed report (say, `alive` missing) must not lose the sandbox.
+      const parsed = ReconcileInput.safeParse(input);
+      if (!parsed.success) {
+        log.warn('reconcile rejected', { sandboxId: this.s.sandboxId, message: describeIssues(parsed.error.issues) });
+        return;
+      }
+      const { hostId, alive } = parsed.data;
       if (alive || hostId !== this.s.record.hostId || this.changing) return;
       if (decideSandboxOp(this.facts(), 'lose').kind === 'transition') {
         this.s.state = 'lost';
