@@ -1,4 +1,4 @@
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { McpServer, type ToolCallback } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import type { Method } from '../api/route';
@@ -53,7 +53,9 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     run: (input: z.infer<S>) => Promise<unknown>,
   ) => {
     if (!allows(me.role, roleFor(calls))) return;
-    server.registerTool(name, config, ((input: z.infer<S>) => result(() => run(input))) as never);
+    // The SDK's callback type is conditional on the schema: TypeScript cannot see through it for a generic S.
+    const callback = ((input: z.infer<S>) => result(() => run(input))) as ToolCallback<S>;
+    server.registerTool<z.ZodObject, S>(name, config, callback);
   };
 
   tool(
