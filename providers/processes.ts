@@ -11,8 +11,9 @@ import { spawnerPid } from './spawner';
 // processes are the members of its group: a process cannot leave it, and nothing it
 // sets in its environment matters. Elsewhere every process of a sandbox carries two
 // environment variables, inherited by everything it starts, and /proc/*/environ is
-// scanned for them; a sandbox process can unset or forge them there, so on such hosts
-// this tracking holds only against processes that do not try (README, "Sandbox limits").
+// scanned for them; a sandbox process can unset or forge them there. A bwrap sandbox
+// is found by its pid namespace instead, which none of its processes can leave; a
+// `local` one, which has no namespace, only holds against processes that do not try.
 
 export interface SandboxMarker {
   sandboxId: string;
