@@ -24,7 +24,8 @@ export const ShellCommand = ProcessText.min(1);
 
 export const EnvMap = z.record(
   z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'),
-  ProcessText,
+  // The kernel takes at most 128 KiB per environment string; 32,000 characters stay below it in any encoding.
+  ProcessText.max(32_000),
 );
 
 export const Workspace = z.discriminatedUnion('kind', [
@@ -78,7 +79,7 @@ export const ExpectFileStep = z
   .strict();
 export const CompleteStep = z.object({ complete: z.unknown() }).strict();
 
-/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox limits"). */
+/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox processes and limits"). */
 export const SandboxLimits = z
   .object({
     /** Processes (and threads) alive at once. */

@@ -108,6 +108,30 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     });
   }
 
+  /**
+   * File access under the lifecycle lock, so it never interleaves with a release, restore or
+   * destroy: refused for a superseded owner (its fence) and once compute was released with a
+   * snapshot (the files are then a copy of the checkpoint; a write there would be lost).
+   */
+  async function withFiles<T>(request: FileRequest, operation: string, fn: (paths: SandboxPaths) => Promise<T>): Promise<T> {
+    return withLifecycleLock(request.sandboxId, async () => {
+      const { paths, state } = await load(request.sandboxId);
+      if (request.fence !== undefined && request.fence < state.maxFence) {
+        throw new StasisError(
+          'STALE_FENCE',
+          `sandbox ${state.sandboxId}: file ${operation} carries fence ${request.fence}, but fence ${state.maxFence} has already been seen`,
+        );
+      }
+      if (state.dormant) {
+        throw new StasisError(
+          'INVALID_STATE_TRANSITION',
+          `sandbox ${state.sandboxId}: its compute was released with a checkpoint; resume it before file ${operation}`,
+        );
+      }
+      return fn(paths);
+    });
+  }
+
   function envOf(state: SandboxState, extra: Record<string, string> = {}): Record<string, string> {
     return { ...state.env, ...extra, ...markerEnv(markerOf(state.sandboxId)) };
   }
@@ -439,14 +463,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
     async readFile(raw) {
       const request = parse(FileRequest, raw, 'file request');
-      const { paths } = await load(request.sandboxId);
-      return readWorkspaceFile(paths.workspace, request.path);
+      return withFiles(request, 'read', (paths) => readWorkspaceFile(paths.workspace, request.path));
     },
 
     async writeFile(raw) {
       const request = parse(FileRequest, raw, 'file request');
-      const { paths } = await load(request.sandboxId);
-      await writeWorkspaceFile(paths.workspace, request.path, raw.content);
+      await withFiles(request, 'write', (paths) => writeWorkspaceFile(paths.workspace, request.path, raw.content));
     },
 
     async release(raw, context) {

@@ -13,7 +13,8 @@ import { spawnerPid } from './spawner';
 // environment variables, inherited by everything it starts, and /proc/*/environ is
 // scanned for them; a sandbox process can unset or forge them there. A bwrap sandbox
 // is found by its pid namespace instead, which none of its processes can leave; a
-// `local` one, which has no namespace, only holds against processes that do not try.
+// `local` one, which has no namespace, only holds against processes that do not try
+// (README, "Sandbox processes and limits").
 
 export interface SandboxMarker {
   sandboxId: string;

@@ -41,6 +41,8 @@ export const snapshotQuery = defineQuery<RunSnapshot>('snapshot');
 export const resourceQuery = defineQuery<ResourceView>('resource');
 /** A child Run reports its record state to its parent. */
 export const childStateSignal = defineSignal<[{ runId: string; state: ResourceState; status?: RunStatus }]>('childState');
+/** A parent checks that a child it cannot watch (started before a continue-as-new) is still open: signalling a closed Run fails. */
+export const childPingSignal = defineSignal<[]>('childPing');
 
 // Standalone sandboxes
 export const startSandboxUpdate = defineUpdate<SandboxView, []>('start');
