@@ -20,7 +20,7 @@ import {
   type SandboxReleaseReceipt,
 } from './api';
 import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
-import { readWorkspaceFile, writeWorkspaceFile } from './files';
+import { readWorkspaceFile, removeTree, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
   freezeSandbox,
@@ -297,7 +297,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       } catch (err) {
         // A sandbox that was only being brought here leaves nothing behind; an existing one keeps its raised fence.
         if (existing) await writeState(paths, existing);
-        else await fs.rm(paths.root, { recursive: true, force: true });
+        else await removeTree(paths.root);
         throw err;
       }
       state = restoring;
@@ -452,8 +452,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         if (state) {
           admitFence(state, request.fence, 'destroy');
           await killSandbox(markerOf(request.sandboxId));
-          // An active workspace is only a link here: removing it leaves the host's files alone.
-          await fs.rm(paths.root, { recursive: true, force: true });
+          // An active workspace is only a link here: removing it leaves the host's files alone. A process that
+          // outlived the kill may still swap a directory for a link to the host: nothing inside is followed.
+          await removeTree(paths.root);
         }
         // A destroyed sandbox is never restored: every checkpoint it had is garbage now.
         await deps.store.deletePrefix(checkpointPrefix(request.sandboxId));
