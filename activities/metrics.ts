@@ -1,4 +1,4 @@
-// Worker-side diagnostics of SPEC section 5: failures, retries and release
+// Worker-side diagnostics (docs/SURFACES.md, Metrics): failures, retries and release
 // latency, counted where the provider calls happen.
 
 export class WorkerMetrics {

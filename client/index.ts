@@ -65,7 +65,7 @@ function parse<S extends z.ZodType>(schema: S, value: unknown, what: string): z.
   return parsed.data;
 }
 
-/** The typed client of SPEC section 5: runs, sandboxes and metrics over the Temporal client. */
+/** The typed client: runs, sandboxes and metrics over the Temporal client. */
 export class StasisClient {
   readonly runs: RunsApi;
   readonly sandboxes: SandboxesApi;

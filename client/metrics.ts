@@ -5,7 +5,7 @@ import type { MetricsSnapshot } from '../common/schemas';
 import { percentiles } from '../activities/metrics';
 import { StasisBlockedSince } from '../workflows/search-attributes';
 
-// The metrics snapshot of SPEC section 5. Counts come from Temporal visibility
+// The metrics snapshot (docs/SURFACES.md). Counts come from Temporal visibility
 // over the Stasis search attributes, so they hold across workers; failures,
 // retries and release latency come from the workers themselves.
 

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import type { HostPathPolicy } from './host-paths';
 import { DEFAULT_ROLE, isRole, ROLES, type ApiToken } from './roles';
 
-// The environment of SPEC section 6, read once at start-up. A bad variable stops
+// The environment (README, Configuration), read once at start-up. A bad variable stops
 // the process with one line naming it.
 
 const seconds = (fallback: number) =>

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 
-// Durations are strings such as `30s`, `5m`, `2h`, `1d` (SPEC section 2 item 8).
+// Durations are strings such as `30s`, `5m`, `2h`, `1d`.
 const UNIT_MS = { s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 const DURATION_RE = /^([1-9][0-9]{0,8})(s|m|h|d)$/;
 

@@ -1,4 +1,4 @@
-// Error codes of the contract (SPEC sections 2-5) and the HTTP status each maps to.
+// Error codes (docs/DESIGN.md, Error codes) and the HTTP status each maps to.
 // Workflows raise them as ApplicationFailure types; the client, API, CLI and MCP
 // surface them as StasisError.
 export const ERROR_STATUS = {

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { Duration } from './duration';
 import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 
-// The wire types of SPEC sections 1, 2, 3 and 6. Every surface (client, API,
+// The wire types (docs/DESIGN.md). Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
 
 export const Identifier = z
@@ -346,7 +346,7 @@ export const ResourceView = z.object({
 });
 export type ResourceView = z.infer<typeof ResourceView>;
 
-// Standalone sandboxes (SPEC section 3).
+// Standalone sandboxes (docs/DESIGN.md, Sandboxes).
 export const SandboxState = z.enum([
   'created',
   'running',

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { ExecutionAffinity, InteractionKind, PauseBehavior, RunSpec, WorkspacePath } from '../common/schemas';
 
 // An agent driver is called once per step with its checkpoint and the last
-// result, and answers one action (SPEC section 2 item 3).
+// result, and answers one action (docs/DESIGN.md, Runs).
 
 export const AgentAction = z.discriminatedUnion('type', [
   z.object({

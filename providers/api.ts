@@ -9,7 +9,7 @@ import {
   Workspace,
 } from '../common/schemas';
 
-// Sandbox plugin API v3 (SPEC section 4). The schemas validate what a provider
+// Sandbox plugin API v3 (docs/DESIGN.md, Providers and drivers). The schemas validate what a provider
 // module exports and every request and receipt that crosses it.
 
 export const Capabilities = z

@@ -15,7 +15,7 @@ import type {
 import type { SessionAggregate } from './run-state';
 import type { SandboxAggregate } from './sandbox-state';
 
-// Every message of SPEC section 5, defined once and shared by workflows and client.
+// Every workflow message, defined once and shared by workflows and client.
 
 export interface RunWorkflowInput {
   spec: RunSpec;

@@ -26,7 +26,7 @@ export interface Rejection {
 
 export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose' | 'unsuspend';
 
-/** Legal transitions of SPEC section 3 (and of 002_...txt). */
+/** Legal sandbox transitions (docs/DESIGN.md, Sandboxes). */
 export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: SandboxState }> = {
   start: { from: ['created', 'stopped'], to: 'running' },
   stop: { from: ['running'], to: 'stopped' },

@@ -64,7 +64,7 @@ const PATCH_ALL_CHECKPOINTS = 'all-checkpoints';
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
 
-/** A standalone sandbox (SPEC section 3): an entity workflow around the coordinator. */
+/** A standalone sandbox (docs/DESIGN.md, Sandboxes): an entity workflow around the coordinator. */
 export async function sandboxWorkflow(input: SandboxWorkflowInput): Promise<SandboxView> {
   return new SandboxEntity(input).run();
 }

@@ -1,6 +1,6 @@
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
 
-// The search attributes of SPEC section 5, so operators filter in Temporal Web.
+// The search attributes, so operators filter in Temporal Web.
 // Their names and types are also registered by the dev server start and compose.
 export const StasisKind = defineSearchAttributeKey('StasisKind', SearchAttributeType.KEYWORD);
 export const StasisStatus = defineSearchAttributeKey('StasisStatus', SearchAttributeType.KEYWORD);

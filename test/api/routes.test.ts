@@ -55,7 +55,7 @@ const runStatus = async (runId: string) => snapshot(await alice('GET', `/api/v1/
 const waitFor = (runId: string, status: RunSnapshot['status']) =>
   eventually(async () => (await runStatus(runId)) === status, 60_000, `run ${runId} ${status}`);
 
-/** Every /api route of SPEC section 5, with placeholder ids (auth runs before anything else). */
+/** Every /api route, with placeholder ids (auth runs before anything else). */
 const API_ROUTES: [string, string][] = [
   ['POST', '/api/v1/runs'],
   ['GET', '/api/v1/runs?status=WAITING'],

@@ -1,6 +1,6 @@
 import type { SandboxState } from '../../common/schemas';
 
-// The transition table of SPEC section 3, written out independently of the
+// The sandbox transition table (docs/DESIGN.md, Sandboxes), written out independently of the
 // product's SANDBOX_TRANSITIONS so tests check the rules rather than restate them.
 
 export const USER_OPS = ['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'] as const;

@@ -5,7 +5,7 @@ import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 
-// Every state of SPEC section 3, reached for real, and every operation tried on it
+// Every sandbox state (docs/DESIGN.md, Sandboxes), reached for real, and every operation tried on it
 // through the sandbox workflow's Updates.
 
 const faults: ReleaseFaults = { calls: [], broken: ['stop'] };
