@@ -78,13 +78,13 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     STASIS_WORKER_METRICS_ADDR: 'off',
   });
   const store = createCheckpointStore(config);
-  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
     workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
   });
-  const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+  const native = await NativeConnection.connect(config.temporal.connectionOptions);
   const worker = await createStasisWorker({ config, connection: native, store });
   const running = worker.run();
 

@@ -76,7 +76,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   const activities = createActivities({ hostId, provider: (name) => registry.get(name), metrics, drivers, store });
 
   const ownConnection = options.connection === undefined;
-  const connection = options.connection ?? (await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS ?? 'localhost:7233' }));
+  const connection = options.connection ?? (await NativeConnection.connect(config.temporal.connectionOptions));
   const bundle = options.workflowBundle ?? (await workflowBundle());
   const shared = await Worker.create({
     connection,
@@ -139,7 +139,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
 
 async function clientConnection(config: Config) {
   const { Connection } = await import('@temporalio/client');
-  return Connection.connect({ address: config.TEMPORAL_ADDRESS ?? 'localhost:7233' });
+  return Connection.connect(config.temporal.connectionOptions);
 }
 
 async function writeMetrics(file: string, metrics: WorkerMetrics): Promise<void> {

@@ -73,7 +73,7 @@ export async function startStack(
     STASIS_HOST_ID: options.hostId ?? 'host-a',
     ...options.env,
   });
-  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
@@ -90,7 +90,7 @@ export async function startStack(
     temporal,
     workers,
     async startWorker(hostId, extra = {}) {
-      const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+      const native = await NativeConnection.connect(config.temporal.connectionOptions);
       nativeConnections.set(hostId, native);
       const worker = await createStasisWorker({
         config: { ...config, STASIS_HOST_ID: hostId },
