@@ -91,7 +91,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
           message: `provider receipt for ${input.request.mode} says computeReleased=${receipt.computeReleased}`,
         });
       }
-      deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
+      // Durable before the workflow hears of the release: the snapshot then counts every release it saw.
+      await deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
       return { ...receipt, attempt: info.attempt };
     },
 

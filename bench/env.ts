@@ -5,7 +5,8 @@ import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
 import { loadConfig, type Config } from '../common/config';
 import { StasisClient } from '../client';
-import { fileMetricsSource } from '../client/metrics';
+import { storeMetricsSource } from '../client/metrics';
+import { createFiguresStore } from '../stores/figures';
 import { freePorts, startMinio, startTemporal, type MinioServer, type TemporalServer } from '../platform/servers';
 import { createCheckpointStore } from '../stores';
 import type { CheckpointStore } from '../stores/api';
@@ -82,7 +83,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
   });
   const native = await NativeConnection.connect(config.temporal.connectionOptions);
   const worker = await createStasisWorker({ config, connection: native, store });

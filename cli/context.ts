@@ -1,6 +1,7 @@
 import type { Writable } from 'node:stream';
 import { StasisClient, type StasisClientOptions } from '../client';
-import { fileMetricsSource } from '../client/metrics';
+import { storeMetricsSource } from '../client/metrics';
+import { createFiguresStore } from '../stores/figures';
 import { loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { TemporalConnectionOptions } from '../common/temporal-connection';
@@ -21,7 +22,7 @@ export function clientOptions(config: Config): StasisClientOptions & { connectio
     namespace: config.TEMPORAL_NAMESPACE,
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
   };
 }
 

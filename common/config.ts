@@ -55,6 +55,11 @@ export const Env = z.object({
     .string()
     .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
     .default('127.0.0.1:9464'),
+  /** This host's own Prometheus metrics (stasis_release_duration_seconds etc.) of `stasis worker` / `stasis dev`; `off` disables it. */
+  STASIS_METRICS_ADDR: z
+    .string()
+    .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
+    .default('127.0.0.1:9465'),
   /** Extra provider modules to load by path, comma-separated. */
   STASIS_PROVIDERS: z.string().optional(),
 });

@@ -39,13 +39,13 @@ export function temporalConnectConfig(env: NodeJS.ProcessEnv = process.env): Tem
   try {
     profile = loadClientConfigProfile({ overrideEnvVars: set });
   } catch (err) {
-    throw new Error(`TEMPORAL_PROFILE: ${errorText(err)}`);
+    throw new Error(`TEMPORAL_PROFILE: ${errorText(err)}`, { cause: err });
   }
   let converted;
   try {
     converted = toClientOptions(profile);
   } catch (err) {
-    throw new Error(`TEMPORAL_TLS: ${errorText(err)}`);
+    throw new Error(`TEMPORAL_TLS: ${errorText(err)}`, { cause: err });
   }
   const { address, tls, apiKey } = converted.connectionOptions;
   const metadata = profile.grpcMeta;

@@ -7,7 +7,8 @@ import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
 import { loadConfig, type Config } from '../../common/config';
 import { StasisClient } from '../../client';
-import { fileMetricsSource } from '../../client/metrics';
+import { storeMetricsSource } from '../../client/metrics';
+import { createFiguresStore } from '../../stores/figures';
 import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
 
 // A real Stasis stack for one test file: its own task queue (so parallel test
@@ -78,7 +79,7 @@ export async function startStack(
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
   });
   const workers = new Map<string, StasisWorker>();
   const runs = new Map<string, Promise<void>>();

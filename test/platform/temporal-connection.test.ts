@@ -93,7 +93,10 @@ test('the default profile applies without TEMPORAL_PROFILE; TEMPORAL_ADDRESS win
 
 test.each([
   [{ TEMPORAL_PROFILE: 'nope' }, /^TEMPORAL_PROFILE: .*nope/],
-  [{ TEMPORAL_TLS_CLIENT_CERT_PATH: path.join(dir, 'missing.pem'), TEMPORAL_TLS_CLIENT_KEY_PATH: key }, /^TEMPORAL_TLS: .*missing\.pem/],
+  [
+    { TEMPORAL_TLS_CLIENT_CERT_PATH: path.join(dir, 'missing.pem'), TEMPORAL_TLS_CLIENT_KEY_PATH: key },
+    /^TEMPORAL_TLS: .*missing\.pem/,
+  ],
   [{ TEMPORAL_ADDRESS: '::1:7233' }, /^TEMPORAL_ADDRESS: must be host:port/],
 ])('a bad connection setting is one line naming it: %j', (vars, line) => {
   let problems: string[] = [];
