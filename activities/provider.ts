@@ -13,6 +13,8 @@ import type {
   SandboxReleaseReceipt,
   SandboxReleaseRequest,
 } from '../providers/api';
+import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
+import type { Workspace } from '../common/schemas';
 import { receiptConfirms } from '../workflows/lifecycle';
 import type { WorkerMetrics } from './metrics';
 
@@ -24,6 +26,8 @@ export interface ProviderActivityDeps {
   hostId: string;
   provider(name: string): SandboxProvider;
   metrics: WorkerMetrics;
+  /** Where active workspaces may live on this host: checked again here, as any Temporal client can start a Run. */
+  hostPaths: HostPathPolicy;
 }
 
 export interface Owner {
@@ -59,10 +63,16 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     }
   }
 
+  /** An active workspace outside STASIS_HOST_PATHS is refused (non-retryable) before the provider touches it. */
+  async function checkWorkspace(workspace: Workspace | undefined): Promise<void> {
+    if (workspace?.kind === 'active') await checkHostPath(workspace.hostPath, deps.hostPaths, 'sandbox.workspace.hostPath');
+  }
+
   return {
     async provisionSandbox(
       input: Owner & { request: ProvisionRequest; start: boolean },
     ): Promise<{ hostId: string; capabilities: Capabilities }> {
+      await checkWorkspace(input.request.workspace);
       return call(input, async (p, ctx) => {
         await p.provision(input.request, ctx);
         if (input.start) await p.start({ sandboxId: input.request.sandboxId, fence: input.request.fence }, ctx);
@@ -99,6 +109,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     async restoreSandbox(
       input: Owner & { request: RestoreRequest },
     ): Promise<RestoreResult & { hostId: string; capabilities: Capabilities }> {
+      await checkWorkspace(input.request.workspace);
       return call(input, async (p, ctx) => ({
         ...(await p.restore(input.request, ctx)),
         hostId: deps.hostId,

@@ -67,7 +67,8 @@ function parameters(route: RouteDef): Json[] {
 
 /** Codes sharing a status (409 has several) are listed together. */
 function errorResponses(route: RouteDef): Json {
-  const codes = new Set<ErrorCode>([...route.errors, ...(route.public ? [] : ['UNAUTHORIZED' as const]), 'INTERNAL']);
+  const refusals: ErrorCode[] = route.public ? [] : route.role === 'approver' ? ['UNAUTHORIZED'] : ['UNAUTHORIZED', 'FORBIDDEN'];
+  const codes = new Set<ErrorCode>([...route.errors, ...refusals, 'INTERNAL']);
   const byStatus = new Map<number, ErrorCode[]>();
   for (const code of codes) byStatus.set(ERROR_STATUS[code], [...(byStatus.get(ERROR_STATUS[code]) ?? []), code]);
   return Object.fromEntries(
@@ -85,7 +86,7 @@ export function openApiDocument(routes: RouteDef[]): Json {
     paths[route.path] ??= {};
     paths[route.path][route.method.toLowerCase()] = {
       summary: route.summary,
-      ...(route.public ? { security: [] } : {}),
+      ...(route.public ? { security: [] } : { 'x-stasis-role': route.role }),
       parameters: parameters(route),
       ...(body ? { requestBody: { required: true, content: content(body) } } : {}),
       responses: {
@@ -98,7 +99,7 @@ export function openApiDocument(routes: RouteDef[]): Json {
     openapi: '3.1.0',
     info: { title: 'Stasis API', version: '1' },
     components: {
-      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'A secret of STASIS_API_TOKENS' } },
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'A secret of STASIS_API_TOKENS; x-stasis-role of each operation is the least role that may call it' } },
       schemas: componentSchemas(),
     },
     security: [{ bearer: [] }],

@@ -1,5 +1,8 @@
 import { z } from 'zod';
-import type { ErrorCode } from '../common/errors';
+import type { StasisClient } from '../client';
+import { StasisError, type ErrorCode } from '../common/errors';
+import { allows, type Role } from '../common/roles';
+import type { Caller } from './auth';
 import { parseInput } from './validate';
 
 // One table of routes drives both the fastify handlers and the OpenAPI
@@ -9,12 +12,22 @@ export type Method = 'GET' | 'POST' | 'PUT' | 'DELETE';
 /** `bytes`: raw file content (application/octet-stream); `text`: Prometheus exposition; `none`: 204. */
 export type Payload = z.ZodType | 'bytes' | 'text' | 'none';
 
-/** What a handler gets, parsed: `caller` is the name of the token that signed the request. */
+/** What a handler gets, parsed: `caller` is the token that signed the request, `client` acts as it. */
 export interface RouteInput<P, Q, B> {
   params: P;
   query: Q;
   body: B;
-  caller: string;
+  caller: Caller;
+  client: StasisClient;
+}
+
+/** What the server hands a route: the raw request parts, who signed it (absent on a public route) and its client. */
+export interface RawInput {
+  params: unknown;
+  query: unknown;
+  body: unknown;
+  caller?: Caller;
+  client: StasisClient;
 }
 
 type BodyOf<B> = B extends z.ZodType ? z.infer<B> : Buffer;
@@ -30,10 +43,12 @@ export interface RouteSpec<P extends z.ZodObject, Q extends z.ZodObject, B exten
   body?: B;
   status: number;
   response: Payload;
-  /** The error codes this route answers with, for the document. */
+  /** The error codes this route answers with, for the document (401 and 403 are added for every /api route). */
   errors: ErrorCode[];
-  /** Outside `/api`: served without a token. */
-  public?: boolean;
+  /** The least role that may call it; `public`: outside `/api`, served without a token. */
+  role: Role | 'public';
+  /** The field of a request that needs `admin` (an active workspace on a host path), if any. */
+  adminField?: (body: BodyOf<B>) => string | undefined;
   handle(input: RouteInput<z.infer<P>, z.infer<Q>, BodyOf<B>>): Promise<unknown>;
 }
 
@@ -49,7 +64,25 @@ export interface RouteDef {
   response: Payload;
   errors: ErrorCode[];
   public: boolean;
-  run(raw: RouteInput<unknown, unknown, unknown>): Promise<unknown>;
+  /** The least role that may call it (absent on a public route). */
+  role?: Role;
+  /** Parses, authorizes and handles a request. */
+  run(raw: RawInput): Promise<unknown>;
+}
+
+/** The refusal of a request beyond the caller's role. */
+function forbidden(caller: Caller, needed: Role, what: string): StasisError {
+  return new StasisError('FORBIDDEN', `${what} needs the ${needed} role; token ${caller.name} is ${caller.role}`);
+}
+
+/**
+ * The refusal of `caller` on `route` by the route's role, if any. The server asks
+ * before the request's body is read, so a refused request changes nothing.
+ */
+export function refusal(route: Pick<RouteDef, 'method' | 'path' | 'role'>, caller: Caller): StasisError | undefined {
+  return route.role && !allows(caller.role, route.role)
+    ? forbidden(caller, route.role, `${route.method} ${route.path}`)
+    : undefined;
 }
 
 /** Params and query ignore what they do not name; a body must not carry unknown fields. */
@@ -72,16 +105,21 @@ export function defineRoute<
     status: spec.status,
     response: spec.response,
     errors: spec.errors,
-    public: spec.public ?? false,
+    public: spec.role === 'public',
+    ...(spec.role === 'public' ? {} : { role: spec.role }),
     async run(raw) {
+      const caller = raw.caller ?? { name: 'anonymous', role: 'approver' };
       // A PUT without content is an empty file.
       const bytes = Buffer.isBuffer(raw.body) ? raw.body : Buffer.alloc(0);
-      const body = spec.body === 'bytes' ? bytes : parseInput(spec.body ?? EMPTY.optional(), raw.body, 'body');
+      const body = (spec.body === 'bytes' ? bytes : parseInput(spec.body ?? EMPTY.optional(), raw.body, 'body')) as BodyOf<B>;
+      const adminField = spec.adminField?.(body);
+      if (adminField !== undefined && !allows(caller.role, 'admin')) throw forbidden(caller, 'admin', `body.${adminField}`);
       return spec.handle({
         params: parseInput(spec.params ?? NONE, raw.params ?? {}, 'params') as z.infer<P>,
         query: parseInput(spec.query ?? NONE, raw.query ?? {}, 'query') as z.infer<Q>,
-        body: body as BodyOf<B>,
-        caller: raw.caller,
+        body,
+        caller,
+        client: raw.client,
       });
     },
   };

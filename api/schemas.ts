@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import type { StasisError } from '../common/errors';
+import { ROLES } from '../common/roles';
 import { Identifier, RunSnapshot, RunStatus, WorkspacePath } from '../common/schemas';
 
 // The REST API's own request and response shapes, built from the wire schemas.
@@ -16,6 +17,9 @@ export const FileQuery = z.object({ path: WorkspacePath });
 
 export const RunStarted = z.object({ runId: z.string() });
 export const RunList = z.object({ runs: z.array(RunSnapshot) });
+/** Who a token is: GET /api/v1/me. */
+export const Me = z.object({ name: z.string(), role: z.enum(ROLES) });
+export type Me = z.infer<typeof Me>;
 
 export const ErrorBody = z.object({ error: z.object({ code: z.string(), message: z.string() }) });
 export type ErrorBody = z.infer<typeof ErrorBody>;

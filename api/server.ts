@@ -3,19 +3,17 @@ import type { DestinationStream, LevelWithSilent } from 'pino';
 import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
+import type { ApiToken } from '../common/roles';
 import { FILE_LIMIT_BYTES } from '../workflows/definitions';
 import { registerWebPage } from '../web/assets';
-import { bearerAuth } from './auth';
+import { bearerAuth, type Caller } from './auth';
 import { httpFailure } from './errors';
-import { openApiDocument } from './openapi';
 import { PROMETHEUS_CONTENT_TYPE } from './prometheus';
-import type { RouteDef } from './route';
-import { metricsRoutes } from './routes/metrics';
-import { runRoutes } from './routes/runs';
-import { sandboxRoutes } from './routes/sandboxes';
+import { refusal, type RouteDef } from './route';
+import { apiRoutes } from './routes';
 import { errorBody } from './schemas';
 
-// The REST API of SPEC section 5 and the approval page, on fastify.
+// The REST API (docs/SURFACES.md) and the approval page, on fastify.
 
 export interface ApiLogOptions {
   level?: LevelWithSilent;
@@ -25,8 +23,8 @@ export interface ApiLogOptions {
 
 export interface ApiOptions {
   client: StasisClient;
-  /** name → secret, from STASIS_API_TOKENS (config.parseTokens). */
-  tokens: Map<string, string>;
+  /** STASIS_API_TOKENS: each request acts as the token that signed it, within its role. */
+  tokens: readonly ApiToken[];
   /** false: no logging. */
   logger?: ApiLogOptions | false;
 }
@@ -36,12 +34,14 @@ export const JSON_BODY_LIMIT = 1024 * 1024;
 
 declare module 'fastify' {
   interface FastifyRequest {
-    /** Name of the API token that signed the request. */
-    caller: string;
+    /** The API token that signed the request. */
+    caller?: Caller;
   }
   interface FastifyContextConfig {
     /** Served without a token: the page's files and /metrics. */
     public?: boolean;
+    /** The route of the table this handler serves, for its role. */
+    route?: RouteDef;
   }
 }
 
@@ -84,24 +84,25 @@ export function buildApi(options: ApiOptions): FastifyInstance {
       void (reply as FastifyReply).code(refusal.httpStatus).send(errorBody(refusal));
     },
   });
-  const routes: RouteDef[] = [
-    ...runRoutes(options.client),
-    ...sandboxRoutes(options.client),
-    ...metricsRoutes(options.client),
-  ];
-  const openApi = openApiDocument(routes);
+  const routes = apiRoutes();
 
-  app.decorateRequest('caller', '');
+  app.decorateRequest('caller', undefined);
   // Every route needs a token unless it is marked public; so does a miss under /api.
+  // Then the token's role, before the body is read.
   app.addHook('onRequest', async (request, reply) => {
     if (request.routeOptions.config.public || (request.is404 && !API_PATH.test(request.url))) return;
-    const name = authenticate(request.headers.authorization);
-    if (name === undefined) {
-      const refusal = new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required');
-      return reply.code(refusal.httpStatus).send(errorBody(refusal));
-    }
-    request.caller = name;
+    const caller = authenticate(request.headers.authorization);
+    const route = request.routeOptions.config.route;
+    const refused =
+      caller === undefined
+        ? new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required')
+        : route && refusal(route, caller);
+    if (refused) return reply.code(refused.httpStatus).send(errorBody(refused));
+    request.caller = caller;
   });
+  // Each caller acts through its own Temporal identity, so Temporal Web shows who did what.
+  const clientOf = (caller: Caller | undefined) =>
+    caller ? options.client.withIdentity(`${API_IDENTITY_PREFIX}${caller.name}`) : options.client;
 
   // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
   const parseJson = app.getDefaultJsonParser('error', 'error');
@@ -120,16 +121,15 @@ export function buildApi(options: ApiOptions): FastifyInstance {
     return reply.code(missing.httpStatus).send(errorBody(missing));
   });
 
-  for (const route of routes.filter((r) => r.body !== 'bytes')) register(app, route);
+  for (const route of routes.filter((r) => r.body !== 'bytes')) register(app, route, clientOf);
   // File content is raw bytes of any content type, up to the file limit.
   void app.register(async (files) => {
     files.removeAllContentTypeParsers();
     files.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: FILE_LIMIT_BYTES }, (_request, body, done) =>
       done(null, body),
     );
-    for (const route of routes.filter((r) => r.body === 'bytes')) register(files, route);
+    for (const route of routes.filter((r) => r.body === 'bytes')) register(files, route, clientOf);
   });
-  app.get('/api/openapi.json', async () => openApi);
   registerWebPage(app);
   return app;
 }
@@ -143,11 +143,14 @@ function frameworkRefusal(err: FastifyError): StasisError {
   return httpFailure(err, JSON_BODY_LIMIT);
 }
 
-function register(app: FastifyInstance, route: RouteDef): void {
+/** The Temporal client identity of what a token does through the API: this prefix and the token's name. */
+export const API_IDENTITY_PREFIX = 'stasis-api:';
+
+function register(app: FastifyInstance, route: RouteDef, clientOf: (caller: Caller | undefined) => StasisClient): void {
   app.route({
     method: route.method,
     url: route.path.replace(/\{(\w+)\}/g, ':$1'),
-    config: { public: route.public },
+    config: { public: route.public, route },
     ...(route.body === 'bytes' ? { bodyLimit: FILE_LIMIT_BYTES } : {}),
     handler: async (request, reply) => {
       const result = await route.run({
@@ -155,6 +158,7 @@ function register(app: FastifyInstance, route: RouteDef): void {
         query: request.query,
         body: request.body,
         caller: request.caller,
+        client: clientOf(request.caller),
       });
       reply.code(route.status);
       if (route.response === 'none') return reply.send();

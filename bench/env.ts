@@ -3,7 +3,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
-import { loadConfig, type Config } from '../common/config';
+import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisClient } from '../client';
 import { storeMetricsSource } from '../client/metrics';
 import { createFiguresStore } from '../stores/figures';
@@ -77,6 +77,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     AWS_ACCESS_KEY_ID: minio.accessKeyId,
     AWS_SECRET_ACCESS_KEY: minio.secretAccessKey,
     STASIS_WORKER_METRICS_ADDR: 'off',
+    STASIS_HOST_PATHS: scratch,
   });
   const store = createCheckpointStore(config);
   const connection = await Connection.connect(config.temporal.connectionOptions);
@@ -84,6 +85,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
     workerMetrics: storeMetricsSource(createFiguresStore(config)),
+    hostPaths: hostPathPolicy(config),
   });
   const native = await NativeConnection.connect(config.temporal.connectionOptions);
   const worker = await createStasisWorker({ config, connection: native, store });

@@ -2,7 +2,7 @@ import type { Writable } from 'node:stream';
 import { StasisClient, type StasisClientOptions } from '../client';
 import { storeMetricsSource } from '../client/metrics';
 import { createFiguresStore } from '../stores/figures';
-import { loadConfig, type Config } from '../common/config';
+import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { TemporalConnectionOptions } from '../common/temporal-connection';
 
@@ -23,6 +23,7 @@ export function clientOptions(config: Config): StasisClientOptions & { connectio
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
     workerMetrics: storeMetricsSource(createFiguresStore(config)),
+    hostPaths: hostPathPolicy(config),
   };
 }
 

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
 import { describeIssues, StasisError } from '../common/errors';
+import { activeWorkspacesOfRun, activeWorkspacesOfSandbox, checkHostPaths, type HostPathPolicy } from '../common/host-paths';
 import {
   DEFAULT_TEMPORAL_NAMESPACE,
   temporalConnectConfig,
@@ -60,6 +61,8 @@ export interface StasisClientOptions {
   suspendedRetentionSeconds?: number;
   /** Where worker-side metrics (failures, retries, release latency) come from. */
   workerMetrics?: WorkerMetricsSource;
+  /** Where active workspaces may live (STASIS_HOST_PATHS, STASIS_DATA_DIR); absent: nowhere. */
+  hostPaths?: HostPathPolicy;
 }
 
 function parse<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
@@ -72,14 +75,32 @@ function parse<S extends z.ZodType>(schema: S, value: unknown, what: string): z.
 export class StasisClient {
   readonly runs: RunsApi;
   readonly sandboxes: SandboxesApi;
+  private readonly identities = new Map<string, StasisClient>();
 
   constructor(
     readonly temporal: Client,
     private readonly options: StasisClientOptions = {},
   ) {
     const taskQueue = options.taskQueue ?? 'stasis';
-    this.runs = new RunsApi(temporal, taskQueue);
-    this.sandboxes = new SandboxesApi(temporal, taskQueue, options.suspendedRetentionSeconds ?? 2_592_000);
+    const hostPaths = options.hostPaths ?? { allowed: [] };
+    this.runs = new RunsApi(temporal, taskQueue, hostPaths);
+    this.sandboxes = new SandboxesApi(temporal, taskQueue, options.suspendedRetentionSeconds ?? 2_592_000, hostPaths);
+  }
+
+  /**
+   * This client acting as `identity`, on the same connection: Temporal records the
+   * identity on the events of what it starts, signals, cancels and updates, so
+   * Temporal Web shows who did it. One client per identity, kept.
+   */
+  withIdentity(identity: string): StasisClient {
+    let client = this.identities.get(identity);
+    if (!client) {
+      const { namespace, dataConverter, interceptors } = this.temporal.options;
+      const temporal = new Client({ connection: this.temporal.connection, namespace, dataConverter, interceptors, identity });
+      client = new StasisClient(temporal, this.options);
+      this.identities.set(identity, client);
+    }
+    return client;
   }
 
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
@@ -103,14 +124,17 @@ export class RunsApi {
   constructor(
     private readonly temporal: Client,
     private readonly taskQueue: string,
+    private readonly hostPaths: HostPathPolicy,
   ) {}
 
   private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
     return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
   }
 
-  async start(spec: unknown): Promise<{ runId: string }> {
-    const valid = parse(RunSpec, spec, 'spec');
+  /** `options.inputName` names the spec in errors (the REST API's `body`). */
+  async start(spec: unknown, options: { inputName?: string } = {}): Promise<{ runId: string }> {
+    const valid = parse(RunSpec, spec, options.inputName ?? 'spec');
+    await checkHostPaths(activeWorkspacesOfRun(valid), this.hostPaths, `${options.inputName ?? 'spec'}.`);
     const runId = valid.runId ?? `run-${randomUUID()}`;
     try {
       await this.temporal.workflow.start<typeof runWorkflow>('runWorkflow', {
@@ -251,14 +275,17 @@ export class SandboxesApi {
     private readonly temporal: Client,
     private readonly taskQueue: string,
     private readonly suspendedRetentionSeconds: number,
+    private readonly hostPaths: HostPathPolicy,
   ) {}
 
   private handle(sandboxId: string): WorkflowHandle<typeof sandboxWorkflow> {
     return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
   }
 
-  async create(input: unknown): Promise<SandboxView> {
-    const create = parse(CreateSandboxInput, input, 'sandbox');
+  /** `options.inputName` names the input in errors (the REST API's `body`). */
+  async create(input: unknown, options: { inputName?: string } = {}): Promise<SandboxView> {
+    const create = parse(CreateSandboxInput, input, options.inputName ?? 'sandbox');
+    await checkHostPaths(activeWorkspacesOfSandbox(create), this.hostPaths, `${options.inputName ?? 'sandbox'}.`);
     const sandboxId = `sbx-${randomUUID().slice(0, 12)}`;
     try {
       await this.temporal.workflow.start<typeof sandboxWorkflow>('sandboxWorkflow', {

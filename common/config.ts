@@ -2,6 +2,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { z } from 'zod';
 import { temporalConnectConfig, type TemporalConnectConfig } from './temporal-connection';
+import type { HostPathPolicy } from './host-paths';
+import { DEFAULT_ROLE, isRole, ROLES, type ApiToken } from './roles';
 
 // The environment of SPEC section 6, read once at start-up. A bad variable stops
 // the process with one line naming it.
@@ -48,8 +50,25 @@ export const Env = z.object({
   STASIS_HTTP_ADDR: hostPort.default('127.0.0.1:8080'),
   STASIS_API_TOKENS: z
     .string()
-    .regex(/^[^:,]+:[^,]+(,[^:,]+:[^,]+)*$/, 'must be name:secret pairs separated by commas')
+    .transform((value, ctx) => {
+      const { tokens, problems } = parseTokens(value);
+      if (problems.length > 0) ctx.addIssue({ code: 'custom', message: problems.join('; ') });
+      return tokens;
+    })
     .optional(),
+  /** Where active workspaces may live: absolute directories, comma-separated. Unset: nowhere. */
+  STASIS_HOST_PATHS: z
+    .string()
+    .transform((value, ctx) => {
+      const paths = value.split(',').filter(Boolean);
+      if (paths.some((p) => !path.isAbsolute(p) || path.resolve(p) === '/'))
+        ctx.addIssue({ code: 'custom', message: 'must be absolute directories other than /, comma-separated' });
+      return paths.map((p) => path.resolve(p));
+    })
+    .optional(),
+  /** `stasis mcp`: the REST API it acts through, and the token it acts with. */
+  STASIS_API_URL: z.url({ message: 'must be a URL such as http://127.0.0.1:8080' }).optional(),
+  STASIS_API_TOKEN: z.string().regex(/^\S+$/, 'must be one secret of STASIS_API_TOKENS').optional(),
   /** The Temporal SDK's Prometheus exporter of `stasis worker` / `stasis dev`; `off` disables it. */
   STASIS_WORKER_METRICS_ADDR: z
     .string()
@@ -89,7 +108,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = Env.safeParse(relevant);
   if (!parsed.success) {
     throw new ConfigError(
-      parsed.error.issues.map((issue) => `${String(issue.path[0])}: ${issue.message} (got ${JSON.stringify(relevant[String(issue.path[0])])})`),
+      parsed.error.issues.map((issue) => {
+        const name = String(issue.path[0]);
+        // A secret is never echoed: the error goes to terminals, logs and CI output.
+        const got = SECRET_VARIABLES.has(name) ? '' : ` (got ${JSON.stringify(relevant[name])})`;
+        return `${name}: ${issue.message}${got}`;
+      }),
     );
   }
   const config = parsed.data;
@@ -114,12 +138,37 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   };
 }
 
-/** Parses `STASIS_API_TOKENS` into name → secret. */
-export function parseTokens(tokens: string | undefined): Map<string, string> {
-  const map = new Map<string, string>();
-  for (const pair of (tokens ?? '').split(',').filter(Boolean)) {
-    const at = pair.indexOf(':');
-    map.set(pair.slice(0, at), pair.slice(at + 1));
+/** Where active workspaces may live, by this configuration. */
+export function hostPathPolicy(config: Config): HostPathPolicy {
+  return { allowed: config.STASIS_HOST_PATHS ?? [], dataDir: config.STASIS_DATA_DIR };
+}
+
+/** Variables whose values are never printed, not even in a configuration error. */
+const SECRET_VARIABLES = new Set(['STASIS_API_TOKENS', 'STASIS_API_TOKEN', 'AWS_SECRET_ACCESS_KEY']);
+
+/** Shortest secret of STASIS_API_TOKENS. */
+export const MIN_SECRET_LENGTH = 16;
+const TOKEN_NAME = /^[A-Za-z0-9._@-]{1,64}$/;
+const TOKEN_SECRET = /^[^\s:,]+$/;
+
+/**
+ * Parses `STASIS_API_TOKENS` (`name:secret[:role],...`). A problem names the
+ * entry by position and never quotes it: any part of it may be a secret.
+ */
+export function parseTokens(value: string): { tokens: ApiToken[]; problems: string[] } {
+  const tokens: ApiToken[] = [];
+  const problems: string[] = [];
+  for (const [i, entry] of value.split(',').entries()) {
+    const at = `entry ${i + 1}`;
+    const [name, secret, role = DEFAULT_ROLE, ...rest] = entry.trim().split(':');
+    if (secret === undefined || rest.length > 0) problems.push(`${at}: must be name:secret or name:secret:role`);
+    else if (!TOKEN_NAME.test(name)) problems.push(`${at}: the name must be 1-64 letters, digits, ".", "_", "@" or "-"`);
+    else if (secret.length < MIN_SECRET_LENGTH || !TOKEN_SECRET.test(secret))
+      problems.push(`${at}: the secret must be at least ${MIN_SECRET_LENGTH} characters, without spaces, ":" or ","`);
+    else if (!isRole(role)) problems.push(`${at}: the role must be one of ${ROLES.join(', ')}`);
+    else if (tokens.some((t) => t.name === name)) problems.push(`${at}: its name is given by an earlier entry too`);
+    else if (tokens.some((t) => t.secret === secret)) problems.push(`${at}: the secret of an earlier entry is given again`);
+    else tokens.push({ name, secret, role });
   }
-  return map;
+  return { tokens, problems };
 }

@@ -4,6 +4,8 @@
 export const ERROR_STATUS = {
   INVALID_ARGUMENT: 400,
   UNAUTHORIZED: 401,
+  /** The token's role does not allow it. */
+  FORBIDDEN: 403,
   NOT_FOUND: 404,
   ALREADY_EXISTS: 409,
   INVALID_STATE_TRANSITION: 409,

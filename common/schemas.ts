@@ -16,9 +16,15 @@ export type PauseMode = z.infer<typeof PauseMode>;
 export const PauseBehavior = z.enum(['CANCEL', 'CONTINUE', 'DETACH']);
 export const ExecutionAffinity = z.enum(['SANDBOX', 'EXTERNAL']);
 
+/** A string that reaches a process (argv, environment, script): a NUL byte would end it early or fail the start. */
+export const ProcessText = z.string().refine((s) => !s.includes('\0'), 'must not contain a NUL byte');
+
+/** A shell command run in a sandbox. */
+export const ShellCommand = ProcessText.min(1);
+
 export const EnvMap = z.record(
   z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'),
-  z.string(),
+  ProcessText,
 );
 
 export const Workspace = z.discriminatedUnion('kind', [
@@ -50,7 +56,7 @@ export const WorkspacePath = z
 
 export const ExecStep = z
   .object({
-    exec: z.string().min(1),
+    exec: ShellCommand,
     pauseBehavior: PauseBehavior.optional(),
     executionAffinity: ExecutionAffinity.optional(),
     background: z.boolean().optional(),
@@ -72,12 +78,28 @@ export const ExpectFileStep = z
   .strict();
 export const CompleteStep = z.object({ complete: z.unknown() }).strict();
 
+/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox limits"). */
+export const SandboxLimits = z
+  .object({
+    /** Processes (and threads) alive at once. */
+    processes: z.number().int().min(16).max(1_000_000).optional(),
+    /** Memory, in MiB. */
+    memoryMiB: z.number().int().min(64).max(16_777_216).optional(),
+    /** CPU time per period, in CPUs (0.5 is half of one CPU). */
+    cpus: z.number().min(0.01).max(1024).optional(),
+    /** Largest file a process may write, in MiB. */
+    fileMiB: z.number().int().min(1).max(16_777_216).optional(),
+  })
+  .strict();
+export type SandboxLimits = z.infer<typeof SandboxLimits>;
+
 export const SandboxSpec = z
   .object({
     provider: z.string().min(1),
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),
+    limits: SandboxLimits.optional(),
   })
   .strict();
 
@@ -265,6 +287,7 @@ export const CreateSandboxInput = z
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),
+    limits: SandboxLimits.optional(),
     policy: SandboxLifecyclePolicy.optional(),
   })
   .strict();
@@ -272,7 +295,7 @@ export type CreateSandboxInput = z.infer<typeof CreateSandboxInput>;
 
 export const ExecInput = z
   .object({
-    command: z.string().min(1).max(1_000_000),
+    command: ShellCommand.max(1_000_000),
     timeoutMs: z.number().int().positive().max(86_400_000).optional(),
     env: EnvMap.optional(),
   })

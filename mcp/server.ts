@@ -1,13 +1,18 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
-import { errorBody } from '../api/schemas';
-import type { StasisClient } from '../client';
+import type { Method } from '../api/route';
+import { apiRoutes } from '../api/routes';
+import { errorBody, type Me } from '../api/schemas';
 import { StasisError } from '../common/errors';
+import { allows, type Role } from '../common/roles';
 import { CreateSandboxInput, ExecInput, Identifier, InteractionResponse, RunSpec } from '../common/schemas';
 import { version } from '../package.json';
+import type { ApiClient } from './api-client';
 
-// The MCP tools of SPEC section 5, for agents that drive Stasis themselves.
+// The MCP tools, for agents that drive Stasis themselves. The server is a
+// client of the REST API with one token: the agent can do what that token's
+// role allows and no more, and a tool its role cannot use is not offered.
 // Inputs are the wire schemas; results are JSON text; a refusal is an isError
 // result carrying `{error: {code, message}}` so the agent can act on the code.
 
@@ -25,66 +30,98 @@ async function result(run: () => Promise<unknown>): Promise<CallToolResult> {
   }
 }
 
+/** The least role that may make every one of these API calls, from the routes' own declarations. */
+function roleFor(calls: [Method, string][]): Role {
+  const routes = apiRoutes();
+  const roles = calls.map(([method, path]) => {
+    const route = routes.find((r) => r.method === method && r.path === path);
+    if (!route?.role) throw new Error(`no /api route ${method} ${path}`);
+    return route.role;
+  });
+  return roles.reduce((most, role) => (allows(most, role) ? most : role));
+}
+
 const SandboxRef = z.object({ sandboxId: Identifier });
 
-export function createMcpServer(client: StasisClient, options: { respondedBy?: string } = {}): McpServer {
+export function createMcpServer(api: ApiClient, me: Me): McpServer {
   const server = new McpServer({ name: 'stasis', version });
-  server.registerTool(
+  /** Registers a tool only when the token may make the API calls it makes. */
+  const tool = <S extends z.ZodObject>(
+    name: string,
+    calls: [Method, string][],
+    config: { description: string; inputSchema: S },
+    run: (input: z.infer<S>) => Promise<unknown>,
+  ) => {
+    if (!allows(me.role, roleFor(calls))) return;
+    server.registerTool(name, config, ((input: z.infer<S>) => result(() => run(input))) as never);
+  };
+
+  tool(
     'run_start',
+    [['POST', '/api/v1/runs']],
     { description: 'Start a Run from a RunSpec; returns {runId}.', inputSchema: z.object({ spec: RunSpec }) },
-    ({ spec }) => result(() => client.runs.start(spec)),
+    ({ spec }) => api.runs.start(spec),
   );
-  server.registerTool(
+  tool(
     'run_status',
+    [['GET', '/api/v1/runs/{id}']],
     {
       description: "A Run's status, interactions (with their ids), output and error.",
       inputSchema: z.object({ runId: Identifier }),
     },
-    ({ runId }) => result(() => client.runs.get(runId)),
+    ({ runId }) => api.runs.get(runId),
   );
-  server.registerTool(
+  tool(
     'interaction_respond',
+    [['POST', '/api/v1/runs/{id}/interactions/{iid}']],
     {
-      description: "Answer a Run's pending interaction: {decision: 'approve'|'deny', comment?} or {input}.",
+      description: `Answer a Run's pending interaction, as ${me.name}: {decision: 'approve'|'deny', comment?} or {input}.`,
       inputSchema: z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }),
     },
-    ({ runId, interactionId, response }) =>
-      result(() => client.runs.respond(runId, interactionId, response, { respondedBy: options.respondedBy ?? 'mcp' })),
+    ({ runId, interactionId, response }) => api.runs.respond(runId, interactionId, response),
   );
-  server.registerTool(
+  tool(
     'sandbox_create',
+    [
+      ['POST', '/api/v1/sandboxes'],
+      ['POST', '/api/v1/sandboxes/{id}/start'],
+    ],
     {
       description: 'Create a standalone sandbox and start it; returns the running sandbox with its sandboxId.',
       inputSchema: CreateSandboxInput,
     },
-    (input) => result(async () => client.sandboxes.start((await client.sandboxes.create(input)).sandboxId)),
+    async (input) => api.sandboxes.change((await api.sandboxes.create(input)).sandboxId, 'start'),
   );
-  server.registerTool(
+  tool(
     'sandbox_exec',
+    [['POST', '/api/v1/sandboxes/{id}/exec']],
     {
       description: 'Run a shell command in a running sandbox and wait for it; returns {exitCode, stdout, stderr}.',
       inputSchema: ExecInput.extend({ sandboxId: Identifier }),
     },
-    ({ sandboxId, ...exec }) => result(() => client.sandboxes.exec(sandboxId, exec)),
+    ({ sandboxId, ...exec }) => api.sandboxes.exec(sandboxId, exec),
   );
-  server.registerTool(
+  tool(
     'sandbox_suspend',
+    [['POST', '/api/v1/sandboxes/{id}/suspend']],
     {
       description:
         'Release the sandbox compute and keep its workspace; refused (SANDBOX_SUSPEND_BUSY) while a command runs.',
       inputSchema: SandboxRef,
     },
-    ({ sandboxId }) => result(() => client.sandboxes.suspend(sandboxId)),
+    ({ sandboxId }) => api.sandboxes.change(sandboxId, 'suspend'),
   );
-  server.registerTool(
+  tool(
     'sandbox_resume',
+    [['POST', '/api/v1/sandboxes/{id}/resume']],
     { description: 'Bring a suspended (or paused) sandbox back to running.', inputSchema: SandboxRef },
-    ({ sandboxId }) => result(() => client.sandboxes.resume(sandboxId)),
+    ({ sandboxId }) => api.sandboxes.change(sandboxId, 'resume'),
   );
-  server.registerTool(
+  tool(
     'sandbox_destroy',
+    [['DELETE', '/api/v1/sandboxes/{id}']],
     { description: 'Destroy the sandbox, its workspace and checkpoint.', inputSchema: SandboxRef },
-    ({ sandboxId }) => result(() => client.sandboxes.destroy(sandboxId)),
+    ({ sandboxId }) => api.sandboxes.destroy(sandboxId),
   );
   return server;
 }

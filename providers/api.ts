@@ -1,5 +1,13 @@
 import { z } from 'zod';
-import { Checkpoint, EnvMap, PauseMode, SandboxTemplate, Workspace } from '../common/schemas';
+import {
+  Checkpoint,
+  EnvMap,
+  PauseMode,
+  SandboxLimits,
+  SandboxTemplate,
+  ShellCommand,
+  Workspace,
+} from '../common/schemas';
 
 // Sandbox plugin API v3 (SPEC section 4). The schemas validate what a provider
 // module exports and every request and receipt that crosses it.
@@ -57,6 +65,7 @@ export const ProvisionRequest = z.object({
   template: SandboxTemplate.optional(),
   env: EnvMap.optional(),
   workspace: Workspace.optional(),
+  limits: SandboxLimits.optional(),
 });
 export type ProvisionRequest = z.infer<typeof ProvisionRequest>;
 
@@ -65,7 +74,7 @@ export type FencedRequest = z.infer<typeof FencedRequest>;
 
 export const ProviderExecRequest = FencedRequest.extend({
   jobId: z.string().min(1),
-  command: z.string().min(1),
+  command: ShellCommand,
   timeoutMs: z.number().int().positive().optional(),
   env: EnvMap.optional(),
 });
@@ -76,6 +85,7 @@ export const RestoreRequest = FencedRequest.extend({
   checkpoint: Checkpoint.optional(),
   env: EnvMap.optional(),
   workspace: Workspace.optional(),
+  limits: SandboxLimits.optional(),
 });
 export type RestoreRequest = z.infer<typeof RestoreRequest>;
 

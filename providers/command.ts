@@ -1,32 +1,36 @@
 import { constants } from 'node:os';
 import { abortReason } from '../stores/abort';
 import type { ExecOutcome } from './api';
-import { sendSignal } from './processes';
+import { confine, joined, type ResolvedLimits } from './limits';
+import { sendSignal, type SandboxMarker } from './processes';
 import type { SandboxPaths } from './sandbox-state';
 import { startProcess, type StartedProcess } from './spawner';
 
 // Starting processes in a sandbox. What differs between providers is only how a
 // command is wrapped (plain, or inside bubblewrap); everything else is shared.
 
+/** What the host starts so that a command runs in a sandbox. */
 export interface WrappedCommand {
+  /** An absolute path: never looked up in a PATH the sandbox chose. */
   file: string;
   args: string[];
-  /** HOME as the sandboxed process sees it. */
-  home: string;
+  cwd: string;
+  /** The environment of the process the host starts. */
+  env: Record<string, string>;
 }
 
 export interface CommandWrapper {
   /** Fails (NOT_SUPPORTED) when the host cannot run this wrapper, e.g. bubblewrap is not installed. */
   check(): Promise<void>;
-  /** How `argv` runs in the sandbox laid out at `paths`, with its workspace as the working directory. */
-  wrap(paths: SandboxPaths, argv: string[]): WrappedCommand;
+  /** How `argv` runs with environment `env` in the sandbox laid out at `paths`, in its workspace. */
+  wrap(paths: SandboxPaths, argv: string[], env: Record<string, string>): WrappedCommand;
 }
 
 /** Runs commands directly on the host, in the sandbox's directories. */
 export const hostCommands: CommandWrapper = {
   async check() {},
-  wrap(paths, argv) {
-    return { file: argv[0], args: argv.slice(1), home: paths.home };
+  wrap(paths, argv, env) {
+    return { file: argv[0], args: argv.slice(1), cwd: paths.workspace, env: sandboxEnv(paths.home, env) };
   },
 };
 
@@ -36,14 +40,34 @@ const BASE_ENV = {
   LANG: 'C.UTF-8',
 };
 
+/** The environment a sandboxed command sees: the base, HOME, then the sandbox's own (which may override both). */
+export function sandboxEnv(home: string, env: Record<string, string>): Record<string, string> {
+  return { ...BASE_ENV, HOME: home, ...env };
+}
+
+/** The PATH of processes the host starts for itself (launchers), fixed whatever a sandbox sets. */
+export const SYSTEM_PATH = BASE_ENV.PATH;
+
 export interface SpawnOptions {
+  /** Whose process it is: it joins that sandbox's control groups and takes its limits. */
+  sandbox: { marker: SandboxMarker; limits: ResolvedLimits };
   /** Sandbox env, request env and markers, in increasing precedence. */
   env: Record<string, string>;
   /** Long-lived processes are not waited for and do not keep the worker alive. */
   background?: boolean;
   /** Cap on each of stdout and stderr kept for a foreground command. */
   maxOutputBytes?: number;
+  /** Written to the command's stdin (see SpawnRequest.stdin). */
+  stdin?: string;
 }
+
+/**
+ * A shell command as argv: the script arrives on stdin (no argv limit on its length) and
+ * runs with stdin at /dev/null, as a command given with `bash -c` would. Node's stdin pipe is a
+ * socket, which /dev/stdin cannot open, hence cat; and on which bash would read ~/.bashrc as if
+ * started by sshd, hence --norc.
+ */
+export const SHELL_FROM_STDIN = ['/bin/bash', '--norc', '-c', 'eval "$(/bin/cat)" </dev/null'];
 
 /**
  * Starts `argv` in the sandbox as the leader of its own process group (so a
@@ -55,15 +79,17 @@ export async function spawnInSandbox(
   argv: string[],
   options: SpawnOptions,
 ): Promise<StartedProcess> {
-  const command = wrapper.wrap(paths, argv);
-  return startProcess({
-    file: command.file,
-    args: command.args,
-    cwd: paths.workspace,
-    env: { ...BASE_ENV, HOME: command.home, ...options.env },
+  const command = wrapper.wrap(paths, argv, options.env);
+  const { join, ...confined } = confine(options.sandbox.marker, options.sandbox.limits, command);
+  const started = await startProcess({
+    ...command,
+    ...confined,
     background: options.background ?? false,
     maxOutputBytes: options.maxOutputBytes ?? 0,
+    ...(options.stdin === undefined ? {} : { stdin: options.stdin }),
   });
+  await joined(started.pid, join);
+  return started;
 }
 
 export interface WaitOptions {

@@ -1,99 +1,235 @@
-import { constants } from 'node:fs';
+import { randomUUID } from 'node:crypto';
+import { constants, type Stats } from 'node:fs';
 import * as fs from 'node:fs/promises';
-import * as path from 'node:path';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from '../stores/atomic-file';
 
-// File access to a sandbox's workspace from outside it. A path (relative, or
-// absolute under /workspace as commands inside bubblewrap see it) must stay in
-// the workspace, also once every symlink on the way is followed.
+// File access to a sandbox's workspace from outside it, for anyone (REST, MCP,
+// a Run's readFile/writeFile steps). Every name in the workspace belongs to the
+// sandbox, whose processes may rename and relink them while we look: so no path
+// inside it is ever resolved by the kernel on the host. We walk it one name at a
+// time from a descriptor of the directory before, never following a symlink,
+// and touch only regular files.
+//
+// Why this way: Node has no openat(), so each step opens
+// `/proc/self/fd/<dirfd>/<name>`. The kernel jumps from that magic link straight
+// to the directory the descriptor holds (whatever its path has become since)
+// and then looks up one name, which we make sure is neither `..` nor `.` and
+// has no `/`; O_NOFOLLOW refuses it if it is a symlink. Every step opens with
+// O_PATH, which opens nothing (a FIFO cannot block, a device sees no open) and
+// lets us fstat what we got before deciding. Only a verified regular file is
+// then reopened for reading, through its own descriptor's magic link. This is
+// race-free in pure Node on any Linux; openat2(RESOLVE_BENEATH|
+// RESOLVE_NO_SYMLINKS) would need a native helper and a build step for the same.
 
 /** Largest file readFile hands back in one piece. */
 export const MAX_FILE_BYTES = 64 * 1024 * 1024;
 
-export async function readWorkspaceFile(workspace: string, requested: string): Promise<Buffer> {
-  const file = await resolveInside(workspace, requested);
-  let handle: fs.FileHandle;
-  try {
-    handle = await fs.open(file, constants.O_RDONLY | constants.O_NOFOLLOW);
-  } catch (err) {
-    throw fileError(err, requested);
-  }
-  try {
-    const stat = await handle.stat();
-    if (!stat.isFile()) throw new StasisError('INVALID_ARGUMENT', `path ${requested}: not a regular file`);
-    if (stat.size > MAX_FILE_BYTES) {
-      throw new StasisError(
-        'PAYLOAD_TOO_LARGE',
-        `path ${requested}: ${stat.size} bytes is more than ${MAX_FILE_BYTES}`,
-      );
-    }
-    return await handle.readFile();
-  } finally {
-    await handle.close();
-  }
-}
+/** Linux's O_PATH (the same on x86-64 and arm64); Node does not export it. */
+const O_PATH = 0o10000000;
+const STEP = O_PATH | constants.O_NOFOLLOW;
+/** Prefix of the temp file a write renames into place (in the same directory). */
+const TEMP_PREFIX = '.stasis-write-';
+const LINK = 'is a symlink, which file access never follows';
 
-export async function writeWorkspaceFile(workspace: string, requested: string, content: Buffer): Promise<void> {
-  const file = await resolveInside(workspace, requested);
-  await fs.mkdir(path.dirname(file), { recursive: true });
-  // The parent was created through real directories only; check again in case a link appeared meanwhile.
-  await resolveInside(workspace, requested);
-  try {
-    await fs.writeFile(file, content, {
-      flag: constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW,
-    });
-  } catch (err) {
-    throw fileError(err, requested);
-  }
+export async function readWorkspaceFile(workspace: string, requested: string): Promise<Buffer> {
+  const names = namesOf(requested);
+  return withParent(workspace, names, requested, false, async (parent) => {
+    const leaf = await step(parent, names[names.length - 1], requested);
+    if (!leaf) throw notFound(requested);
+    try {
+      assertRegular(leaf.stat, requested, names);
+      if (leaf.stat.size > MAX_FILE_BYTES) throw tooLarge(requested, `${leaf.stat.size} bytes is`);
+      const file = await fs.open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK);
+      try {
+        return await readBounded(file, requested);
+      } finally {
+        await file.close();
+      }
+    } finally {
+      await leaf.handle.close();
+    }
+  });
 }
 
 /**
- * The real path `requested` names inside `workspace`: the final component may
- * not exist yet, but every existing part is resolved and must stay inside.
+ * Writes `content` to `requested`, creating missing directories; readers see the
+ * old content or the new, never part of it (a temp file renamed into place).
+ * Replacing a file keeps its permission bits, without setuid/setgid.
  */
-async function resolveInside(workspace: string, requested: string): Promise<string> {
-  const relative = requested.startsWith('/workspace/') ? requested.slice('/workspace/'.length) : requested;
-  if (relative === '' || path.isAbsolute(relative) || relative.includes('\0')) {
-    throw new StasisError('INVALID_ARGUMENT', `path ${JSON.stringify(requested)}: must be relative to the workspace`);
-  }
-  const root = await fs.realpath(workspace);
-  const lexical = path.resolve(root, relative);
-  assertInside(root, lexical, requested);
-  // Resolve the deepest existing ancestor (or the file itself) and re-attach the missing tail.
-  let existing = lexical;
-  const missing: string[] = [];
-  for (;;) {
-    try {
-      const real = await fs.realpath(existing);
-      const resolved = path.join(real, ...missing);
-      assertInside(root, resolved, requested);
-      if (resolved === root)
-        throw new StasisError('INVALID_ARGUMENT', `path ${JSON.stringify(requested)}: names the workspace itself`);
-      return resolved;
-    } catch (err) {
-      if (!hasErrorCode(err, 'ENOENT')) throw err;
-      missing.unshift(path.basename(existing));
-      existing = path.dirname(existing);
+export async function writeWorkspaceFile(workspace: string, requested: string, content: Buffer): Promise<void> {
+  const names = namesOf(requested);
+  const name = names[names.length - 1];
+  await withParent(workspace, names, requested, true, async (parent) => {
+    const existing = await step(parent, name, requested);
+    let mode: number | undefined;
+    if (existing) {
+      await existing.handle.close();
+      assertRegular(existing.stat, requested, names);
+      mode = existing.stat.mode & 0o777;
     }
+    const temp = at(parent, `${TEMP_PREFIX}${randomUUID()}`);
+    try {
+      const file = await fs.open(
+        temp,
+        constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+      );
+      try {
+        await file.writeFile(content);
+        if (mode !== undefined) await file.chmod(mode);
+      } finally {
+        await file.close();
+      }
+      // rename() never follows the last name: a link put there meanwhile is replaced, not written through.
+      await fs.rename(temp, at(parent, name));
+    } catch (err) {
+      await fs.unlink(temp).catch(() => undefined);
+      throw fileError(err, requested);
+    }
+  });
+}
+
+/** The names of `requested` inside the workspace; refused up front if any could leave it. */
+function namesOf(requested: string): string[] {
+  const relative = requested.startsWith('/workspace/') ? requested.slice('/workspace/'.length) : requested;
+  if (relative.startsWith('/') || relative.includes('\0')) {
+    throw invalid(requested, 'must be relative to the workspace');
+  }
+  const names = relative.split('/').filter((name) => name !== '' && name !== '.');
+  if (names.includes('..')) {
+    throw invalid(requested, 'must not contain ".."');
+  }
+  if (names.length === 0) {
+    throw invalid(requested, 'names the workspace itself');
+  }
+  return names;
+}
+
+/**
+ * Opens the directory that holds the last of `names` (creating missing ones when
+ * `create`), runs `use` with it, and closes every descriptor it opened.
+ */
+async function withParent<T>(
+  workspace: string,
+  names: string[],
+  requested: string,
+  create: boolean,
+  use: (parent: fs.FileHandle) => Promise<T>,
+): Promise<T> {
+  await procReady();
+  // The root is the worker's own path (an active workspace's is the worker's link to its host path): followed.
+  const opened = [await fs.open(workspace, O_PATH | constants.O_DIRECTORY)];
+  try {
+    for (let i = 0; i < names.length - 1; i++) {
+      const dir = opened[opened.length - 1];
+      let next = await step(dir, names[i], requested);
+      if (!next && create) {
+        // mkdir() never follows the last name either; a link that wins the race is refused just below.
+        await fs.mkdir(at(dir, names[i])).catch((err: unknown) => {
+          if (!hasErrorCode(err, 'EEXIST')) throw fileError(err, requested);
+        });
+        next = await step(dir, names[i], requested);
+      }
+      if (!next) throw notFound(requested);
+      opened.push(next.handle);
+      if (!next.stat.isDirectory()) {
+        const prefix = names.slice(0, i + 1).join('/');
+        throw invalid(requested, `${prefix} ${next.stat.isSymbolicLink() ? LINK : 'is not a directory'}`);
+      }
+    }
+    return await use(opened[opened.length - 1]);
+  } finally {
+    await Promise.all(opened.map((handle) => handle.close()));
   }
 }
 
-function assertInside(root: string, candidate: string, requested: string): void {
-  const relative = path.relative(root, candidate);
-  if (relative === '..' || relative.startsWith(`..${path.sep}`) || path.isAbsolute(relative)) {
-    throw new StasisError('INVALID_ARGUMENT', `path ${JSON.stringify(requested)}: escapes the workspace`);
+/** Opens `name` in `dir` without following it or opening what it is; undefined if there is none. */
+async function step(
+  dir: fs.FileHandle,
+  name: string,
+  requested: string,
+): Promise<{ handle: fs.FileHandle; stat: Stats } | undefined> {
+  let handle: fs.FileHandle;
+  try {
+    handle = await fs.open(at(dir, name), STEP);
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return undefined;
+    throw fileError(err, requested);
   }
+  try {
+    return { handle, stat: await handle.stat() };
+  } catch (err) {
+    await handle.close();
+    throw err;
+  }
+}
+
+function assertRegular(stat: Stats, requested: string, names: string[]): void {
+  if (stat.isFile()) return;
+  const what = stat.isDirectory()
+    ? 'is a directory'
+    : stat.isSymbolicLink()
+      ? `${names.join('/')} ${LINK}`
+      : `is not a regular file (a ${stat.isFIFO() ? 'FIFO' : stat.isSocket() ? 'socket' : 'device'})`;
+  throw invalid(requested, what);
+}
+
+/** Reads to the end, but never more than MAX_FILE_BYTES (the file may grow while we read). */
+async function readBounded(file: fs.FileHandle, requested: string): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let total = 0;
+  for (;;) {
+    const { bytesRead, buffer } = await file.read(Buffer.alloc(Math.min(1 << 20, MAX_FILE_BYTES + 1 - total)));
+    if (bytesRead === 0) return Buffer.concat(chunks, total);
+    total += bytesRead;
+    if (total > MAX_FILE_BYTES) {
+      throw tooLarge(requested, 'it has grown');
+    }
+    chunks.push(buffer.subarray(0, bytesRead));
+  }
+}
+
+/** The path that looks `name` up in the directory `dir` holds, whatever its path is now. */
+function at(dir: fs.FileHandle, name: string): string {
+  return `${magic(dir)}/${name}`;
+}
+
+function magic(handle: fs.FileHandle): string {
+  return `/proc/self/fd/${handle.fd}`;
+}
+
+let procChecked: Promise<void> | undefined;
+/** File access relies on /proc's descriptor links; without them it refuses rather than guess. */
+function procReady(): Promise<void> {
+  procChecked ??= fs.stat('/proc/self/fd').then(
+    () => undefined,
+    () => {
+      procChecked = undefined;
+      throw new StasisError('NOT_SUPPORTED', 'file access to a workspace needs /proc mounted on the worker’s host');
+    },
+  );
+  return procChecked;
+}
+
+function invalid(requested: string, why: string): StasisError {
+  return new StasisError('INVALID_ARGUMENT', `path ${JSON.stringify(requested)}: ${why}`);
+}
+
+function notFound(requested: string): StasisError {
+  return new StasisError('NOT_FOUND', `path ${JSON.stringify(requested)}: no such file in the workspace`);
+}
+
+function tooLarge(requested: string, what: string): StasisError {
+  return new StasisError(
+    'PAYLOAD_TOO_LARGE',
+    `path ${JSON.stringify(requested)}: ${what} more than ${MAX_FILE_BYTES} bytes`,
+  );
 }
 
 function fileError(err: unknown, requested: string): Error {
-  if (hasErrorCode(err, 'ENOENT'))
-    return new StasisError('NOT_FOUND', `path ${requested}: no such file in the workspace`);
-  if (hasErrorCode(err, 'EISDIR')) return new StasisError('INVALID_ARGUMENT', `path ${requested}: is a directory`);
-  if (hasErrorCode(err, 'ELOOP'))
-    return new StasisError(
-      'INVALID_ARGUMENT',
-      `path ${requested}: is a symlink that cannot be followed inside the workspace`,
-    );
+  if (err instanceof StasisError) return err;
+  if (hasErrorCode(err, 'ENOENT')) return notFound(requested);
+  if (hasErrorCode(err, 'EISDIR')) return invalid(requested, 'is a directory');
+  if (hasErrorCode(err, 'ENAMETOOLONG')) return invalid(requested, 'a name in it is too long');
   return err instanceof Error ? err : new Error(String(err));
 }

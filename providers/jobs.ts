@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import { sha256Hex } from '../common/hashes';
-import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
 import type { ExecOutcome, ProviderExecRequest } from './api';
 
 // Exec jobs on disk, one file per job id, so a retried exec never runs a command
@@ -78,7 +78,7 @@ export class JobJournal {
   }
 
   private async write(jobId: string, job: StoredJob): Promise<void> {
-    await fs.mkdir(this.dir, { recursive: true });
+    await makeDirDurable(this.dir);
     await writeFileAtomic(this.fileOf(jobId), JSON.stringify(job));
   }
 

@@ -1,9 +1,9 @@
 import * as fs from 'node:fs/promises';
 import type { z } from 'zod';
 import { describeIssues, StasisError } from '../common/errors';
-import type { Checkpoint, Workspace } from '../common/schemas';
+import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
 import {
   FencedRequest,
   FileRequest,
@@ -19,7 +19,7 @@ import {
   type SandboxProvider,
   type SandboxReleaseReceipt,
 } from './api';
-import { hostCommands, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
+import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
 import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
@@ -28,7 +28,7 @@ import {
   markerEnv,
   sandboxProcesses,
   scanSandboxProcesses,
-  signalSandbox,
+  thawSandbox,
   type SandboxMarker,
 } from './processes';
 import { ReceiptStore } from './receipts';
@@ -43,6 +43,7 @@ import {
   type SandboxState,
 } from './sandbox-state';
 import { JobJournal } from './jobs';
+import { resolveLimits } from './limits';
 import { checkpointPrefix, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
 
 // The `local` provider: a sandbox is a set of directories on the worker's host
@@ -111,14 +112,23 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     return { ...state.env, ...extra, ...markerEnv(markerOf(state.sandboxId)) };
   }
 
+  /** Every process of the sandbox joins its groups and takes its limits. */
+  function confinementOf(state: SandboxState) {
+    return { marker: markerOf(state.sandboxId), limits: resolveLimits(state.limits) };
+  }
+
   /** Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived). */
   async function ensureCompute(state: SandboxState, paths: SandboxPaths): Promise<void> {
     const marker = markerOf(state.sandboxId);
     if ((await sandboxProcesses(marker)).length > 0) {
-      if (state.status === 'paused') await signalSandbox(marker, 'SIGCONT');
+      if (state.status === 'paused') await thawSandbox(marker);
     } else {
       await commands.check();
-      await spawnInSandbox(commands, paths, INIT_ARGV, { env: envOf(state), background: true });
+      await spawnInSandbox(commands, paths, INIT_ARGV, {
+        env: envOf(state),
+        background: true,
+        sandbox: confinementOf(state),
+      });
     }
     state.status = 'running';
     // Compute now changes the files, so they are no longer a copy of the last checkpoint.
@@ -156,6 +166,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           fence: request.fence,
           idempotencyKey: request.idempotencyKey,
           labels,
+          limits: archiveLimits,
           progress,
           ...(context.signal ? { signal: context.signal } : {}),
         });
@@ -165,7 +176,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       } catch (err) {
         // Roll back: the sandbox keeps running as before and no checkpoint is left behind.
         if (checkpoint) await deps.store.delete(checkpoint.uri).catch(() => undefined);
-        if (!wasPaused) await signalSandbox(marker, 'SIGCONT');
+        if (!wasPaused) await thawSandbox(marker);
         throw err;
       }
     });
@@ -177,7 +188,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
   async function layOut(paths: SandboxPaths, workspace: Workspace): Promise<void> {
-    for (const dir of [paths.home, paths.envs, paths.receipts]) await fs.mkdir(dir, { recursive: true });
+    for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
+    await makeDirDurable(paths.receipts);
     if (workspace.kind === 'isolated') {
       await fs.mkdir(paths.workspace, { recursive: true });
       return;
@@ -193,6 +205,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     fence: number,
     workspace: Workspace,
     env: Record<string, string>,
+    limits: SandboxLimits | undefined,
   ): SandboxState {
     const now = new Date().toISOString();
     return {
@@ -204,6 +217,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       status: 'created',
       workspace,
       env,
+      ...(limits ? { limits } : {}),
       createdAt: now,
       updatedAt: now,
     };
@@ -232,7 +246,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const workspace = request.workspace ?? state?.workspace ?? { kind: 'isolated' };
       const existing = state;
       if (existing) await terminate(existing);
-      const restoring = existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {});
+      const restoring =
+        existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
       try {
         await layOut(paths, workspace);
         const progress: Progress = { phase: 'restoring', bytes: 0 };
@@ -244,6 +259,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             workspace,
             limits: archiveLimits,
             progress,
+            beforeSwap: async () => {
+              if (!existing?.dormant) return;
+              // A restore killed from here on leaves files that are no local copy of that checkpoint any more.
+              delete existing.dormant;
+              await writeState(paths, existing);
+            },
             ...(context.signal ? { signal: context.signal } : {}),
           }),
         );
@@ -258,6 +279,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       state = restoring;
     }
     if (request.env) state.env = request.env;
+    if (request.limits) state.limits = request.limits;
     await ensureCompute(state, paths);
     await writeState(paths, state);
     return result;
@@ -277,7 +299,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         if (existing) admitFence(existing, request.fence, 'provision');
         const state =
           existing ??
-          freshState(request.sandboxId, request.fence, request.workspace ?? { kind: 'isolated' }, request.env ?? {});
+          freshState(
+            request.sandboxId,
+            request.fence,
+            request.workspace ?? { kind: 'isolated' },
+            request.env ?? {},
+            request.limits,
+          );
         if (request.template) state.template = request.template;
         await layOut(paths, state.workspace);
         await writeState(paths, state);
@@ -316,8 +344,10 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           }
           await journal.begin(request);
           // Admitted and started under the lock, so no release can slip between the check and the spawn.
-          const child = await spawnInSandbox(commands, paths, ['/bin/bash', '-c', request.command], {
+          const child = await spawnInSandbox(commands, paths, SHELL_FROM_STDIN, {
             env: envOf(state, { ...request.env, STASIS_JOB_ID: request.jobId }),
+            sandbox: confinementOf(state),
+            stdin: request.command,
             maxOutputBytes,
           }).catch(async (err: unknown) => {
             await journal.forget(request); // nothing ran
@@ -379,7 +409,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             `sandbox ${state.sandboxId} is ${state.status}; only a paused sandbox can be resumed`,
           );
         }
-        await signalSandbox(markerOf(state.sandboxId), 'SIGCONT');
+        await thawSandbox(markerOf(state.sandboxId));
         state.status = 'running';
       });
     },

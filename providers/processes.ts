@@ -1,12 +1,18 @@
 import { closeSync, openSync, readdirSync, readSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
+import { cgroupTracking, freezeGroup, groupPids, hostGroupPids, killGroup, thawGroup } from './cgroups';
 import { spawnerPid } from './spawner';
 
-// Every process of a sandbox carries two environment variables, inherited by
-// everything it starts. Scanning /proc/*/environ for them finds all of a
-// sandbox's processes, grandchildren and daemons that left the process group
-// included, so they can be counted, frozen, thawed and killed together.
+// A sandbox's processes, found to be counted, frozen, thawed and killed together,
+// grandchildren and daemons that left the process group included.
+//
+// Where the host lets the worker create cgroup v2 groups (cgroups.ts), a sandbox's
+// processes are the members of its group: a process cannot leave it, and nothing it
+// sets in its environment matters. Elsewhere every process of a sandbox carries two
+// environment variables, inherited by everything it starts, and /proc/*/environ is
+// scanned for them; a sandbox process can unset or forge them there, so on such hosts
+// this tracking holds only against processes that do not try (README, "Sandbox limits").
 
 export interface SandboxMarker {
   sandboxId: string;
@@ -19,6 +25,11 @@ const HOST_VAR = 'STASIS_SANDBOX_HOST';
 
 export function markerEnv(marker: SandboxMarker): Record<string, string> {
   return { [ID_VAR]: marker.sandboxId, [HOST_VAR]: marker.hostId };
+}
+
+/** Only the marker of a sandbox environment: what a launcher the host starts for the sandbox carries. */
+export function markerOnly(env: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([name]) => name === ID_VAR || name === HOST_VAR));
 }
 
 interface ProcessInfo {
@@ -47,7 +58,7 @@ const known = new Map<number, KnownMarker>();
  * memory and never block, a few hundred of them through the libuv thread pool take
  * 20x longer, and a fresh buffer per read made allocation the cost of a scan.
  */
-export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
+async function scanByEnvironment(hostId: string): Promise<Map<string, ProcessInfo[]>> {
   const bySandbox = new Map<string, ProcessInfo[]>();
   const add = (pid: number, state: string, marker: SandboxMarker | undefined) => {
     if (marker?.hostId !== hostId) return;
@@ -95,20 +106,38 @@ export async function scanSandboxProcesses(hostId: string): Promise<Map<string, 
   return bySandbox;
 }
 
-export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
-  return (await scanSandboxProcesses(marker.hostId)).get(marker.sandboxId) ?? [];
+/** Live processes of every sandbox of `hostId`, by sandbox id. */
+export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
+  if (!cgroupTracking()) return scanByEnvironment(hostId);
+  const bySandbox = new Map<string, ProcessInfo[]>();
+  for (const [sandboxId, pids] of hostGroupPids(hostId)) bySandbox.set(sandboxId, withStates(pids));
+  return bySandbox;
 }
 
-/** Sends `signal` to every process of the sandbox. */
-export async function signalSandbox(marker: SandboxMarker, signal: NodeJS.Signals): Promise<void> {
-  for (const { pid } of await sandboxProcesses(marker)) sendSignal(pid, signal);
+export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
+  if (cgroupTracking()) return withStates(groupPids(marker));
+  return (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+}
+
+function withStates(pids: number[]): ProcessInfo[] {
+  return pids.flatMap((pid) => {
+    const stat = processStat(pid);
+    return stat ? [{ pid, state: stat.state }] : [];
+  });
+}
+
+/** Lets a frozen sandbox run again. */
+export async function thawSandbox(marker: SandboxMarker): Promise<void> {
+  if (cgroupTracking()) thawGroup(marker);
+  else for (const { pid } of await sandboxProcesses(marker)) sendSignal(pid, 'SIGCONT');
 }
 
 /**
- * SIGSTOPs the sandbox until every process is seen stopped in a scan that finds
- * no new one, so a process forked during the freeze is caught too.
+ * Freezes every process of the sandbox: by its group, or by SIGSTOP until every process
+ * is seen stopped in a scan that finds no new one, so one forked meanwhile is caught too.
  */
 export async function freezeSandbox(marker: SandboxMarker, timeoutMs = 10_000): Promise<void> {
+  if (cgroupTracking()) return freezeGroup(marker, timeoutMs);
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const running = (await sandboxProcesses(marker)).filter((p) => p.state !== 'T' && p.state !== 't');
@@ -124,11 +153,16 @@ export async function freezeSandbox(marker: SandboxMarker, timeoutMs = 10_000): 
   }
 }
 
-/** SIGKILLs every process of the sandbox until none is left. */
+/** Kills every process of the sandbox until none is left, and removes its groups. */
 export async function killSandbox(marker: SandboxMarker, timeoutMs = 10_000): Promise<void> {
+  if (!cgroupTracking()) await killByEnvironment(marker, timeoutMs);
+  await killGroup(marker, timeoutMs);
+}
+
+async function killByEnvironment(marker: SandboxMarker, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const alive = await sandboxProcesses(marker);
+    const alive = (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
     if (alive.length === 0) return;
     if (Date.now() > deadline) {
       throw new StasisError(
@@ -140,6 +174,12 @@ export async function killSandbox(marker: SandboxMarker, timeoutMs = 10_000): Pr
     await sleep(10);
   }
 }
+
+/** The environment scan alone, whatever the host offers: for the tests of that fallback. */
+export const byEnvironment = {
+  processes: async (marker: SandboxMarker) => (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [],
+  kill: (marker: SandboxMarker) => killByEnvironment(marker, 10_000),
+};
 
 /** Signals a process or, with a negative id, a process group; one that is already gone is no error. */
 export function sendSignal(pid: number, signal: NodeJS.Signals): void {

@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import { sha256Hex } from '../common/hashes';
-import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
 import { SandboxReleaseReceipt, type SandboxReleaseRequest } from './api';
 
 // Release receipts on disk, one file per idempotency key, so a retried release
@@ -42,7 +42,7 @@ export class ReceiptStore {
   }
 
   async save(request: SandboxReleaseRequest, receipt: SandboxReleaseReceipt): Promise<void> {
-    await fs.mkdir(this.dir, { recursive: true });
+    await makeDirDurable(this.dir);
     await writeFileAtomic(
       this.fileOf(request.idempotencyKey),
       JSON.stringify({ requestHash: releaseRequestHash(request), receipt }),
@@ -54,4 +54,3 @@ export class ReceiptStore {
     return path.join(this.dir, `${sha256Hex(idempotencyKey)}.json`);
   }
 }
-

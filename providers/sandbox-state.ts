@@ -3,7 +3,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
-import { Checkpoint, EnvMap, Identifier, Workspace } from '../common/schemas';
+import { Checkpoint, EnvMap, Identifier, SandboxLimits, Workspace } from '../common/schemas';
 import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
 
 // A sandbox on this host is the directory `<dataDir>/sandboxes/<sandboxId>/`:
@@ -75,6 +75,8 @@ export const SandboxState = z.object({
   status: ComputeStatus,
   workspace: Workspace,
   env: EnvMap,
+  /** The sandbox's own limits; the host's defaults fill in the rest at each start. */
+  limits: SandboxLimits.optional(),
   template: z.string().optional(),
   dormant: Dormant.optional(),
   /** The checkpoint the running files came from, so a retried restore does not unpack it again. */

@@ -2,10 +2,11 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { pipeline, Transform } from 'node:stream';
+import { StasisError } from '../common/errors';
 import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
-import { CHECKPOINT_DIRS, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
+import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
 import { hasErrorCode } from '../stores/atomic-file';
 import type { SandboxPaths } from './sandbox-state';
 
@@ -25,6 +26,7 @@ export async function uploadSnapshot(input: {
   fence: number;
   idempotencyKey: string;
   labels: Record<string, string>;
+  limits: ArchiveLimits;
   progress: Progress;
   signal?: AbortSignal;
 }): Promise<Checkpoint> {
@@ -40,8 +42,17 @@ export async function uploadSnapshot(input: {
       callback(null, chunk);
     },
   });
-  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), counted, () => {}); // errors reach the store through `counted`
-  return input.store.put(key, counted, input.labels, input.signal);
+  // The archive passes restore's own checks on its way out, so no checkpoint that restore would refuse is ever taken.
+  let refused: StasisError | undefined;
+  const checked = checkingStream(input.limits).on('error', (err) => {
+    if (err instanceof StasisError) refused = err;
+  });
+  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), checked, counted, () => {}); // errors reach the store through `counted`
+  try {
+    return await input.store.put(key, counted, input.labels, input.signal);
+  } catch (err) {
+    throw refused ?? err;
+  }
 }
 
 /** Where all checkpoints of a sandbox live; destroying the sandbox deletes them. */
@@ -54,6 +65,9 @@ export function checkpointPrefix(sandboxId: string): string {
  * inside the sandbox root, then swaps the directories into place. Returns the
  * checkpoint's labels. An active workspace is host-persistent: its host path is
  * only filled from the checkpoint when it is empty (a restore on another host).
+ * A restore interrupted anywhere (a full disk, a killed worker) can simply be
+ * run again: it first removes what an earlier attempt left, and only complete
+ * trees are renamed into place.
  */
 export async function restoreSnapshot(input: {
   store: CheckpointStore;
@@ -62,10 +76,14 @@ export async function restoreSnapshot(input: {
   workspace: Workspace;
   limits: ArchiveLimits;
   progress: Progress;
+  /** Called right before the first tree is swapped in: from then on the sandbox's files are no longer what they were. */
+  beforeSwap: () => Promise<void>;
   signal?: AbortSignal;
 }): Promise<Record<string, string>> {
   const { paths } = input;
-  const staging = path.join(paths.root, `.restore-${randomBytes(6).toString('hex')}`);
+  // Restores of one sandbox never overlap (they run under its lifecycle lock): whatever matches is an earlier attempt's.
+  await removeEntries(paths.root, (name) => name.startsWith(STAGING) || SWAPPED_OUT.test(name));
+  const staging = path.join(paths.root, `${STAGING}${randomBytes(6).toString('hex')}`);
   const archive = `${staging}.tar.gz`;
   await fs.mkdir(staging);
   try {
@@ -75,6 +93,7 @@ export async function restoreSnapshot(input: {
     await unpackCheckpoint(archive, staging, input.limits);
     input.signal?.throwIfAborted();
     for (const dir of CHECKPOINT_DIRS) await fs.mkdir(path.join(staging, dir), { recursive: true });
+    await input.beforeSwap();
     await swapInto(path.join(staging, 'home'), paths.home);
     await swapInto(path.join(staging, 'envs'), paths.envs);
     if (input.workspace.kind === 'isolated') await swapInto(path.join(staging, 'workspace'), paths.workspace);
@@ -86,6 +105,10 @@ export async function restoreSnapshot(input: {
   }
 }
 
+/** A restore's staging directory (and `<staging>.tar.gz`, its download) in the sandbox root. */
+const STAGING = '.restore-';
+/** A tree a swap moved aside (`home.old-<hex>`), removed once the new one is in place. */
+const SWAPPED_OUT = new RegExp(`^(${CHECKPOINT_DIRS.join('|')})\\.old-[0-9a-f]+$`);
 
 /** Replaces `dest` with `src` (same filesystem) by two renames; the old tree is removed afterwards. */
 async function swapInto(src: string, dest: string): Promise<void> {
@@ -101,24 +124,60 @@ async function swapInto(src: string, dest: string): Promise<void> {
   if (hadOld) await fs.rm(old, { recursive: true, force: true });
 }
 
+/**
+ * Fills an empty host path with `src`. The tree is staged beside the host path
+ * (on its filesystem) and renamed onto it in one step, which replaces the empty
+ * directory: the host path is either untouched or whole, never half-filled, so
+ * an interrupted fill is simply done again.
+ */
 async function fillIfEmpty(src: string, hostPath: string): Promise<void> {
+  const parent = path.dirname(hostPath);
+  const prefix = `.${path.basename(hostPath)}.stasis-restore-`;
   await fs.mkdir(hostPath, { recursive: true });
+  await removeEntries(parent, (name) => name.startsWith(prefix));
   if ((await fs.readdir(hostPath)).length > 0) return;
-  for (const name of await fs.readdir(src)) {
-    const from = path.join(src, name);
-    const to = path.join(hostPath, name);
-    try {
-      await fs.rename(from, to);
-    } catch (err) {
-      // The host path may be on another filesystem than the data dir.
-      if (!hasErrorCode(err, 'EXDEV')) throw err;
-      await fs.cp(from, to, {
-        recursive: true,
-        verbatimSymlinks: true,
-        preserveTimestamps: true,
-        errorOnExist: true,
-        force: false,
-      });
+  const temp = path.join(parent, `${prefix}${randomBytes(6).toString('hex')}`);
+  try {
+    await moveTree(src, temp);
+    await fs.rename(temp, hostPath);
+  } catch (err) {
+    if (hasErrorCode(err, 'EBUSY') || hasErrorCode(err, 'EXDEV')) {
+      // The host path is a mount point and cannot be replaced: its entries are moved in one by one.
+      for (const name of await fs.readdir(temp)) await fs.rename(path.join(temp, name), path.join(hostPath, name));
+      await fs.rm(temp, { recursive: true, force: true });
+      return;
     }
+    await fs.rm(temp, { recursive: true, force: true });
+    // Filled meanwhile by someone else: their files stay.
+    if (hasErrorCode(err, 'ENOTEMPTY') || hasErrorCode(err, 'EEXIST')) return;
+    throw err;
   }
+}
+
+/** Renames `src` to `dest`, or copies it there (links verbatim) when they are on different filesystems. */
+async function moveTree(src: string, dest: string): Promise<void> {
+  try {
+    await fs.rename(src, dest);
+  } catch (err) {
+    if (!hasErrorCode(err, 'EXDEV')) throw err;
+    await fs.cp(src, dest, {
+      recursive: true,
+      verbatimSymlinks: true,
+      preserveTimestamps: true,
+      errorOnExist: true,
+      force: false,
+    });
+  }
+}
+
+/** Removes the entries of `dir` whose name `matches` (symlinks as links: nothing is followed). */
+async function removeEntries(dir: string, matches: (name: string) => boolean): Promise<void> {
+  let names: string[];
+  try {
+    names = await fs.readdir(dir);
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return;
+    throw err;
+  }
+  for (const name of names.filter(matches)) await fs.rm(path.join(dir, name), { recursive: true, force: true });
 }

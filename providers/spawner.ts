@@ -19,6 +19,11 @@ export interface SpawnRequest {
   background: boolean;
   /** Cap on each of stdout and stderr kept for a foreground process. */
   maxOutputBytes: number;
+  /**
+   * Written to the process's stdin, which is then closed (absent: stdin is /dev/null).
+   * A command travels here rather than in argv: one argument is limited to 128 KiB.
+   */
+  stdin?: string;
 }
 
 /** How a foreground process ended, with its output (each stream capped). */
@@ -32,7 +37,7 @@ export interface ProcessExit {
 type ToHelper = SpawnRequest & { id: number };
 type FromHelper =
   | { id: number; kind: 'spawned'; pid: number }
-  | { id: number; kind: 'failed'; message: string }
+  | { id: number; kind: 'failed'; code: 'INVALID_ARGUMENT' | 'INTERNAL'; message: string }
   | { id: number; kind: 'exited'; exit: ProcessExit };
 
 export interface StartedProcess {
@@ -125,7 +130,7 @@ class Spawner {
     const pending = this.pending.get(message.id);
     if (!pending) return;
     if (message.kind === 'spawned') pending.spawned(message.pid);
-    else if (message.kind === 'failed') pending.failed(new StasisError('INTERNAL', message.message));
+    else if (message.kind === 'failed') pending.failed(new StasisError(message.code, message.message));
     else pending.exited(message.exit);
   }
 
@@ -156,31 +161,95 @@ const PIPE_GRACE_MS = 200;
 
 /** The helper's side (run by spawner-main): starts what it is sent, reports the pid and, for foreground processes, the exit. */
 export function serveSpawner(): void {
-  const reply = (message: FromHelper) => process.send?.(message);
+  // The worker gone (the channel closed), a reply has nowhere to go; 'disconnect' ends the helper.
+  const reply = (message: FromHelper) => process.send?.(message, undefined, {}, () => undefined);
   process.on('disconnect', () => process.exit(0));
-  process.on('message', (request: ToHelper) => {
-    const child = spawn(request.file, request.args, {
-      cwd: request.cwd,
-      env: request.env,
-      // Its own process group: a timeout or a release kills the command with everything it started.
-      detached: true,
-      stdio: request.background ? 'ignore' : ['ignore', 'pipe', 'pipe'],
-    });
-    child.once('error', (err) =>
-      reply({ id: request.id, kind: 'failed', message: `could not start ${request.file}: ${err.message}` }),
-    );
-    child.once('spawn', () => {
-      if (child.pid === undefined) return; // not started: 'error' reports it
-      reply({ id: request.id, kind: 'spawned', pid: child.pid });
-      if (request.background) child.unref();
-      else collect(child, request.maxOutputBytes, (exit) => reply({ id: request.id, kind: 'exited', exit }));
-    });
+  // The helper serves every sandbox on the host, so no single request may take it down: whatever
+  // arrives is checked first, and anything spawn() still throws fails that request alone.
+  process.on('message', (message: unknown) => {
+    const id = (message as { id?: unknown } | null)?.id;
+    if (typeof id !== 'number') return; // nobody to answer
+    const failed = (code: 'INVALID_ARGUMENT' | 'INTERNAL', text: string) =>
+      reply({ id, kind: 'failed', code, message: text });
+    const problem = requestProblem(message as Record<string, unknown>);
+    if (problem) return failed('INVALID_ARGUMENT', `process start request: ${problem}`);
+    try {
+      start(message as ToHelper, reply);
+    } catch (err) {
+      failed(
+        'INTERNAL',
+        `could not start ${(message as ToHelper).file}: ${err instanceof Error ? err.message : String(err)}`,
+      );
+    }
   });
+}
+
+function start(request: ToHelper, reply: (message: FromHelper) => void): void {
+  const child = spawn(request.file, request.args, {
+    cwd: request.cwd,
+    env: request.env,
+    // Its own process group: a timeout or a release kills the command with everything it started.
+    detached: true,
+    stdio: [
+      request.stdin === undefined ? 'ignore' : 'pipe',
+      request.background ? 'ignore' : 'pipe',
+      request.background ? 'ignore' : 'pipe',
+    ],
+  });
+  child.once('error', (err) =>
+    reply({
+      id: request.id,
+      kind: 'failed',
+      code: 'INTERNAL',
+      message: `could not start ${request.file}: ${err.message}`,
+    }),
+  );
+  // A process that exits without reading its input closes the pipe (EPIPE): its exit says what happened.
+  child.stdin?.on('error', () => undefined);
+  child.stdin?.end(request.stdin);
+  child.once('spawn', () => {
+    if (child.pid === undefined) return; // not started: 'error' reports it
+    reply({ id: request.id, kind: 'spawned', pid: child.pid });
+    if (request.background) child.unref();
+    else collect(child, request.maxOutputBytes, (exit) => reply({ id: request.id, kind: 'exited', exit }));
+  });
+}
+
+/** One argv or environment string may be at most this long (the kernel's MAX_ARG_STRLEN, with its NUL). */
+const MAX_ARG_BYTES = 128 * 1024 - 1;
+
+/** What is wrong with a request as it arrived over the channel, naming the field; undefined when it can be started. */
+function requestProblem(request: Record<string, unknown>): string | undefined {
+  const text = (value: unknown, field: string): string | undefined => {
+    if (typeof value !== 'string') return `${field} must be a string`;
+    if (value.includes('\0')) return `${field} contains a NUL byte`;
+    if (Buffer.byteLength(value) > MAX_ARG_BYTES) return `${field} is too long (over 128 KiB)`;
+    return undefined;
+  };
+  const { file, args, cwd, env, background, maxOutputBytes, stdin } = request;
+  const problems = [text(file, 'file'), text(cwd, 'cwd')];
+  if (!Array.isArray(args)) problems.push('args must be an array');
+  else args.forEach((arg, i) => problems.push(text(arg, `args[${i}]`)));
+  if (typeof env !== 'object' || env === null || Array.isArray(env)) problems.push('env must be an object');
+  else {
+    for (const [name, value] of Object.entries(env)) {
+      if (name === '' || name.includes('=') || name.includes('\0'))
+        problems.push(`env has an invalid name ${JSON.stringify(name)} (empty, or with "=" or a NUL byte)`);
+      else problems.push(text(value, `env.${name}`));
+    }
+  }
+  if (typeof background !== 'boolean') problems.push('background must be a boolean');
+  if (typeof maxOutputBytes !== 'number' || !Number.isSafeInteger(maxOutputBytes) || maxOutputBytes < 0)
+    problems.push('maxOutputBytes must be a non-negative integer');
+  if (stdin !== undefined && typeof stdin !== 'string') problems.push('stdin must be a string');
+  return problems.find((p) => p !== undefined);
 }
 
 function collect(child: ChildProcess, maxOutputBytes: number, done: (exit: ProcessExit) => void): void {
   const stdout = new CappedBuffer(maxOutputBytes);
   const stderr = new CappedBuffer(maxOutputBytes);
+  child.stdout?.on('error', () => undefined); // destroyed after the exit grace; 'exit' reports the outcome
+  child.stderr?.on('error', () => undefined);
   child.stdout?.on('data', (chunk: Buffer) => stdout.push(chunk));
   child.stderr?.on('data', (chunk: Buffer) => stderr.push(chunk));
   child.once('exit', (code, signal) => {

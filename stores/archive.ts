@@ -1,12 +1,18 @@
 import { createReadStream, lstatSync, statSync, type Stats } from 'node:fs';
+import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
-import { Readable } from 'node:stream';
-import { create, extract, Parser, type ReadEntry } from 'tar';
+import { PassThrough, Readable, Transform, type TransformCallback } from 'node:stream';
+import { create, Parser, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
+import { writeAll } from './atomic-file';
 
-// Checkpoint archives: a gzipped tar of a sandbox's top directories, written and
-// read with node-tar. Restore validates every entry of the whole archive before
-// extracting anything, so a hostile archive never writes a single byte.
+// Checkpoint archives: a gzipped tar of a sandbox's top directories. A checkpoint
+// reproduces the workspace as packed: files with their modes (setuid and setgid
+// stripped), directories, and symlinks recreated verbatim wherever they point.
+// One checker (CheckpointChecker) holds the rules; a release applies it to the
+// archive it uploads before compute is terminated, and a restore applies it to
+// the whole archive before writing anything, then again entry by entry while it
+// extracts. Extraction never follows a symlink.
 
 /** The directories a checkpoint holds, relative to the sandbox root. */
 export const CHECKPOINT_DIRS = ['workspace', 'home', 'envs'] as const;
@@ -19,8 +25,11 @@ export interface ArchiveLimits {
 
 export const DEFAULT_ARCHIVE_LIMITS: ArchiveLimits = { maxBytes: 20 * 1024 ** 3, maxEntries: 1_000_000 };
 
-/** Symlink hops followed while checking where a link points (the kernel's own limit). */
-const MAX_LINK_HOPS = 40;
+/** Longest name of one path component, and of a whole entry path (leaving room for the target directory). */
+const MAX_NAME_BYTES = 255;
+const MAX_PATH_BYTES = 3072;
+/** Longest symlink target the kernel takes. */
+const MAX_LINK_BYTES = 4095;
 
 /**
  * A tar.gz stream of `names` (directories under `rootDir`): empty directories,
@@ -53,146 +62,118 @@ function lstatSafe(file: string): Stats | undefined {
   }
 }
 
+type EntryKind = 'file' | 'directory' | 'symlink' | 'hardlink';
+
+/** An entry that passed the checks, as it is written. */
+export interface CheckedEntry {
+  /** Normalised, `/`-separated, under one of CHECKPOINT_DIRS: `workspace/a/b`. */
+  path: string;
+  kind: EntryKind;
+  /** Permission bits with setuid and setgid stripped. */
+  mode: number;
+  mtime: Date | undefined;
+  size: number;
+  /** A symlink's target, verbatim; a hardlink's target, normalised like `path`. */
+  linkpath: string;
+}
+
+const KINDS: Record<string, EntryKind> = {
+  File: 'file',
+  OldFile: 'file',
+  ContiguousFile: 'file',
+  Directory: 'directory',
+  SymbolicLink: 'symlink',
+  Link: 'hardlink',
+};
+const REFUSED_KINDS: Record<string, string> = {
+  CharacterDevice: 'a character device',
+  BlockDevice: 'a block device',
+  FIFO: 'a FIFO',
+};
+
 /**
- * Checks every entry of `archiveFile`, then extracts it into `targetDir` (which
- * should be empty). Refuses with CHECKPOINT_INVALID, naming the entry, anything
- * that could write outside `targetDir` or exhaust the host.
+ * The rules of a checkpoint archive, applied entry by entry in archive order
+ * ({@link admit}) and to the whole archive at its end ({@link finish}). Refused
+ * with CHECKPOINT_INVALID, naming the entry: a path that escapes (absolute, `..`,
+ * outside the checkpoint dirs, beneath a symlink or a non-directory of the
+ * archive, wherever in the archive that comes), devices, FIFOs and other types,
+ * a hardlink to anything but a regular file earlier in the archive, a path twice,
+ * and archives past the limits. A symlink may point anywhere: it is recreated,
+ * never followed.
  */
-export async function unpackCheckpoint(
-  archiveFile: string,
-  targetDir: string,
-  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
-): Promise<void> {
-  await validateCheckpoint(archiveFile, limits);
-  try {
-    await extract({
-      file: archiveFile,
-      cwd: targetDir,
-      strict: true,
-      preservePaths: false,
-      preserveOwner: false,
-      // Exact modes from the archive, not filtered through this process's umask.
-      chmod: true,
-      processUmask: 0,
-      // Sizes are bounded by our own limits; gzip of zero-filled files legitimately exceeds node-tar's ratio guard.
-      maxDecompressionRatio: Infinity,
-      // Validation already refused everything else; this keeps extraction to these types whatever happens.
-      filter: (_path, entry) => 'type' in entry && ALLOWED_TYPES.has(entry.type),
-    });
-  } catch (err) {
-    if (err instanceof StasisError) throw err;
-    throw new StasisError('CHECKPOINT_INVALID', `checkpoint archive could not be extracted: ${messageOf(err)}`);
-  }
-}
+export class CheckpointChecker {
+  private readonly kinds = new Map<string, EntryKind>();
+  private bytes = 0;
 
-const ALLOWED_TYPES = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link']);
-const FILE_TYPES = new Set(['File', 'OldFile', 'ContiguousFile']);
+  constructor(private readonly limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) {}
 
-interface Listing {
-  entries: number;
-  bytes: number;
-  /** Every entry path, normalised, with its type. */
-  types: Map<string, string>;
-  symlinks: Map<string, string>;
-  hardlinks: Map<string, string>;
-}
-
-/** Reads the whole archive without writing anything; throws CHECKPOINT_INVALID on the first bad entry. */
-export async function validateCheckpoint(
-  archiveFile: string,
-  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
-): Promise<void> {
-  const listing = await listArchive(archiveFile, limits);
-  for (const [entryPath, target] of listing.symlinks) {
-    const resolved = resolveInArchive(path.posix.dirname(entryPath), target, listing.symlinks);
-    if (!resolved.ok) refuse(entryPath, `is a symlink to ${JSON.stringify(target)}, which ${resolved.reason}`);
-  }
-  for (const entryPath of listing.types.keys()) {
-    const through = linkedAncestor(entryPath, listing.symlinks);
-    if (through) refuse(entryPath, `would be written through the symlink ${through}`);
-  }
-  for (const [entryPath, target] of listing.hardlinks) {
-    if (!FILE_TYPES.has(listing.types.get(target) ?? '')) {
-      refuse(entryPath, `is a hardlink to ${JSON.stringify(target)}, which is not a regular file in the archive`);
+  admit(entry: Pick<ReadEntry, 'path' | 'type' | 'mode' | 'mtime' | 'size' | 'linkpath'>): CheckedEntry {
+    const raw = entry.path;
+    if (this.kinds.size >= this.limits.maxEntries) {
+      refuse(raw, `exceeds the limit of ${this.limits.maxEntries} entries per checkpoint`);
     }
-  }
-}
-
-function listArchive(archiveFile: string, limits: ArchiveLimits): Promise<Listing> {
-  const listing: Listing = { entries: 0, bytes: 0, types: new Map(), symlinks: new Map(), hardlinks: new Map() };
-  return new Promise((resolve, reject) => {
-    const input = createReadStream(archiveFile);
-    const parser = new Parser({ strict: true, maxDecompressionRatio: Infinity });
-    let failed = false;
-    const fail = (err: unknown) => {
-      if (failed) return;
-      failed = true;
-      input.unpipe(parser);
-      input.destroy();
-      reject(
-        err instanceof StasisError
-          ? err
-          : new StasisError('CHECKPOINT_INVALID', `checkpoint archive is not a valid tar.gz: ${messageOf(err)}`),
-      );
-    };
-    parser.on('entry', (entry: ReadEntry) => {
-      try {
-        if (!failed) checkEntry(entry, listing, limits);
-      } catch (err) {
-        fail(err);
+    const kind = KINDS[entry.type];
+    if (!kind) {
+      const named = REFUSED_KINDS[entry.type];
+      refuse(raw, named ? `is ${named}` : `has an unsupported type ${entry.type}`);
+    }
+    const entryPath = normaliseEntryPath(raw);
+    if (this.kinds.has(entryPath)) refuse(raw, 'appears twice in the archive');
+    if (!entryPath.includes('/') && kind !== 'directory') refuse(raw, 'is a top directory but not a directory');
+    this.refuseBeneathNonDirectory(entryPath, raw);
+    let linkpath = '';
+    if (kind === 'symlink') {
+      linkpath = entry.linkpath ?? '';
+      if (linkpath === '') refuse(raw, 'is a symlink with an empty target');
+      if (linkpath.includes('\0')) refuse(raw, 'is a symlink whose target contains a NUL byte');
+      if (Buffer.byteLength(linkpath) > MAX_LINK_BYTES)
+        refuse(raw, `is a symlink whose target is longer than ${MAX_LINK_BYTES} bytes`);
+    }
+    if (kind === 'hardlink') {
+      const target = entry.linkpath ?? '';
+      if (path.posix.isAbsolute(target) || target.split('/').includes('..')) {
+        refuse(raw, `is a hardlink to ${JSON.stringify(target)}, outside the archive`);
       }
-      entry.resume();
-    });
-    parser.on('ignoredEntry', (entry: ReadEntry) =>
-      fail(
-        new StasisError(
-          'CHECKPOINT_INVALID',
-          `checkpoint entry ${JSON.stringify(entry.path)} has an unsupported type ${entry.type}`,
-        ),
-      ),
-    );
-    parser.on('error', fail);
-    parser.on('end', () => {
-      if (!failed) resolve(listing);
-    });
-    input.on('error', fail);
-    input.pipe(parser);
-  });
-}
+      linkpath = normaliseEntryPath(target);
+      const targetKind = this.kinds.get(linkpath);
+      if (targetKind !== 'file' && targetKind !== 'hardlink') {
+        refuse(raw, `is a hardlink to ${JSON.stringify(target)}, which is not a regular file earlier in the archive`);
+      }
+    }
+    const size = kind === 'file' ? entry.size : 0;
+    this.bytes += size;
+    if (this.bytes > this.limits.maxBytes) {
+      refuse(raw, `takes the unpacked size past the limit of ${this.limits.maxBytes} bytes`);
+    }
+    this.kinds.set(entryPath, kind);
+    const fallbackMode = kind === 'directory' ? 0o755 : 0o644;
+    // Setuid and setgid never come back: the restored sandbox must not gain privileges from its own files.
+    const mode = (entry.mode ?? fallbackMode) & 0o1777;
+    return { path: entryPath, kind, mode, mtime: entry.mtime, size, linkpath };
+  }
 
-function checkEntry(entry: ReadEntry, listing: Listing, limits: ArchiveLimits): void {
-  const raw = entry.path;
-  listing.entries += 1;
-  if (listing.entries > limits.maxEntries) {
-    refuse(raw, `exceeds the limit of ${limits.maxEntries} entries per checkpoint`);
+  /** The checks that need the whole archive: no entry lies beneath a symlink or file that comes later. */
+  finish(): void {
+    for (const entryPath of this.kinds.keys()) this.refuseBeneathNonDirectory(entryPath, entryPath);
   }
-  if (!ALLOWED_TYPES.has(entry.type)) {
-    const kind = { CharacterDevice: 'a character device', BlockDevice: 'a block device', FIFO: 'a FIFO' }[
-      entry.type as string
-    ];
-    refuse(raw, kind ? `is ${kind}` : `has an unsupported type ${entry.type}`);
-  }
-  const entryPath = normaliseEntryPath(raw);
-  if (listing.types.has(entryPath)) refuse(raw, 'appears twice in the archive');
-  if (!entryPath.includes('/') && entry.type !== 'Directory') refuse(raw, 'is a top directory but not a directory');
-  listing.types.set(entryPath, entry.type);
-  if (FILE_TYPES.has(entry.type)) {
-    listing.bytes += entry.size;
-    if (listing.bytes > limits.maxBytes) {
-      refuse(raw, `takes the unpacked size past the limit of ${limits.maxBytes} bytes`);
+
+  private refuseBeneathNonDirectory(entryPath: string, raw: string): void {
+    const parts = entryPath.split('/');
+    for (let depth = 1; depth < parts.length; depth += 1) {
+      const ancestor = parts.slice(0, depth).join('/');
+      const kind = this.kinds.get(ancestor);
+      if (kind === undefined || kind === 'directory') continue;
+      refuse(
+        raw,
+        kind === 'symlink'
+          ? `would be written through the symlink ${ancestor}`
+          : `lies beneath ${ancestor}, which is not a directory`,
+      );
     }
-  }
-  if (entry.type === 'SymbolicLink') listing.symlinks.set(entryPath, entry.linkpath ?? '');
-  if (entry.type === 'Link') {
-    const target = entry.linkpath ?? '';
-    if (path.posix.isAbsolute(target) || target.split('/').includes('..')) {
-      refuse(raw, `is a hardlink to ${JSON.stringify(target)}, outside the archive`);
-    }
-    listing.hardlinks.set(entryPath, normaliseEntryPath(target));
   }
 }
 
-/** `workspace/a/b` from the raw header path; refuses absolute paths, `..` and anything outside the checkpoint dirs. */
+/** `workspace/a/b` from the raw header path; refuses absolute paths, `..`, overlong names and anything outside the checkpoint dirs. */
 function normaliseEntryPath(raw: string): string {
   if (raw.includes('\0')) refuse(raw, 'contains a NUL byte');
   if (path.posix.isAbsolute(raw) || /^[A-Za-z]:/.test(raw)) refuse(raw, 'is an absolute path');
@@ -203,55 +184,214 @@ function normaliseEntryPath(raw: string): string {
   if (!(CHECKPOINT_DIRS as readonly string[]).includes(kept[0])) {
     refuse(raw, `is outside ${CHECKPOINT_DIRS.map((dir) => `${dir}/`).join(', ')}`);
   }
-  return kept.join('/');
+  if (kept.some((part) => Buffer.byteLength(part) > MAX_NAME_BYTES))
+    refuse(raw, `has a name longer than ${MAX_NAME_BYTES} bytes`);
+  const joined = kept.join('/');
+  if (Buffer.byteLength(joined) > MAX_PATH_BYTES) refuse(raw, `is longer than ${MAX_PATH_BYTES} bytes`);
+  return joined;
+}
+
+/** Reads the whole archive without writing anything; throws CHECKPOINT_INVALID on the first bad entry. */
+export async function validateCheckpoint(
+  archiveFile: string,
+  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+): Promise<void> {
+  const checker = new CheckpointChecker(limits);
+  await readEntries(createReadStream(archiveFile), async (entry) => {
+    checker.admit(entry);
+  });
+  checker.finish();
 }
 
 /**
- * Follows `target` from `fromDir` through the archive's own symlinks, the way the
- * kernel would once extracted, and says whether it stays inside the target dir.
+ * A pass-through for a checkpoint on its way to the store: it fails with
+ * CHECKPOINT_INVALID as soon as the archive breaks a rule restore applies, so a
+ * release never terminates compute for a checkpoint no restore would take.
  */
-function resolveInArchive(
-  fromDir: string,
-  target: string,
-  symlinks: Map<string, string>,
-): { ok: true } | { ok: false; reason: string } {
-  if (path.posix.isAbsolute(target)) return { ok: false, reason: 'is an absolute path outside the checkpoint' };
-  const resolved = fromDir.split('/').filter(Boolean);
-  const pending = target.split('/');
-  let hops = 0;
-  while (pending.length > 0) {
-    const part = pending.shift();
-    if (part === undefined || part === '' || part === '.') continue;
-    if (part === '..') {
-      if (resolved.length === 0) return { ok: false, reason: 'resolves outside the checkpoint' };
-      resolved.pop();
-      continue;
-    }
-    resolved.push(part);
-    const link = symlinks.get(resolved.join('/'));
-    if (link === undefined) continue;
-    hops += 1;
-    if (hops > MAX_LINK_HOPS) return { ok: false, reason: `passes through more than ${MAX_LINK_HOPS} symlinks` };
-    if (path.posix.isAbsolute(link))
-      return { ok: false, reason: `leads to the absolute symlink ${resolved.join('/')}` };
-    resolved.pop();
-    pending.unshift(...link.split('/'));
-  }
-  return { ok: true };
+export function checkingStream(limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS): Transform {
+  const checker = new CheckpointChecker(limits);
+  const feed = new PassThrough();
+  let failure: unknown;
+  const checked = readEntries(feed, async (entry) => {
+    checker.admit(entry);
+  }).then(
+    () => checker.finish(),
+    (err: unknown) => {
+      failure = err;
+      stream.destroy(err as Error);
+    },
+  );
+  const stream = new Transform({
+    transform(chunk: Buffer, _encoding, callback: TransformCallback) {
+      if (failure) return callback(failure as Error);
+      if (feed.write(chunk)) callback(null, chunk);
+      else feed.once('drain', () => callback(null, chunk));
+    },
+    flush(callback: TransformCallback) {
+      feed.end();
+      checked.then(
+        () => callback(failure as Error | undefined),
+        (err: unknown) => callback(err as Error),
+      );
+    },
+  });
+  return stream;
 }
 
-/** The nearest ancestor of `entryPath` that the archive makes a symlink, if any. */
-function linkedAncestor(entryPath: string, symlinks: Map<string, string>): string | undefined {
-  const parts = entryPath.split('/');
-  for (let depth = 1; depth < parts.length; depth += 1) {
-    const ancestor = parts.slice(0, depth).join('/');
-    if (symlinks.has(ancestor)) return ancestor;
+/**
+ * Checks every entry of `archiveFile`, then extracts it into `targetDir` (which
+ * must be empty). Refuses with CHECKPOINT_INVALID, naming the entry, anything
+ * that could write outside `targetDir` or exhaust the host, before writing
+ * anything. Any other failure (a full disk, an I/O error) is thrown as it is:
+ * the checkpoint is fine and a retry may succeed.
+ */
+export async function unpackCheckpoint(
+  archiveFile: string,
+  targetDir: string,
+  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+): Promise<void> {
+  await validateCheckpoint(archiveFile, limits);
+  const checker = new CheckpointChecker(limits);
+  const target = path.resolve(targetDir);
+  const directories: CheckedEntry[] = [];
+  const knownDirs = new Set<string>([target]);
+  await readEntries(createReadStream(archiveFile), async (raw) => {
+    // The same rules again, entry by entry, right before each write.
+    const entry = checker.admit(raw);
+    const absolute = path.join(target, ...entry.path.split('/'));
+    await ensureParents(target, absolute, knownDirs);
+    await writeEntry(target, absolute, entry, raw);
+    if (entry.kind === 'directory') {
+      knownDirs.add(absolute);
+      directories.push(entry);
+    }
+  });
+  // Modes and mtimes of directories last (writing into a directory changes its mtime), deepest first.
+  directories.sort((a, b) => b.path.split('/').length - a.path.split('/').length);
+  for (const dir of directories) {
+    const absolute = path.join(target, ...dir.path.split('/'));
+    await fs.chmod(absolute, dir.mode);
+    if (dir.mtime) await fs.utimes(absolute, dir.mtime, dir.mtime);
   }
-  return undefined;
+}
+
+/** Creates the missing parents of `absolute` below `target`; an existing parent must be a real directory, never a link. */
+async function ensureParents(target: string, absolute: string, knownDirs: Set<string>): Promise<void> {
+  const missing: string[] = [];
+  for (let dir = path.dirname(absolute); !knownDirs.has(dir); dir = path.dirname(dir)) {
+    if (dir.length <= target.length) throw new Error(`${absolute} is not below ${target}`);
+    missing.unshift(dir);
+  }
+  for (const dir of missing) {
+    try {
+      await fs.mkdir(dir, { mode: 0o755 });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      if (!(await fs.lstat(dir)).isDirectory()) refuse(path.relative(target, dir), 'is not a directory');
+    }
+    knownDirs.add(dir);
+  }
+}
+
+const NEW_FILE = fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW;
+
+/** Writes one entry; nothing may exist at its path yet (O_EXCL, symlink(2) and link(2) never follow the new name). */
+async function writeEntry(target: string, absolute: string, entry: CheckedEntry, data: ReadEntry): Promise<void> {
+  switch (entry.kind) {
+    case 'directory':
+      try {
+        await fs.mkdir(absolute, { mode: 0o700 });
+      } catch (err) {
+        // A directory an earlier entry implied; anything else there (a link) is refused.
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || !(await fs.lstat(absolute)).isDirectory()) {
+          refuse(entry.path, 'is a directory where the archive already put something else');
+        }
+      }
+      return;
+    case 'file': {
+      const handle = await fs.open(absolute, NEW_FILE, 0o600);
+      try {
+        let written = 0;
+        for await (const chunk of data) written += await writeAll(handle, chunk as Buffer);
+        // A short write (a full disk can end one without an error) must never pass for the whole file.
+        if (written !== entry.size) throw new Error(`${absolute}: wrote ${written} of ${entry.size} bytes`);
+        await handle.chmod(entry.mode);
+        if (entry.mtime) await handle.utimes(entry.mtime, entry.mtime);
+      } finally {
+        await handle.close();
+      }
+      return;
+    }
+    case 'symlink':
+      await fs.symlink(entry.linkpath, absolute);
+      if (entry.mtime) await fs.lutimes(absolute, entry.mtime, entry.mtime);
+      return;
+    case 'hardlink':
+      // link(2) does not follow a symlink at the source; the checker made sure it is a regular file anyway.
+      await fs.link(path.join(target, ...entry.linkpath.split('/')), absolute);
+      return;
+  }
+}
+
+/**
+ * Feeds `source` through a tar parser and hands each entry to `onEntry`, one at
+ * a time (the next entry waits until `onEntry` settles). A malformed archive is
+ * CHECKPOINT_INVALID; an error reading `source` or from `onEntry` is thrown as it is.
+ */
+function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<void>): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const parser = new Parser({ strict: true, maxDecompressionRatio: Infinity });
+    let failed = false;
+    const fail = (err: unknown) => {
+      if (failed) return;
+      failed = true;
+      source.unpipe(parser);
+      source.destroy();
+      reject(err);
+    };
+    // The parser ends once it has handed out the last entry's data, which may be before `onEntry` is done with it.
+    let current: Promise<void> = Promise.resolve();
+    parser.on('entry', (entry: ReadEntry) => {
+      if (failed) {
+        entry.resume();
+        return;
+      }
+      current = onEntry(entry).then(
+        () => {
+          entry.resume();
+        },
+        (err: unknown) => {
+          fail(err);
+          entry.resume();
+        },
+      );
+    });
+    parser.on('ignoredEntry', (entry: ReadEntry) => {
+      fail(invalid(entry.path, `has an unsupported type ${entry.type}`));
+    });
+    parser.on('error', (err: unknown) =>
+      fail(
+        err instanceof StasisError
+          ? err
+          : new StasisError('CHECKPOINT_INVALID', `checkpoint archive is not a valid tar.gz: ${messageOf(err)}`),
+      ),
+    );
+    parser.on('end', () => {
+      void current.then(() => {
+        if (!failed) resolve();
+      });
+    });
+    source.on('error', fail);
+    source.pipe(parser);
+  });
+}
+
+function invalid(entryPath: string, why: string): StasisError {
+  return new StasisError('CHECKPOINT_INVALID', `checkpoint entry ${JSON.stringify(entryPath)} ${why}`);
 }
 
 function refuse(entryPath: string, why: string): never {
-  throw new StasisError('CHECKPOINT_INVALID', `checkpoint entry ${JSON.stringify(entryPath)} ${why}`);
+  throw invalid(entryPath, why);
 }
 
 function messageOf(err: unknown): string {

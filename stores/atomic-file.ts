@@ -1,24 +1,103 @@
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { Readable } from 'node:stream';
+
+// The one way Stasis writes a file that guards exactly-once (receipts, the job
+// journal, sandbox state, fs-store objects): readers and a crash see the old
+// content or the new one, never a torn write, and a failed write leaves nothing.
+
+/** Temp files are `<file>.tmp-<random>`, beside the file. */
+const TEMP_MARK = '.tmp-';
 
 /**
- * Writes `file` so that readers see the old content or the new one, never a
- * torn write: a temp file beside it, fsync, then rename.
+ * Writes `file` atomically and durably: a temp file beside it, fsync, rename,
+ * fsync of the directory. A failed or cancelled write removes its temp file and
+ * leaves `file` as it was.
  */
-export async function writeFileAtomic(file: string, data: string | Buffer): Promise<void> {
-  const temp = `${file}.tmp-${randomBytes(6).toString('hex')}`;
-  const handle = await fs.open(temp, 'w', 0o600);
+export async function writeFileAtomic(
+  file: string,
+  data: string | Buffer | Readable,
+  options: { signal?: AbortSignal } = {},
+): Promise<void> {
+  const temp = `${file}${TEMP_MARK}${randomBytes(6).toString('hex')}`;
   try {
-    await handle.writeFile(data);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-  try {
+    const handle = await fs.open(temp, 'wx', 0o600);
+    try {
+      if (data instanceof Readable) await writeStream(handle, data, options.signal);
+      else await handle.writeFile(data);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
     await fs.rename(temp, file);
   } catch (err) {
     await fs.rm(temp, { force: true });
     throw err;
+  }
+  await syncDir(path.dirname(file));
+}
+
+/** Writes all of `source` to `handle`; cancelling `signal` destroys `source` with the signal's reason. */
+async function writeStream(handle: fs.FileHandle, source: Readable, signal: AbortSignal | undefined): Promise<void> {
+  const onAbort = () => source.destroy(signal?.reason instanceof Error ? signal.reason : new Error('write cancelled'));
+  signal?.throwIfAborted();
+  signal?.addEventListener('abort', onAbort, { once: true });
+  try {
+    for await (const chunk of source) await writeAll(handle, chunk as Buffer);
+  } finally {
+    signal?.removeEventListener('abort', onAbort);
+  }
+}
+
+/** Writes all of `chunk` at the handle's position (one write(2) may take only part of it); returns its length. */
+export async function writeAll(handle: fs.FileHandle, chunk: Buffer): Promise<number> {
+  for (let offset = 0; offset < chunk.length;) {
+    const { bytesWritten } = await handle.write(chunk, offset, chunk.length - offset);
+    if (bytesWritten === 0) {
+      throw Object.assign(new Error(`no space left to write ${chunk.length - offset} bytes`), { code: 'ENOSPC' });
+    }
+    offset += bytesWritten;
+  }
+  return chunk.length;
+}
+
+/** Creates `dir` and its missing parents so that they survive a crash (each new entry's parent is fsynced). */
+export async function makeDirDurable(dir: string): Promise<void> {
+  const first = await fs.mkdir(dir, { recursive: true });
+  if (first === undefined) return;
+  for (let created = path.resolve(dir); ; created = path.dirname(created)) {
+    await syncDir(path.dirname(created));
+    if (created === path.resolve(first)) return;
+  }
+}
+
+/** Removes the temp files that writers of `file` killed mid-write left beside it. */
+export async function removeStaleTemps(file: string): Promise<void> {
+  const prefix = `${path.basename(file)}${TEMP_MARK}`;
+  let names: string[];
+  try {
+    names = await fs.readdir(path.dirname(file));
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return;
+    throw err;
+  }
+  for (const name of names) {
+    if (name.startsWith(prefix)) await fs.rm(path.join(path.dirname(file), name), { force: true });
+  }
+}
+
+/** Whether `name` is a temp file of {@link writeFileAtomic}. */
+export function isTempFile(name: string): boolean {
+  return name.includes(TEMP_MARK);
+}
+
+async function syncDir(dir: string): Promise<void> {
+  const handle = await fs.open(dir, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
   }
 }
 

@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import { createReadStream, createWriteStream, type Dirent, type WriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -10,7 +9,7 @@ import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
 import type { CheckpointStore } from './api';
 import { abortReason } from './abort';
-import { hasErrorCode, writeFileAtomic } from './atomic-file';
+import { hasErrorCode, isTempFile, makeDirDurable, removeStaleTemps, writeFileAtomic } from './atomic-file';
 import { HashingStream, verifyDownload } from './hashing';
 import { checkKey, checkPrefix } from './keys';
 
@@ -30,24 +29,25 @@ export class FsCheckpointStore implements CheckpointStore {
 
   async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
     const file = path.join(this.dir, checkKey(key));
-    await fs.mkdir(path.dirname(file), { recursive: true });
-    await removeTempFiles(file);
-    // Stream into a temp file first so a failed or cancelled put leaves nothing under the key.
-    const temp = `${file}${PART}${randomBytes(6).toString('hex')}`;
+    await makeDirDurable(path.dirname(file));
+    await removeStaleTemps(file);
+    await removeStaleTemps(sidecarOf(file));
     const hasher = new HashingStream();
-    const out = createWriteStream(temp, { mode: 0o600 });
+    // Streamed into a temp file that is renamed only once whole: a failed or cancelled put leaves nothing under the key.
+    body.on('error', (err) => hasher.destroy(err));
     try {
-      await pipeline(body, hasher, out, signal ? { signal } : {});
+      await writeFileAtomic(file, body.pipe(hasher), signal ? { signal } : {});
       const checkpoint: Checkpoint = { uri: pathToFileURL(file).href, sha256: hasher.digest(), bytes: hasher.bytes };
       await writeFileAtomic(
         sidecarOf(file),
         JSON.stringify({ labels, sha256: checkpoint.sha256, bytes: checkpoint.bytes }),
       );
-      await fs.rename(temp, file);
       return checkpoint;
     } catch (err) {
-      await removeAfterClose(out, temp);
+      await fs.rm(file, { force: true });
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
+    } finally {
+      body.destroy();
     }
   }
 
@@ -86,7 +86,7 @@ export class FsCheckpointStore implements CheckpointStore {
       if (hasErrorCode(err, 'ENOENT')) return 0;
       throw err;
     }
-    const deleted = entries.filter((e) => e.isFile() && !e.name.endsWith(SIDECAR) && !e.name.includes(PART)).length;
+    const deleted = entries.filter((e) => e.isFile() && !e.name.endsWith(SIDECAR) && !isTempFile(e.name)).length;
     await fs.rm(dir, { recursive: true, force: true });
     return deleted;
   }
@@ -130,19 +130,8 @@ export class FsCheckpointStore implements CheckpointStore {
 }
 
 const SIDECAR = '.labels.json';
-/** Temp files of puts in progress: `<key>.part-<random>`. */
-const PART = '.part-';
-
 function sidecarOf(file: string): string {
   return `${file}${SIDECAR}`;
-}
-
-/** Removes the temp files a process killed mid-put left for `file`. */
-async function removeTempFiles(file: string): Promise<void> {
-  const prefix = `${path.basename(file)}${PART}`;
-  for (const name of await fs.readdir(path.dirname(file))) {
-    if (name.startsWith(prefix)) await fs.rm(path.join(path.dirname(file), name), { force: true });
-  }
 }
 
 function notFound(uri: string): StasisError {

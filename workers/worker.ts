@@ -2,7 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import type { Config } from '../common/config';
+import { hostPathPolicy, type Config } from '../common/config';
 import { createActivities } from '../activities';
 import { WorkerMetrics } from '../activities/metrics';
 import type { AgentDriver } from '../drivers/api';
@@ -73,7 +73,14 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   for (const provider of options.providers ?? []) registry.register(provider, 'given in code');
   const metrics = await WorkerMetrics.load(hostId, createFiguresStore(config));
   const drivers = new Map<string, AgentDriver>([[scriptedDriver.name, scriptedDriver], ...(options.drivers ?? []).map((d) => [d.name, d] as const)]);
-  const activities = createActivities({ hostId, provider: (name) => registry.get(name), metrics, drivers, store });
+  const activities = createActivities({
+    hostId,
+    provider: (name) => registry.get(name),
+    metrics,
+    drivers,
+    store,
+    hostPaths: hostPathPolicy(config),
+  });
 
   const ownConnection = options.connection === undefined;
   const connection = options.connection ?? (await NativeConnection.connect(config.temporal.connectionOptions));

@@ -13,7 +13,7 @@ import { TimeoutType } from '@temporalio/common';
 import type { Activities } from '../activities';
 import type { FileEncoding } from '../activities/provider';
 import type { ExecOutcome } from '../providers/api';
-import type { EnvMap, ExecutionResourceRecord, PauseMode, Workspace } from '../common/schemas';
+import type { EnvMap, ExecutionResourceRecord, PauseMode, SandboxLimits, Workspace } from '../common/schemas';
 import type { z } from 'zod';
 import type { Capabilities, RestoreResult } from '../providers/api';
 import { planResume, RELEASE_RETRY, releaseIdempotencyKey } from './lifecycle';
@@ -78,6 +78,7 @@ export interface SandboxBinding {
   template?: string;
   env?: z.infer<typeof EnvMap>;
   workspace: Workspace;
+  limits?: SandboxLimits;
 }
 
 export class ExecutionBindingLifecycleCoordinator {
@@ -126,6 +127,7 @@ export class ExecutionBindingLifecycleCoordinator {
         ...(this.binding.template ? { template: this.binding.template } : {}),
         ...(this.binding.env ? { env: this.binding.env } : {}),
         workspace: this.binding.workspace,
+        ...(this.binding.limits ? { limits: this.binding.limits } : {}),
       },
     });
     this.capabilities = result.capabilities;
@@ -282,6 +284,7 @@ export class ExecutionBindingLifecycleCoordinator {
           : {}),
         ...(this.binding.env ? { env: this.binding.env } : {}),
         workspace: this.binding.workspace,
+        ...(this.binding.limits ? { limits: this.binding.limits } : {}),
       },
     });
     this.capabilities = result.capabilities;

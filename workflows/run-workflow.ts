@@ -86,6 +86,7 @@ class RunController {
         ...(this.run.spec.sandbox.template ? { template: this.run.spec.sandbox.template } : {}),
         ...(this.run.spec.sandbox.env ? { env: this.run.spec.sandbox.env } : {}),
         workspace: this.run.spec.sandbox.workspace ?? { kind: 'isolated' },
+        ...(this.run.spec.sandbox.limits ? { limits: this.run.spec.sandbox.limits } : {}),
       },
       () => this.changed(),
     );

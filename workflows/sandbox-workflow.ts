@@ -92,6 +92,7 @@ class SandboxEntity {
         ...(this.s.create.template ? { template: this.s.create.template } : {}),
         ...(this.s.create.env ? { env: this.s.create.env } : {}),
         workspace: this.s.create.workspace ?? { kind: 'isolated' },
+        ...(this.s.create.limits ? { limits: this.s.create.limits } : {}),
       },
       () => this.changed(),
     );

@@ -1,11 +1,10 @@
-import type { StasisClient } from '../../client';
 import { MetricsSnapshot } from '../../common/schemas';
 import { prometheusText } from '../prometheus';
 import { defineRoute, type RouteDef } from '../route';
 
-// Diagnostics (SPEC section 5): the snapshot as JSON, and as Prometheus text for scrapers.
+// Diagnostics: the snapshot as JSON, and as Prometheus text for scrapers.
 
-export function metricsRoutes(client: StasisClient): RouteDef[] {
+export function metricsRoutes(): RouteDef[] {
   return [
     defineRoute({
       method: 'GET',
@@ -14,7 +13,8 @@ export function metricsRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: MetricsSnapshot,
       errors: [],
-      handle: () => client.metricsSnapshot(),
+      role: 'operator',
+      handle: ({ client }) => client.metricsSnapshot(),
     }),
     defineRoute({
       method: 'GET',
@@ -23,8 +23,8 @@ export function metricsRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: 'text',
       errors: [],
-      public: true,
-      handle: async () => prometheusText(await client.metricsSnapshot()),
+      role: 'public',
+      handle: async ({ client }) => prometheusText(await client.metricsSnapshot()),
     }),
   ];
 }

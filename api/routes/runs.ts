@@ -1,11 +1,11 @@
-import type { StasisClient } from '../../client';
+import { activeWorkspacesOfRun } from '../../common/host-paths';
 import { InteractionRequest, InteractionResponse, ResourceView, RunSnapshot, RunSpec } from '../../common/schemas';
 import { defineRoute, type RouteDef } from '../route';
 import { InteractionParams, ListRunsQuery, RunList, RunParams, RunStarted } from '../schemas';
 
-// Runs (SPEC section 5): start, read, list, answer, suspend, resume, cancel.
+// Runs: start, read, list, answer, suspend, resume, cancel.
 
-export function runRoutes(client: StasisClient): RouteDef[] {
+export function runRoutes(): RouteDef[] {
   return [
     defineRoute({
       method: 'POST',
@@ -15,7 +15,9 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 201,
       response: RunStarted,
       errors: ['INVALID_ARGUMENT', 'ALREADY_EXISTS'],
-      handle: ({ body }) => client.runs.start(body),
+      role: 'operator',
+      adminField: (spec) => activeWorkspacesOfRun(spec)[0]?.field,
+      handle: ({ body, client }) => client.runs.start(body, { inputName: 'body' }),
     }),
     defineRoute({
       method: 'GET',
@@ -25,7 +27,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: RunList,
       errors: ['INVALID_ARGUMENT'],
-      handle: async ({ query }) => ({ runs: await client.runs.list(query) }),
+      role: 'approver',
+      handle: async ({ query, client }) => ({ runs: await client.runs.list(query) }),
     }),
     defineRoute({
       method: 'GET',
@@ -35,7 +38,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: RunSnapshot,
       errors: ['NOT_FOUND'],
-      handle: ({ params }) => client.runs.get(params.id),
+      role: 'approver',
+      handle: ({ params, client }) => client.runs.get(params.id),
     }),
     defineRoute({
       method: 'GET',
@@ -45,7 +49,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: ResourceView,
       errors: ['NOT_FOUND'],
-      handle: ({ params }) => client.runs.resource(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.runs.resource(params.id),
     }),
     defineRoute({
       method: 'POST',
@@ -56,7 +61,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: InteractionRequest,
       errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'ALREADY_ANSWERED', 'STALE_SANDBOX_ROUTE', 'INVALID_STATE_TRANSITION'],
-      handle: ({ params, body, caller }) => client.runs.respond(params.id, params.iid, body, { respondedBy: caller }),
+      role: 'approver',
+      handle: ({ params, body, caller, client }) => client.runs.respond(params.id, params.iid, body, { respondedBy: caller.name }),
     }),
     defineRoute({
       method: 'POST',
@@ -66,7 +72,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: RunSnapshot,
       errors: ['NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
-      handle: ({ params }) => client.runs.suspend(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.runs.suspend(params.id),
     }),
     defineRoute({
       method: 'POST',
@@ -76,7 +83,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: RunSnapshot,
       errors: ['NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
-      handle: ({ params }) => client.runs.resume(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.runs.resume(params.id),
     }),
     defineRoute({
       method: 'POST',
@@ -86,7 +94,8 @@ export function runRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: RunSnapshot,
       errors: ['NOT_FOUND', 'INVALID_STATE_TRANSITION'],
-      handle: ({ params }) => client.runs.cancel(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.runs.cancel(params.id),
     }),
   ];
 }

@@ -1,10 +1,10 @@
-import type { StasisClient } from '../../client';
+import { activeWorkspacesOfSandbox } from '../../common/host-paths';
 import { CreateSandboxInput, ExecInput, ExecResult, SandboxView } from '../../common/schemas';
 import type { ErrorCode } from '../../common/errors';
 import { defineRoute, type RouteDef } from '../route';
 import { FileQuery, SandboxParams } from '../schemas';
 
-// Standalone sandboxes (SPEC section 3).
+// Standalone sandboxes.
 
 const CHANGE_ERRORS: ErrorCode[] = ['NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE', 'NOT_SUPPORTED'];
 
@@ -17,7 +17,7 @@ const CHANGES = {
     'Release the compute and keep the workspace (running → suspended); 409 SANDBOX_SUSPEND_BUSY while a command runs',
 } as const;
 
-export function sandboxRoutes(client: StasisClient): RouteDef[] {
+export function sandboxRoutes(): RouteDef[] {
   const changes = (Object.keys(CHANGES) as (keyof typeof CHANGES)[]).map((op) =>
     defineRoute({
       method: 'POST',
@@ -27,7 +27,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: SandboxView,
       errors: op === 'suspend' ? [...CHANGE_ERRORS, 'SANDBOX_SUSPEND_BUSY'] : CHANGE_ERRORS,
-      handle: ({ params }) => client.sandboxes[op](params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.sandboxes[op](params.id),
     }),
   );
   return [
@@ -39,7 +40,9 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 201,
       response: SandboxView,
       errors: ['INVALID_ARGUMENT'],
-      handle: ({ body }) => client.sandboxes.create(body),
+      role: 'operator',
+      adminField: (input) => activeWorkspacesOfSandbox(input)[0]?.field,
+      handle: ({ body, client }) => client.sandboxes.create(body, { inputName: 'body' }),
     }),
     defineRoute({
       method: 'GET',
@@ -49,7 +52,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: SandboxView,
       errors: ['NOT_FOUND'],
-      handle: ({ params }) => client.sandboxes.get(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.sandboxes.get(params.id),
     }),
     ...changes,
     defineRoute({
@@ -61,7 +65,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: ExecResult,
       errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
-      handle: ({ params, body }) => client.sandboxes.exec(params.id, body),
+      role: 'operator',
+      handle: ({ params, body, client }) => client.sandboxes.exec(params.id, body),
     }),
     defineRoute({
       method: 'GET',
@@ -72,7 +77,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: 'bytes',
       errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE'],
-      handle: ({ params, query }) => client.sandboxes.readFile(params.id, query.path),
+      role: 'operator',
+      handle: ({ params, query, client }) => client.sandboxes.readFile(params.id, query.path),
     }),
     defineRoute({
       method: 'PUT',
@@ -84,7 +90,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 204,
       response: 'none',
       errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'INVALID_STATE_TRANSITION', 'STALE_SANDBOX_ROUTE', 'PAYLOAD_TOO_LARGE'],
-      handle: ({ params, query, body }) => client.sandboxes.writeFile(params.id, query.path, body),
+      role: 'operator',
+      handle: ({ params, query, body, client }) => client.sandboxes.writeFile(params.id, query.path, body),
     }),
     defineRoute({
       method: 'DELETE',
@@ -94,7 +101,8 @@ export function sandboxRoutes(client: StasisClient): RouteDef[] {
       status: 200,
       response: SandboxView,
       errors: ['NOT_FOUND'],
-      handle: ({ params }) => client.sandboxes.destroy(params.id),
+      role: 'operator',
+      handle: ({ params, client }) => client.sandboxes.destroy(params.id),
     }),
   ];
 }

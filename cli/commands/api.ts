@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { ConfigError, parseTokens } from '../../common/config';
+import { ConfigError } from '../../common/config';
 import type { CliContext } from '../context';
 import { untilStopSignal } from '../signals';
 
@@ -13,9 +13,9 @@ export function apiCommand(program: Command, begin: (cmd: Command) => CliContext
     .action(async (_opts: unknown, cmd: Command) => {
       const ctx = begin(cmd);
       const config = ctx.config();
-      const tokens = parseTokens(config.STASIS_API_TOKENS);
-      if (tokens.size === 0)
-        throw new ConfigError(['STASIS_API_TOKENS: must be set (name:secret,...): every /api route needs a token']);
+      const tokens = config.STASIS_API_TOKENS ?? [];
+      if (tokens.length === 0)
+        throw new ConfigError(['STASIS_API_TOKENS: must be set (name:secret[:role],...): every /api route needs a token']);
       const { startApi } = await import('../../api/server');
       const { app, url } = await startApi({ client: await ctx.client(), tokens, addr: config.STASIS_HTTP_ADDR });
       ctx.print(

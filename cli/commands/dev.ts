@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import * as path from 'node:path';
 import type { Command } from 'commander';
 import { StasisClient } from '../../client';
-import { loadConfig, parseTokens } from '../../common/config';
+import { loadConfig } from '../../common/config';
 import { ensureBinary } from '../../platform/binaries';
 import { portAnswers } from '../../platform/ports';
 import { clientOptions, type CliContext } from '../context';
@@ -93,10 +93,13 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
         const client = await StasisClient.connect(clientOptions(config));
         stops.push(() => client.close());
 
-        const configured = parseTokens(config.STASIS_API_TOKENS);
+        const configured = config.STASIS_API_TOKENS ?? [];
+        // The person who ran `stasis dev` owns this machine: the session's token may do everything.
         const generated =
-          configured.size === 0 ? { name: 'dev', secret: randomBytes(24).toString('base64url') } : undefined;
-        const tokens = generated ? new Map([[generated.name, generated.secret]]) : configured;
+          configured.length === 0
+            ? { name: 'dev', secret: randomBytes(24).toString('base64url'), role: 'admin' as const }
+            : undefined;
+        const tokens = generated ? [generated] : configured;
         const { app, url } = await startApi({
           client,
           tokens,

@@ -81,12 +81,11 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
     .option('--deny', 'deny instead of approving')
     .option('--comment <text>', 'a comment recorded with the decision')
     .option('--input <text>', 'the answer to an input interaction')
-    .option('--as <name>', 'recorded as respondedBy', os.userInfo().username)
     .action(
       async (
         runId: string,
         interactionId: string,
-        opts: { deny?: boolean; comment?: string; input?: string; as: string },
+        opts: { deny?: boolean; comment?: string; input?: string },
         cmd: Command,
       ) => {
         const ctx = begin(cmd);
@@ -103,11 +102,11 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
                 decision: opts.deny ? ('deny' as const) : ('approve' as const),
                 ...(opts.comment !== undefined ? { comment: opts.comment } : {}),
               };
-        const answered = await (
-          await ctx.client()
-        ).runs.respond(runId, interactionId, response, { respondedBy: opts.as });
+        // Who answers is who runs the command, not a name it is given: `--as` would let anyone sign as anyone.
+        const respondedBy = os.userInfo().username;
+        const answered = await (await ctx.client()).runs.respond(runId, interactionId, response, { respondedBy });
         const verb = opts.input !== undefined ? 'Answered' : opts.deny ? 'Denied' : 'Approved';
-        ctx.print(answered, `${verb} ${interactionId} of ${runId} as ${opts.as}`);
+        ctx.print(answered, `${verb} ${interactionId} of ${runId} as ${respondedBy}`);
       },
     );
 }

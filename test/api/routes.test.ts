@@ -34,10 +34,7 @@ beforeAll(async () => {
   });
   app = buildApi({
     client: stack.client,
-    tokens: new Map([
-      ['alice', ALICE],
-      ['bob', BOB],
-    ]),
+    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }, { name: 'bob', secret: BOB, role: 'operator' }],
     logger: { level: 'info', destination: logs },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -79,6 +76,7 @@ const API_ROUTES: [string, string][] = [
   ['DELETE', '/api/v1/sandboxes/s1'],
   ['GET', '/api/v1/metrics'],
   ['GET', '/api/openapi.json'],
+  ['GET', '/api/v1/me'],
 ];
 
 describe('authentication', () => {
@@ -157,6 +155,8 @@ describe('OpenAPI', () => {
         'DELETE /api/v1/sandboxes/{id}',
         'GET /api/v1/metrics',
         'GET /metrics',
+        'GET /api/openapi.json',
+        'GET /api/v1/me',
       ].sort(),
     );
     expect(doc.paths['/api/v1/runs'].post.requestBody?.content['application/json'].schema).toEqual({
@@ -253,6 +253,16 @@ describe('runs', () => {
     ['a bad runId', { ...twoQuestions, runId: '../etc' }, 'body.runId'],
     ['a bad duration', { ...twoQuestions, policy: { ttl: 'soon' } }, 'body.policy.ttl'],
     ['an array', [twoQuestions], 'body'],
+    [
+      'a NUL byte in an exec step',
+      { agent: { driver: 'scripted', steps: [{ exec: 'rm -rf x\0y' }] }, sandbox: { provider: 'local' } },
+      'body.agent',
+    ],
+    [
+      'a NUL byte in the sandbox env',
+      { ...twoQuestions, sandbox: { provider: 'local', env: { A: 'x\0' } } },
+      'body.sandbox.env.A: must not contain a NUL byte',
+    ],
   ])('POST /api/v1/runs with %s is 400 naming the field', async (_kind, body, field) => {
     const response = await alice('POST', '/api/v1/runs', { body });
     expect(response.status).toBe(400);
@@ -517,6 +527,8 @@ describe('sandboxes', () => {
   test.each([
     ['no provider', {}, 'body.provider'],
     ['a bad env name', { provider: 'local', env: { 'NOT-OK': '1' } }, 'body.env'],
+    ['a NUL byte in an env value', { provider: 'local', env: { A: '\0' } }, 'body.env.A: must not contain a NUL byte'],
+    ['a NUL byte in an env name', { provider: 'local', env: { 'A\0': '1' } }, 'body.env'],
     ['a bad timeout', { provider: 'local', policy: { timeout: 'forever' } }, 'body.policy.timeout'],
     [
       'a relative active workspace',
@@ -535,6 +547,8 @@ describe('sandboxes', () => {
     ['an empty command', { command: '' }, 'body.command'],
     ['a negative timeout', { command: 'true', timeoutMs: -1 }, 'body.timeoutMs'],
     ['a bad env name', { command: 'true', env: { '1X': 'y' } }, 'body.env'],
+    ['a NUL byte in the command', { command: 'echo a\0b' }, 'body.command: must not contain a NUL byte'],
+    ['a NUL byte in an env value', { command: 'true', env: { X: 'a\0' } }, 'body.env.X: must not contain a NUL byte'],
   ])('exec with %s is 400 naming the field', async (_kind, body, field) => {
     const response = await exec('sbx-any', body);
     expect({ status: response.status, code: errorCode(response) }).toEqual({ status: 400, code: 'INVALID_ARGUMENT' });

@@ -120,10 +120,14 @@ test('run start examples/approval.json, run list --waiting, approve, and the Run
   expect(waiting.interactions).toEqual([
     expect.objectContaining({ id: 'int-1', status: 'pending', prompt: 'Publish release-notes.md for 1.4.0?' }),
   ]);
-  const answered = await json<InteractionRequest>('approve', runId, 'int-1', '--comment', 'ship it', '--as', 'ana');
+  // `--as` is gone: a name cannot be chosen, the one who runs the command answers.
+  const forged = await stasis('approve', runId, 'int-1', '--as', 'ana');
+  expect(forged.code).not.toBe(0);
+  expect(forged.stderr).toContain("unknown option '--as'");
+  const answered = await json<InteractionRequest>('approve', runId, 'int-1', '--comment', 'ship it');
   expect(answered).toMatchObject({
     status: 'answered',
-    respondedBy: 'ana',
+    respondedBy: os.userInfo().username,
     response: { decision: 'approve', comment: 'ship it' },
   });
   const done = await eventually(
@@ -156,10 +160,10 @@ test('human output: the waiting list says how to answer, and approve --input ans
     'the Run in the waiting list',
   );
   expect(listed).toContain(`answer: stasis approve ${runId} int-1 --input <text>`);
-  const answered = await stasis('approve', runId, 'int-1', '--input', 'main', '--as', 'ana');
+  const answered = await stasis('approve', runId, 'int-1', '--input', 'main');
   expect({ code: answered.code, stdout: answered.stdout }).toEqual({
     code: 0,
-    stdout: `Answered int-1 of ${runId} as ana\n`,
+    stdout: `Answered int-1 of ${runId} as ${os.userInfo().username}\n`,
   });
   await eventually(
     async () => (await json<RunSnapshot>('run', 'get', runId)).status === 'COMPLETED',
@@ -256,7 +260,11 @@ test('errors: a refused operation exits 1, a bad variable or usage exits 2', asy
   expect(metricsBusy.stderr).toContain(
     `STASIS_WORKER_METRICS_ADDR: cannot serve worker metrics on ${env.STASIS_WORKER_METRICS_ADDR}`,
   );
-  const httpBusy = await runStasis(['api'], { ...env, STASIS_API_TOKENS: 'ops:x' });
+  const shortSecret = await runStasis(['api'], { ...env, STASIS_API_TOKENS: 'ops:tooShort-123' });
+  expect(shortSecret.code).toBe(2);
+  expect(shortSecret.stderr).toContain('STASIS_API_TOKENS: entry 1: the secret must be at least 16 characters');
+  expect(shortSecret.stderr).not.toContain('tooShort-123');
+  const httpBusy = await runStasis(['api'], { ...env, STASIS_API_TOKENS: 'ops:long-enough-s3cret' });
   expect(httpBusy.code).toBe(2);
   expect(httpBusy.stderr).toContain(`STASIS_HTTP_ADDR: cannot listen on ${env.STASIS_HTTP_ADDR}`);
   const noTokens = await stasis('api');
@@ -269,7 +277,7 @@ test('stasis api serves with configured tokens and stops on SIGTERM', async () =
   const api = spawnStasis(['api'], {
     ...env,
     STASIS_HTTP_ADDR: `127.0.0.1:${port}`,
-    STASIS_API_TOKENS: 'ops:s3cret-token',
+    STASIS_API_TOKENS: 'ops:s3cret-token-0123456789',
   });
   let out = '';
   api.stdout?.on('data', (chunk: Buffer) => (out += chunk.toString('utf8')));
@@ -277,7 +285,7 @@ test('stasis api serves with configured tokens and stops on SIGTERM', async () =
   await eventually(async () => out.includes('approval page:'), 60_000, 'stasis api to listen');
   expect(out).toContain(`stasis api: http://127.0.0.1:${port}/api/v1\n  approval page: http://127.0.0.1:${port}/`);
   const metrics = await fetch(`http://127.0.0.1:${port}/api/v1/metrics`, {
-    headers: { authorization: 'Bearer s3cret-token' },
+    headers: { authorization: 'Bearer s3cret-token-0123456789' },
   });
   expect(metrics.status).toBe(200);
   api.kill('SIGTERM');

@@ -162,7 +162,7 @@ const noArgs = fc.array(junk, { minLength: 1, maxLength: 3 });
 beforeAll(async () => {
   unprintedWorkerLogs.push(/respondSignal rejected/);
   stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: new Map([['fuzzer', SECRET]]), logger: false });
+  app = buildApi({ client: stack.client, tokens: [{ name: 'fuzzer', secret: SECRET, role: 'operator' }], logger: false });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
   call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);

@@ -3,10 +3,8 @@ import { Writable } from 'node:stream';
 import { Client, Connection } from '@temporalio/client';
 import type { FastifyInstance } from 'fastify';
 import { buildApi } from '../../api/server';
+import { apiRoutes } from '../../api/routes';
 import type { RouteDef } from '../../api/route';
-import { metricsRoutes } from '../../api/routes/metrics';
-import { runRoutes } from '../../api/routes/runs';
-import { sandboxRoutes } from '../../api/routes/sandboxes';
 import { StasisClient } from '../../client';
 import { httpClient, type CallOptions, type HttpResult } from '../api/http';
 import { eventually, saw, startStack, workerLogs, type TestStack } from '../helpers/stack';
@@ -35,10 +33,7 @@ beforeAll(async () => {
   stack = await startStack();
   app = buildApi({
     client: stack.client,
-    tokens: new Map([
-      ['alice', ALICE],
-      ['bob', BOB],
-    ]),
+    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }, { name: 'bob', secret: BOB, role: 'operator' }],
     logger: { level: 'trace', destination: logSink(apiLog) },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -96,11 +91,7 @@ test('no /api route of the route table answers without a valid token; nothing ha
   await stack.client.sandboxes.start(sandboxId);
   const runsBefore = (await stack.client.runs.list()).length;
 
-  const table: RouteDef[] = [
-    ...runRoutes(stack.client),
-    ...sandboxRoutes(stack.client),
-    ...metricsRoutes(stack.client),
-  ];
+  const table: RouteDef[] = apiRoutes();
   const protectedRoutes = table.filter((r) => !r.public);
   expect(protectedRoutes.length).toBeGreaterThanOrEqual(17);
   // Bodies that would succeed with a token: only the token stands between the caller and the effect.
@@ -208,7 +199,7 @@ test('secrets never reach a log line (API at trace level, worker) nor the histor
   );
   const dead = buildApi({
     client: deadClient,
-    tokens: new Map([['alice', ALICE]]),
+    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }],
     logger: { level: 'trace', destination: logSink(deadLog) },
   });
   await dead.listen({ host: '127.0.0.1', port: 0 });

@@ -5,7 +5,7 @@ import * as path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
-import { loadConfig, type Config } from '../../common/config';
+import { hostPathPolicy, loadConfig, type Config } from '../../common/config';
 import { StasisClient } from '../../client';
 import { storeMetricsSource } from '../../client/metrics';
 import { createFiguresStore } from '../../stores/figures';
@@ -72,6 +72,8 @@ export async function startStack(
     STASIS_TASK_QUEUE: `test-${randomUUID().slice(0, 8)}`,
     STASIS_DATA_DIR: dataDir,
     STASIS_HOST_ID: options.hostId ?? 'host-a',
+    // Active workspaces of the tests live in the system's temporary directory.
+    STASIS_HOST_PATHS: os.tmpdir(),
     ...options.env,
   });
   const connection = await Connection.connect(config.temporal.connectionOptions);
@@ -80,6 +82,7 @@ export async function startStack(
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
     workerMetrics: storeMetricsSource(createFiguresStore(config)),
+    hostPaths: hostPathPolicy(config),
   });
   const workers = new Map<string, StasisWorker>();
   const runs = new Map<string, Promise<void>>();

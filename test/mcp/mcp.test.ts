@@ -1,37 +1,65 @@
+import { readFile } from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import type { FastifyInstance } from 'fastify';
+import { buildApi } from '../../api/server';
 import type { ExecResult, RunSnapshot, SandboxView } from '../../common/schemas';
-import { CLI } from '../cli/spawn';
+import { CLI, runStasis } from '../cli/spawn';
 import { eventually, startStack, type TestStack } from '../helpers/stack';
 
-// `stasis mcp` as a real stdio process, driven by the SDK's client against the real worker.
+// `stasis mcp` as a real stdio process, driven by the SDK's client. It acts
+// through the real REST API with one token, against the real worker.
+
+const TOKENS = {
+  approver: { name: 'reviewer-1', secret: 'approver-secret-0123456789', role: 'approver' },
+  operator: { name: 'agent-7', secret: 'operator-secret-0123456789', role: 'operator' },
+  admin: { name: 'root-agent', secret: 'admin-secret-0123456789xx', role: 'admin' },
+} as const;
 
 let stack: TestStack;
+let api: FastifyInstance;
+let apiUrl: string;
+const clients: Client[] = [];
 let client: Client;
-let transport: StdioClientTransport;
 let stderr = '';
 
-beforeAll(async () => {
-  stack = await startStack();
-  transport = new StdioClientTransport({
+/** A `stasis mcp` process acting with `secret`; its stderr goes to `log`. */
+async function connectMcp(secret: string, log: (text: string) => void = () => undefined): Promise<Client> {
+  const transport = new StdioClientTransport({
     command: CLI.command,
-    args: [...CLI.args, 'mcp', '--as', 'agent-7'],
+    args: [...CLI.args, 'mcp'],
     cwd: CLI.cwd,
     env: {
       ...(process.env as Record<string, string>),
-      STASIS_TASK_QUEUE: stack.config.STASIS_TASK_QUEUE,
-      STASIS_DATA_DIR: stack.config.STASIS_DATA_DIR,
+      STASIS_API_URL: apiUrl,
+      STASIS_API_TOKEN: secret,
+      // Nothing but the API: a Temporal server it could reach directly would be a way around the token.
+      TEMPORAL_ADDRESS: '127.0.0.1:1',
     },
     stderr: 'pipe',
   });
-  transport.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString('utf8')));
-  client = new Client({ name: 'stasis-test', version: '1.0.0' });
-  await client.connect(transport);
+  transport.stderr?.on('data', (chunk: Buffer) => log(chunk.toString('utf8')));
+  const mcp = new Client({ name: 'stasis-test', version: '1.0.0' });
+  await mcp.connect(transport);
+  clients.push(mcp);
+  return mcp;
+}
+
+beforeAll(async () => {
+  stack = await startStack();
+  api = buildApi({ client: stack.client, tokens: Object.values(TOKENS), logger: false });
+  await api.listen({ host: '127.0.0.1', port: 0 });
+  const address = api.server.address();
+  apiUrl = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`;
+  client = await connectMcp(TOKENS.operator.secret, (text) => (stderr += text));
 });
 
 afterAll(async () => {
-  await client?.close();
+  for (const mcp of clients) await mcp.close();
+  await api?.close();
   await stack?.stop();
 });
 
@@ -49,7 +77,7 @@ async function refusal(name: string, args: Record<string, unknown>): Promise<{ c
   return (JSON.parse(text) as { error: { code: string; message: string } }).error;
 }
 
-test('lists the eight tools, each with an input schema', async () => {
+test('lists the eight tools to an operator, each with an input schema', async () => {
   const { tools } = await client.listTools();
   expect(tools.map((t) => t.name).sort()).toEqual(
     [
@@ -101,7 +129,7 @@ test('sandbox_create → exec → suspend → resume → exec → destroy', asyn
   expect(await refusal('sandbox_exec', { sandboxId: id, command: 'true' })).toMatchObject({ code: 'NOT_FOUND' });
 });
 
-test('run_start → run_status → interaction_respond, recorded as the --as name', async () => {
+test("run_start → run_status → interaction_respond, recorded under the token's name", async () => {
   const { runId } = await call<{ runId: string }>('run_start', {
     spec: {
       agent: { driver: 'scripted', steps: [{ ask: 'Proceed?' }, { complete: 'ok' }] },
@@ -149,4 +177,128 @@ test('bad input and unknown ids are error results with the reason', async () => 
   })) as CallToolResult;
   expect(noSteps.isError).toBe(true);
   expect(JSON.stringify(noSteps.content)).toContain('spec.agent');
+});
+
+/** Every Run and sandbox workflow this stack has seen (visibility), to show a refusal created nothing. */
+async function workflowCount(): Promise<number> {
+  let n = 0;
+  for await (const _wf of stack.temporal.workflow.list({ query: `TaskQueue = '${stack.config.STASIS_TASK_QUEUE}'` }))
+    n++;
+  return n;
+}
+
+describe('the token decides what the agent may do', () => {
+  const waitingRun = async (): Promise<string> => {
+    const { runId } = await stack.client.runs.start({
+      agent: { driver: 'scripted', steps: [{ ask: 'Deploy?' }, { complete: 'deployed' }] },
+      sandbox: { provider: 'local' },
+    });
+    await eventually(async () => (await stack.client.runs.get(runId)).status === 'WAITING', 60_000, 'WAITING');
+    return runId;
+  };
+
+  test('an approver token is offered only run_status and interaction_respond; the others do not exist for it', async () => {
+    const approver = await connectMcp(TOKENS.approver.secret);
+    const { tools } = await approver.listTools();
+    expect(tools.map((t) => t.name).sort()).toEqual(['interaction_respond', 'run_status']);
+    const before = await workflowCount();
+    for (const [name, args] of [
+      ['sandbox_create', { provider: 'local' }],
+      [
+        'run_start',
+        { spec: { agent: { driver: 'scripted', steps: [{ complete: 1 }] }, sandbox: { provider: 'local' } } },
+      ],
+      ['sandbox_exec', { sandboxId: 'sbx-any', command: 'true' }],
+    ] as const) {
+      const outcome = await approver.callTool({ name, arguments: args }).then(
+        (r) => JSON.stringify((r as CallToolResult).content),
+        (err: Error) => err.message,
+      );
+      expect(outcome).toMatch(/not found/i);
+    }
+    // It answers as itself.
+    const runId = await waitingRun();
+    const result = (await approver.callTool({
+      name: 'interaction_respond',
+      arguments: { runId, interactionId: 'int-1', response: { decision: 'approve' } },
+    })) as CallToolResult;
+    expect(result.isError).toBeFalsy();
+    expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({ respondedBy: 'reviewer-1' });
+    // Nothing was created by the refused calls: only the waiting Run of this test is new.
+    await eventually(async () => (await workflowCount()) === before + 1, 30_000, 'one new workflow');
+  });
+
+  test('an operator token cannot give a Run or a sandbox an active workspace on a host path (403 FORBIDDEN)', async () => {
+    const hostPath = path.join(os.tmpdir(), `mcp-active-${process.pid}`);
+    const active = { kind: 'active', hostPath };
+    const before = await workflowCount();
+    const refusals = [
+      await refusal('sandbox_create', { provider: 'local', workspace: active }),
+      await refusal('run_start', {
+        spec: {
+          agent: { driver: 'scripted', steps: [{ complete: 1 }] },
+          sandbox: { provider: 'local', workspace: active },
+        },
+      }),
+      // Nor through a child Run.
+      await refusal('run_start', {
+        spec: {
+          agent: {
+            driver: 'scripted',
+            steps: [
+              {
+                spawn: {
+                  agent: { driver: 'scripted', steps: [{ complete: 1 }] },
+                  sandbox: { provider: 'local', workspace: active },
+                },
+              },
+            ],
+          },
+          sandbox: { provider: 'local' },
+        },
+      }),
+    ];
+    expect(refusals.map((r) => r.code)).toEqual(['FORBIDDEN', 'FORBIDDEN', 'FORBIDDEN']);
+    expect(refusals[0].message).toContain('body.workspace.hostPath');
+    expect(refusals[2].message).toContain('body.agent.steps.0.spawn.sandbox.workspace.hostPath');
+    expect(await workflowCount()).toBe(before);
+  });
+
+  test('an admin token may, but only under STASIS_HOST_PATHS: / and paths outside are refused before anything is created', async () => {
+    const admin = await connectMcp(TOKENS.admin.secret);
+    const before = await workflowCount();
+    for (const hostPath of ['/', '/etc', `${os.tmpdir()}/../etc`, stack.config.STASIS_DATA_DIR]) {
+      const result = (await admin.callTool({
+        name: 'sandbox_create',
+        arguments: { provider: 'local', workspace: { kind: 'active', hostPath } },
+      })) as CallToolResult;
+      expect(result.isError).toBe(true);
+      const text = result.content[0]?.type === 'text' ? result.content[0].text : '';
+      expect(JSON.parse(text)).toMatchObject({
+        error: { code: 'INVALID_ARGUMENT', message: expect.stringContaining('workspace.hostPath') },
+      });
+    }
+    expect(await workflowCount()).toBe(before);
+    const hostPath = path.join(os.tmpdir(), `mcp-admin-${process.pid}`);
+    const created = (await admin.callTool({
+      name: 'sandbox_create',
+      arguments: { provider: 'local', workspace: { kind: 'active', hostPath } },
+    })) as CallToolResult;
+    expect(created.isError).toBeFalsy();
+    const view = JSON.parse(created.content[0]?.type === 'text' ? created.content[0].text : '') as SandboxView;
+    await stack.client.sandboxes.exec(view.sandboxId, { command: 'echo here > mark.txt' });
+    expect(await readFile(path.join(hostPath, 'mark.txt'), 'utf8')).toBe('here\n');
+    await stack.client.sandboxes.destroy(view.sandboxId);
+  });
+
+  test('a wrong token does not start: the error says so and does not print the secret', async () => {
+    const wrong = 'not-a-configured-secret-42';
+    const outcome = await runStasis(['mcp'], { ...process.env, STASIS_API_URL: apiUrl, STASIS_API_TOKEN: wrong });
+    expect(outcome.code).not.toBe(0);
+    expect(outcome.stderr).toContain('UNAUTHORIZED');
+    expect(outcome.stderr + outcome.stdout).not.toContain(wrong);
+    const unset = await runStasis(['mcp'], { ...process.env, STASIS_API_URL: '', STASIS_API_TOKEN: '' });
+    expect(unset.code).toBe(2);
+    expect(unset.stderr).toContain('STASIS_API_TOKEN: must be set');
+  });
 });

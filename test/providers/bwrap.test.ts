@@ -1,8 +1,10 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
-import { context, stasisError, tempDir, waitFor } from './helpers';
+import { context, stasisError, tempDir, uniqueId, waitFor } from './helpers';
 import { makeHost, readCounter, sh } from './harness';
 
 // The bwrap provider: the same lifecycle as local, with each command isolated
@@ -121,5 +123,98 @@ describe('bwrap provider', () => {
       host.provider.exec({ sandboxId: id, fence: 2, jobId: 'late', command: 'true' }, context()),
       'STALE_FENCE',
     );
+  });
+
+  it('launches bubblewrap by its absolute path with a fixed environment, whatever PATH the sandbox sets', async () => {
+    const host = await bwrapHost();
+    const outside = await tempDir('outside');
+    const id = await host.sandbox({ env: { PATH: './bin:/usr/bin:/bin' } });
+    // A fake bwrap in the workspace: run on the host (cwd = the workspace), it would write outside.
+    await host.provider.writeFile(
+      { sandboxId: id, path: 'bin/bwrap', content: Buffer.from(`#!/bin/sh\necho escaped > ${outside}/pwned\n`) },
+      context(),
+    );
+    await sh(host.provider, id, 'chmod +x bin/bwrap');
+    const outcome = await host.provider.exec(
+      {
+        sandboxId: id,
+        fence: 1,
+        jobId: 'path',
+        command: 'echo "$PATH|$MINE"; cat /proc/1/environ | tr "\\0" "\\n"',
+        env: { PATH: './bin:/usr/bin:/bin', MINE: 'm' },
+      },
+      context(),
+    );
+    expect(await fs.readdir(outside)).toEqual([]);
+    expect(outcome.exitCode).toBe(0);
+    // The sandbox still gets its own environment, inside.
+    expect(outcome.stdout.split('\n')[0]).toBe('./bin:/usr/bin:/bin|m');
+  });
+
+  it('sandboxes outlive a SIGKILLed worker and are adopted by the next one: running job, retained compute, files', async () => {
+    const host = await bwrapHost(); // for its host id and data dir; its processes are cleaned up after the file
+    const [retained, running] = [uniqueId('retained'), uniqueId('running')];
+    const worker = spawn(
+      process.execPath,
+      [
+        '-r',
+        path.join(__dirname, '..', 'cli', 'register-ts.js'),
+        path.join(__dirname, 'bwrap-worker.ts'),
+        host.dataDir,
+        host.hostId,
+        retained,
+        running,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    await new Promise<void>((resolve, reject) => {
+      worker.stdout.on('data', (chunk: Buffer) => chunk.toString().includes('READY') && resolve());
+      worker.once('exit', (code) => reject(new Error(`the worker exited (${code}) before it was ready`)));
+    });
+    const workspace = sandboxPaths(host.dataDir, running).workspace;
+    await waitFor('the counter to run', async () => (await readCounter(workspace)) > 3);
+    const before = {
+      retained: await host.provider.processCount(retained),
+      running: await host.provider.processCount(running),
+    };
+    worker.kill('SIGKILL');
+    await once(worker, 'exit');
+    await new Promise((resolve) => setTimeout(resolve, 500)); // long enough for the starter to go and take children with it
+    // The retained sandbox keeps exactly its processes; the running one's loop forks a sleep now and then.
+    expect(await host.provider.processCount(retained)).toBe(before.retained);
+    expect(await host.provider.processCount(running)).toBeGreaterThanOrEqual(3);
+    const counted = await readCounter(workspace);
+    await waitFor('the job to keep counting', async () => (await readCounter(workspace)) > counted + 3);
+
+    // The next worker adopts them: start finds the compute alive, exec runs in it, files and state are intact.
+    const next = host.restart();
+    const listed = (await next.listSandboxes()).filter((s) => s.sandboxId === retained || s.sandboxId === running);
+    expect(listed.sort((a, b) => a.sandboxId.localeCompare(b.sandboxId))).toEqual(
+      [retained, running].sort().map((sandboxId) => ({ sandboxId, alive: true, dormant: false })),
+    );
+    const retainedPids = await next.processCount(retained);
+    for (const sandboxId of [retained, running]) {
+      await next.start({ sandboxId, fence: 2 }, context()); // nothing new is started: the compute is there
+      expect(await sh(next, sandboxId, 'cat kept.txt; echo; pwd', 2)).toBe(`${sandboxId}\n/workspace\n`);
+    }
+    expect(await next.processCount(retained)).toBe(retainedPids);
+    // The job the dead worker started is not run again; its process is still the one counting.
+    await stasisError(
+      next.exec(
+        {
+          sandboxId: running,
+          fence: 2,
+          jobId: 'counter',
+          command: 'i=0; while true; do i=$((i+1)); echo $i > counter; sleep 0.02; done',
+        },
+        context(),
+      ),
+      'JOB_INTERRUPTED',
+    );
+    await next.release(
+      { sandboxId: running, idempotencyKey: 'stop', mode: 'TERMINATE', fence: 3, reason: 'test' },
+      context(),
+    );
+    expect(await next.processCount(running)).toBe(0);
   });
 });

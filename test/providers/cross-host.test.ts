@@ -8,7 +8,7 @@ import { makeHost, sh, startCounter } from './harness';
 // A snapshot on one host restored on another (own data dir, own host id) through
 // the real S3 store: every path, type, mode, link target and byte comes back.
 
-/** Thousands of files, empty dirs, internal symlinks, a hardlink, assorted modes and one 100 MB file. */
+/** Thousands of files, empty dirs, symlinks (a venv's among them), a hardlink, assorted modes and one 100 MB file. */
 async function populate(root: string): Promise<void> {
   const workspace = path.join(root, 'workspace');
   for (let d = 0; d < 40; d += 1) {
@@ -35,6 +35,17 @@ async function populate(root: string): Promise<void> {
   await fs.writeFile(path.join(root, 'home', '.config', 'settings.json'), '{"a":1}');
   await fs.mkdir(path.join(root, 'envs', 'py', 'bin'), { recursive: true });
   await fs.writeFile(path.join(root, 'envs', 'py', 'bin', 'tool'), '#!/bin/sh\necho tool\n', { mode: 0o755 });
+  // A Python venv as `python -m venv` lays it out: links out of the sandbox, links between its own files, dangling ones.
+  const venv = path.join(root, 'envs', 'venv');
+  await fs.mkdir(path.join(venv, 'bin'), { recursive: true });
+  await fs.mkdir(path.join(venv, 'lib', 'python3', 'site-packages'), { recursive: true });
+  await fs.writeFile(path.join(venv, 'pyvenv.cfg'), 'home = /usr/bin\n');
+  await fs.symlink('/usr/bin/python3', path.join(venv, 'bin', 'python3'));
+  await fs.symlink('python3', path.join(venv, 'bin', 'python'));
+  await fs.symlink('lib', path.join(venv, 'lib64'));
+  await fs.symlink('/nonexistent/stasis/interpreter', path.join(venv, 'bin', 'python-dangling'));
+  await fs.symlink('../../../outside-of-the-sandbox', path.join(venv, 'climbing-dangling'));
+  await fs.symlink('../envs/venv/bin/python', path.join(workspace, 'python'));
 }
 
 it('restores a snapshot on another host byte for byte', async () => {
@@ -83,6 +94,10 @@ it('restores a snapshot on another host byte for byte', async () => {
   expect(await hostB.provider.processCount(id)).toBe(1);
   expect(await sh(hostB.provider, id, 'echo $PROJECT; ../envs/py/bin/tool; cat link-to-file | wc -c', 3)).toMatch(
     /^demo\ntool\n\s*\d+\n$/,
+  );
+  // The venv's interpreter runs through its absolute link, restored from the store (host B never had a local copy).
+  expect(await sh(hostB.provider, id, './python -c "print(6 * 7)"; readlink ../envs/venv/bin/python3', 3)).toBe(
+    '42\n/usr/bin/python3\n',
   );
   expect(await hostB.provider.listSandboxes()).toEqual([{ sandboxId: id, alive: true, dormant: false }]);
 });

@@ -37,11 +37,13 @@ export async function makeHost(
   options: {
     store?: CheckpointStore;
     make?: (deps: { hostId: string; dataDir: string; store: CheckpointStore }) => SandboxProvider;
+    /** The host's data dir (a fresh temp dir by default). */
+    dataDir?: string;
   } & LocalProviderOptions = {},
 ): Promise<Host> {
   const hostId = uniqueId('host');
   hostIds.push(hostId);
-  const dataDir = await tempDir('host');
+  const dataDir = options.dataDir ?? (await tempDir('host'));
   const store = options.store ?? new FsCheckpointStore(path.join(dataDir, 'store'));
   const make = () =>
     options.make ? options.make({ hostId, dataDir, store }) : createLocalProvider({ hostId, dataDir, store }, options);
@@ -86,6 +88,6 @@ export async function startCounter(provider: SandboxProvider, sandboxId: string,
   );
 }
 
-export async function readCounter(workspace: string): Promise<number> {
-  return Number((await fs.readFile(path.join(workspace, 'counter'), 'utf8').catch(() => '0')).trim() || '0');
+export async function readCounter(workspace: string, file = 'counter'): Promise<number> {
+  return Number((await fs.readFile(path.join(workspace, file), 'utf8').catch(() => '0')).trim() || '0');
 }

@@ -101,3 +101,34 @@ export async function listTree(dir: string): Promise<string[]> {
   const entries = await fs.readdir(dir, { recursive: true });
   return entries.map(String).sort();
 }
+
+/**
+ * The argv of an attacker: from its working directory, it swaps the directory
+ * `name` and a link to `target` (made here as `name.link`) under `name`, as fast
+ * as it can, for ever. The swap is atomic (renameat2 RENAME_EXCHANGE), so
+ * `name` is always there, as one or the other. Runs on the host, or inside a
+ * sandbox (perl is in /usr).
+ */
+export function swapLoop(name: string, target: string): string[] {
+  const script = [
+    'my ($n, $t) = @ARGV; my $l = "$n.link"; mkdir $n; symlink $t, $l or die "symlink: $!";',
+    'my $renameat2 = $Config{archname} =~ /aarch64/ ? 276 : 316;',
+    'while (1) { syscall($renameat2, -100, $n, -100, $l, 2) == 0 or die "renameat2: $!"; }',
+  ].join(' ');
+  return ['perl', '-MConfig', '-e', script, name, target];
+}
+
+/** Resolves once `file` has been seen both as a directory and as a link: the swap runs. */
+export async function swapping(file: string): Promise<void> {
+  const seen = new Set<string>();
+  await waitFor(
+    `${file} to be swapped`,
+    async () => {
+      const stat = await fs.lstat(file).catch(() => undefined);
+      if (stat?.isDirectory()) seen.add('dir');
+      if (stat?.isSymbolicLink()) seen.add('link');
+      return seen.size === 2;
+    },
+    60_000,
+  );
+}

@@ -84,13 +84,18 @@ describe('local provider: commands', () => {
     await host.provider.writeFile({ sandboxId: id, path: 'dir/new.txt', content: Buffer.from('content') }, context());
     expect(await sh(host.provider, id, 'cat dir/new.txt')).toBe('content');
     await sh(host.provider, id, `ln -s ${outside} out; ln -s dir inner; ln -s ${outside}/secret leak`);
-    expect((await host.provider.readFile({ sandboxId: id, path: 'inner/new.txt' }, context())).toString()).toBe(
-      'content',
-    );
     expect(
       (await host.provider.readFile({ sandboxId: id, path: '/workspace/dir/new.txt' }, context())).toString(),
     ).toBe('content');
-    for (const bad of ['../meta/state.json', '/etc/passwd', 'out/secret', 'leak', 'dir/../../home/x']) {
+    // No link is followed, also one that stays inside: the sandbox may turn it into one that leaves at any moment.
+    for (const bad of [
+      '../meta/state.json',
+      '/etc/passwd',
+      'out/secret',
+      'leak',
+      'dir/../../home/x',
+      'inner/new.txt',
+    ]) {
       const err = await stasisError(
         host.provider.readFile({ sandboxId: id, path: bad }, context()),
         'INVALID_ARGUMENT',
@@ -386,7 +391,7 @@ describe('local provider: release', () => {
     await waitFor('the counter to advance after the rollback', async () => (await readCounter(workspace)) > before + 2);
     expect(
       (await listTree(path.join(host.dataDir, 'store')).catch(() => [])).filter(
-        (p) => p.endsWith('.tar.gz') || p.includes('.part-'),
+        (p) => p.endsWith('.tar.gz') || p.includes('.tmp-'),
       ),
     ).toEqual([]);
     const retried = await host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 2), context());

@@ -1,5 +1,7 @@
+import { fork, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import * as os from 'node:os';
+import * as path from 'node:path';
 import { spawnerPid, startProcess, type SpawnRequest } from '../../providers/spawner';
 
 // The helper process that starts sandbox processes for the worker: real forks,
@@ -67,4 +69,97 @@ test('a background process is reported started and left running', async () => {
   const started = await startProcess(request(['sleep 30'], { background: true }));
   expect(parentOf(started.pid)).toBe(spawnerPid());
   process.kill(-started.pid, 'SIGKILL');
+});
+
+describe('a hostile request never takes the starter down', () => {
+  // Each of these threw synchronously inside the starter's spawn() and killed it, failing every
+  // process in flight on the host (their jobs became JOB_INTERRUPTED).
+  const hostile: [string, Partial<SpawnRequest>, RegExp][] = [
+    ['a NUL byte in the file', { file: '/bin/sh\0x' }, /file.*NUL/],
+    ['a NUL byte in an argument', { args: ['-c', 'echo a\0b'] }, /args\[1\].*NUL/],
+    ['a NUL byte in an environment value', { env: { A: 'x\0y' } }, /env\.A.*NUL/],
+    ['a NUL byte in an environment name', { env: { 'A\0B': 'x' } }, /env.*name.*NUL/],
+    ['a NUL byte in the working directory', { cwd: '/tmp\0' }, /cwd.*NUL/],
+    ['an argument over 128 KiB', { args: ['-c', `echo ${'a'.repeat(200 * 1024)}`] }, /args\[1\].*too long/],
+    ['an environment value over 128 KiB', { env: { BIG: 'b'.repeat(200 * 1024) } }, /env\.BIG.*too long/],
+  ];
+  it.each(hostile)('%s is refused as INVALID_ARGUMENT; a neighbour keeps running', async (_what, extra, message) => {
+    const neighbour = await startProcess(request(['sleep 0.5; echo neighbour-done']));
+    const starter = spawnerPid();
+    await expect(startProcess(request(['true'], extra))).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringMatching(message),
+    });
+    expect(await neighbour.exited).toMatchObject({ code: 0, stdout: 'neighbour-done\n' });
+    expect(spawnerPid()).toBe(starter);
+  });
+
+  it('a long script goes in on stdin, past any argv limit', async () => {
+    const script = `x=${'a'.repeat(512 * 1024)}\necho \${#x}`;
+    const exit = await (
+      await startProcess({ ...request([]), args: ['-c', 'eval "$(/bin/cat)"'], stdin: script })
+    ).exited;
+    expect(exit).toMatchObject({ code: 0, stdout: `${512 * 1024}\n` });
+  });
+});
+
+describe('the starter’s wire protocol, spoken directly', () => {
+  // Straight to the helper over its IPC channel, past every check on the worker's side.
+  let helper: ChildProcess;
+  const replies: unknown[] = [];
+  beforeAll(() => {
+    helper = fork(require.resolve('../../providers/spawner-main'), [], {
+      execArgv: ['-r', path.resolve(__dirname, '..', 'cli', 'register-ts.js')],
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+      serialization: 'advanced',
+    });
+    helper.on('message', (m) => replies.push(m));
+  });
+  afterAll(() => helper.kill('SIGKILL'));
+
+  const replyTo = async (id: number, kind: string) => {
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const found = replies.find(
+        (r) => (r as { id?: unknown; kind?: unknown }).id === id && (r as { kind: unknown }).kind === kind,
+      );
+      if (found) return found;
+      if (helper.exitCode !== null || helper.signalCode !== null)
+        throw new Error(`the starter died (${helper.exitCode ?? helper.signalCode})`);
+      if (Date.now() > deadline) throw new Error(`no ${kind} reply to ${id}`);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  };
+  const good = (id: number) => ({ ...request(['echo ok']), id });
+
+  it('answers garbage with a failure, or ignores it when it carries no id, and keeps serving', async () => {
+    const garbage: unknown[] = [
+      null,
+      42,
+      'spawn',
+      [],
+      {},
+      { id: 'x' },
+      { id: 1 },
+      { ...good(2), file: 7 },
+      { ...good(3), args: 'not-an-array' },
+      { ...good(4), args: [1, 2] },
+      { ...good(5), env: null },
+      { ...good(6), env: { A: 1 } },
+      { ...good(7), env: { 'A=B': 'x' } },
+      { ...good(8), cwd: undefined },
+      { ...good(9), maxOutputBytes: -1 },
+      { ...good(10), background: 'yes' },
+      { ...good(11), file: '/bin/sh\0' },
+      { ...good(12), args: ['-c', 'x'.repeat(300 * 1024)] },
+      { ...good(13), env: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`V${i}`, 'v'.repeat(100 * 1024)])) },
+      { ...good(14), stdin: 5 },
+      { ...good(15), cwd: '/nonexistent-dir' },
+    ];
+    for (const message of garbage) helper.send(message as never);
+    for (let id = 1; id <= 15; id += 1) await replyTo(id, 'failed');
+    helper.send(good(100));
+    await replyTo(100, 'spawned');
+    expect(await replyTo(100, 'exited')).toMatchObject({ exit: { code: 0, stdout: 'ok\n' } });
+  });
 });

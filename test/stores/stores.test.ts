@@ -170,9 +170,9 @@ describe('a put after a killed put of the same key', () => {
     const dir = await tempDir('fs-killed');
     const key = `checkpoints/${uniqueId('killed')}/1-a.tar.gz`;
     await fs.mkdir(path.join(dir, path.dirname(key)), { recursive: true });
-    await fs.writeFile(path.join(dir, `${key}.part-0123456789ab`), randomBytes(1000));
+    await fs.writeFile(path.join(dir, `${key}.tmp-0123456789ab`), randomBytes(1000));
     await new FsCheckpointStore(dir).put(key, Readable.from([Buffer.from('retry')]), {});
-    expect((await listTree(dir)).filter((p) => p.includes('.part-'))).toEqual([]);
+    expect((await listTree(dir)).filter((p) => p.includes('.tmp-'))).toEqual([]);
   });
 });
 

@@ -6,7 +6,8 @@ import { buildApi } from '../../api/server';
 import { eventually, startStack, type TestStack } from '../helpers/stack';
 import { launchBrowser } from './browser';
 
-// The approval page end to end in headless Chromium, against the real worker.
+// The approval page end to end in headless Chromium, against the real worker,
+// signed in with an approver token: the least role, and all the page needs.
 
 const TOKEN = 'ops-secret-5a1f2e';
 const ARTIFACTS = path.join(__dirname, '..', '..', 'test-artifacts');
@@ -18,7 +19,7 @@ let browser: { context: BrowserContext; close(): Promise<void> };
 
 beforeAll(async () => {
   stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: new Map([['ops', TOKEN]]), logger: false });
+  app = buildApi({ client: stack.client, tokens: [{ name: 'ops', secret: TOKEN, role: 'approver' }], logger: false });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
   base = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`;

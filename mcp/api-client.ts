@@ -1,0 +1,69 @@
+import type { Me } from '../api/schemas';
+import { isErrorCode, StasisError } from '../common/errors';
+import type { ExecResult, InteractionRequest, RunSnapshot, SandboxView } from '../common/schemas';
+
+// The REST API as the MCP server uses it: every call carries the server's one
+// token, so the API decides what the agent may do and records who did it.
+
+export interface ApiClientOptions {
+  /** STASIS_API_URL: the API's base URL, e.g. http://127.0.0.1:8080. */
+  url: string;
+  /** STASIS_API_TOKEN: a secret of STASIS_API_TOKENS. */
+  token: string;
+}
+
+/** The REST operations behind the MCP tools. Refusals are StasisErrors with the API's code. */
+export class ApiClient {
+  private readonly base: string;
+
+  constructor(private readonly options: ApiClientOptions) {
+    this.base = options.url.replace(/\/+$/, '');
+  }
+
+  me = () => this.call<Me>('GET', '/api/v1/me');
+
+  runs = {
+    start: (spec: unknown) => this.call<{ runId: string }>('POST', '/api/v1/runs', spec),
+    get: (runId: string) => this.call<RunSnapshot>('GET', `/api/v1/runs/${enc(runId)}`),
+    respond: (runId: string, interactionId: string, response: unknown) =>
+      this.call<InteractionRequest>('POST', `/api/v1/runs/${enc(runId)}/interactions/${enc(interactionId)}`, response),
+  };
+
+  sandboxes = {
+    create: (input: unknown) => this.call<SandboxView>('POST', '/api/v1/sandboxes', input),
+    change: (sandboxId: string, op: 'start' | 'suspend' | 'resume') =>
+      this.call<SandboxView>('POST', `/api/v1/sandboxes/${enc(sandboxId)}/${op}`),
+    exec: (sandboxId: string, input: unknown) =>
+      this.call<ExecResult>('POST', `/api/v1/sandboxes/${enc(sandboxId)}/exec`, input),
+    destroy: (sandboxId: string) => this.call<SandboxView>('DELETE', `/api/v1/sandboxes/${enc(sandboxId)}`),
+  };
+
+  private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
+    let response: Response;
+    try {
+      response = await fetch(`${this.base}${path}`, {
+        method,
+        headers: {
+          authorization: `Bearer ${this.options.token}`,
+          ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+        },
+        ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+      });
+    } catch (err) {
+      throw new StasisError('UNAVAILABLE', `the Stasis API at ${this.base} is not reachable (${(err as Error).message})`);
+    }
+    const text = await response.text();
+    let json: unknown;
+    try {
+      json = text ? JSON.parse(text) : undefined;
+    } catch {
+      json = undefined;
+    }
+    if (response.ok) return json as T;
+    const error = (json as { error?: { code?: unknown; message?: unknown } } | undefined)?.error;
+    const code = isErrorCode(error?.code) ? error.code : response.status >= 500 ? 'UNAVAILABLE' : 'INVALID_ARGUMENT';
+    throw new StasisError(code, typeof error?.message === 'string' ? error.message : `HTTP ${response.status}`);
+  }
+}
+
+const enc = encodeURIComponent;

@@ -1,0 +1,99 @@
+import { accessSync, constants, readFileSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { SandboxLimits } from '../common/schemas';
+import { prepareGroups, type JoinFiles } from './cgroups';
+
+// Per-sandbox limits: how many processes, how much memory and CPU, how large a file.
+// Each is enforced by the sandbox's control group where the host delegates one
+// (cgroups.ts), otherwise by a resource limit (prlimit) on every process the sandbox
+// starts. What is enforced where on which host is in the README ("Sandbox limits").
+
+export type ResolvedLimits = Required<SandboxLimits>;
+
+/** What a sandbox gets unless its RunSpec or create request says otherwise. */
+export const DEFAULT_LIMITS: ResolvedLimits = { processes: 1024, memoryMiB: 8192, cpus: 1, fileMiB: 10_240 };
+
+export function resolveLimits(override: SandboxLimits | undefined): ResolvedLimits {
+  return { ...DEFAULT_LIMITS, ...override };
+}
+
+const MIB = 1024 * 1024;
+
+/** Writes itself into every cgroup.procs file before `--`, then execs the rest; never runs the command untracked. */
+const JOIN_SCRIPT = 'for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 126; shift; done; shift; exec "$@"';
+
+let prlimit: string | undefined;
+
+function prlimitPath(): string {
+  prlimit ??= ['/usr/bin/prlimit', '/bin/prlimit'].find((candidate) => {
+    try {
+      accessSync(candidate, constants.X_OK);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+  if (!prlimit) throw new Error('sandbox limits need prlimit (util-linux) at /usr/bin/prlimit');
+  return prlimit;
+}
+
+/**
+ * `command` as it must be started so that it runs confined: it first writes itself into
+ * the sandbox's control groups (so it and everything it forks are tracked and limited
+ * before it runs a single instruction of the command), then takes the resource limits no
+ * group enforces, then execs the command.
+ */
+export function confine(
+  marker: { sandboxId: string; hostId: string },
+  limits: ResolvedLimits,
+  command: { file: string; args: string[] },
+): { file: string; args: string[]; join: JoinFiles } {
+  const { join, enforced } = prepareGroups(marker, limits);
+  const rlimits = [`--fsize=${limits.fileMiB * MIB}`];
+  if (!enforced.has('memoryMiB')) rlimits.push(`--as=${limits.memoryMiB * MIB}`);
+  // RLIMIT_NPROC counts every process of the user, and not at all for root: only a fallback.
+  if (!enforced.has('processes')) rlimits.push(`--nproc=${limits.processes}`);
+  return {
+    join,
+    file: '/bin/sh',
+    args: [
+      '-c',
+      JOIN_SCRIPT,
+      'stasis-confine',
+      ...join,
+      '--',
+      prlimitPath(),
+      ...rlimits,
+      '--',
+      command.file,
+      ...command.args,
+    ],
+  };
+}
+
+/**
+ * Resolves once the started process `pid` is in every group of `join`, or has ended (it
+ * could not join: it exits 126 without running the command). Until then a scan of the
+ * sandbox would not count it, so a start is not reported before.
+ */
+export async function joined(pid: number, join: JoinFiles): Promise<void> {
+  const member = (file: string) => {
+    try {
+      return readFileSync(file, 'utf8').split('\n').includes(String(pid));
+    } catch {
+      return false;
+    }
+  };
+  for (;;) {
+    if (join.every(member)) return;
+    let state: string | undefined;
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      state = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+    } catch {
+      return; // gone
+    }
+    if (state === 'Z' || state === 'X') return;
+    await sleep(1);
+  }
+}
