@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Connection } from '@temporalio/client';
@@ -171,6 +171,8 @@ async function promReleaseCount(hostId: string): Promise<number> {
 
 beforeAll(async () => {
   dir = mkdtempSync(path.join(os.tmpdir(), 'stasis-cluster-'));
+  // PostgreSQL runs as `nobody` when we are root: it must be able to pass through.
+  chmodSync(dir, 0o711);
   mkdirSync(path.join(dir, 'logs'));
   // Built once per machine (cached), like the Temporal CLI and MinIO.
   const { server, sqlTool } = await ensureClusterBinaries();

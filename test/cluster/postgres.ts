@@ -40,6 +40,7 @@ function nobodyIds(): { uid: number; gid: number } {
   return { uid, gid };
 }
 
+/** `dir` is PostgreSQL's own; as root, `nobody` must be able to pass through its parents. */
 export async function startPostgres(dir: string, port: number): Promise<Postgres> {
   const bin = postgresBinDir();
   const data = path.join(dir, 'data');
