@@ -79,6 +79,8 @@ export const Env = z.object({
     .string()
     .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
     .default('127.0.0.1:9465'),
+  /** A workflow bundle built ahead (JSON `{code}` of bundleWorkflowCode), so a worker starts without bundling. */
+  STASIS_WORKFLOW_BUNDLE: z.string().min(1).optional(),
   /** Extra provider modules to load by path, comma-separated. */
   STASIS_PROVIDERS: z.string().optional(),
 });

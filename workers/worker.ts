@@ -1,4 +1,4 @@
-import { mkdir } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
@@ -84,7 +84,11 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
 
   const ownConnection = options.connection === undefined;
   const connection = options.connection ?? (await NativeConnection.connect(config.temporal.connectionOptions));
-  const bundle = options.workflowBundle ?? (await workflowBundle());
+  const bundle =
+    options.workflowBundle ??
+    (config.STASIS_WORKFLOW_BUNDLE
+      ? (JSON.parse(await readFile(config.STASIS_WORKFLOW_BUNDLE, 'utf8')) as WorkflowBundleWithSourceMap)
+      : await workflowBundle());
   const shared = await Worker.create({
     connection,
     namespace: config.TEMPORAL_NAMESPACE,

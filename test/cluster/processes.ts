@@ -29,7 +29,7 @@ export async function startStasis(
   env: Record<string, string>,
   logDir: string,
   ready: string,
-  timeoutMs = 180_000,
+  timeoutMs = 400_000,
 ): Promise<StasisProcess> {
   const logFile = path.join(logDir, `${name}.log`);
   const log = openSync(logFile, 'a');

@@ -1,12 +1,12 @@
 import { execFile } from 'node:child_process';
 import { readFileSync, writeFileSync, mkdirSync } from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { Connection } from '@temporalio/client';
 import { msToTs } from '@temporalio/common/lib/time';
 import type { TemporalConnectionOptions } from '../../common/temporal-connection';
 import { spawnGroup, stopGroup, type GroupProcess } from '../../platform/process-group';
-import { freePorts } from '../../platform/ports';
 import { waitForTemporal } from '../../platform/temporal-server';
 import { logTail, retryUntil } from '../../platform/wait';
 import type { Certs } from './certs';
@@ -141,6 +141,25 @@ dynamicConfigClient:
 `;
 }
 
+/**
+ * Free ports below 32768: the server records its membership ports in a smallint
+ * column, and the kernel's ephemeral ports (what port 0 gives) lie above it.
+ */
+async function lowFreePorts(count: number): Promise<number[]> {
+  const ports: number[] = [];
+  while (ports.length < count) {
+    const port = 20_000 + Math.floor(Math.random() * 12_000);
+    if (ports.includes(port)) continue;
+    const free = await new Promise<boolean>((resolve) => {
+      const server = net.createServer();
+      server.once('error', () => resolve(false));
+      server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)));
+    });
+    if (free) ports.push(port);
+  }
+  return ports;
+}
+
 /** Connection options a Stasis process gets from TEMPORAL_TLS_* (the tests use the same files). */
 export function mtlsOptions(address: string, certs: Certs): TemporalConnectionOptions {
   return {
@@ -161,7 +180,7 @@ export async function startTemporalCluster(options: {
   namespace: string;
 }): Promise<TemporalCluster> {
   const { dir, server, pg, certs, namespace } = options;
-  const ports = await freePorts(9);
+  const ports = await lowFreePorts(9);
   const address = `127.0.0.1:${ports[0]}`;
   mkdirSync(path.join(dir, 'config'), { recursive: true });
   writeFileSync(path.join(dir, 'config', 'development.yaml'), serverConfig(ports, pg, certs));
