@@ -4,6 +4,7 @@ import type {
   Capabilities,
   ExecOutcome,
   FencedRequest,
+  FileRequest,
   ProviderExecRequest,
   ProvisionRequest,
   RequestContext,
@@ -15,7 +16,8 @@ import type {
 } from '../providers/api';
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Workspace } from '../common/schemas';
-import { receiptConfirms } from '../workflows/lifecycle';
+import { receiptProblem } from '../workflows/lifecycle';
+import { boundExecOutcome } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
 // Thin adapters from the coordinator to the provider registry. They run on the
@@ -37,6 +39,17 @@ export interface Owner {
 }
 
 export type FileEncoding = 'utf8' | 'base64';
+
+/** A file of a sandbox; `fence` is absent only in calls scheduled before file access was fenced. */
+interface FileAt {
+  sandboxId: string;
+  fence?: number;
+  path: string;
+}
+
+function fileRequest(input: FileAt): FileRequest {
+  return { sandboxId: input.sandboxId, path: input.path, ...(input.fence !== undefined ? { fence: input.fence } : {}) };
+}
 
 export type SandboxOpName = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
 
@@ -85,7 +98,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     },
 
     async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {
-      return call(input, (p, ctx) => p.exec(input.request, ctx));
+      return boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx)));
     },
 
     async releaseSandbox(
@@ -93,13 +106,11 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     ): Promise<SandboxReleaseReceipt & { attempt: number }> {
       const info = Context.current().info;
       const receipt = await call(input, (p, ctx) => p.release(input.request, ctx));
-      if (!receiptConfirms(input.request.mode, receipt)) {
+      const problem = receiptProblem(input.request, receipt);
+      if (problem) {
         deps.metrics.recordFailure();
         // Retried by Temporal: a release counts only when the receipt confirms it.
-        throw ApplicationFailure.create({
-          type: 'COMPUTE_NOT_RELEASED',
-          message: `provider receipt for ${input.request.mode} says computeReleased=${receipt.computeReleased}`,
-        });
+        throw ApplicationFailure.create({ type: 'COMPUTE_NOT_RELEASED', message: `provider ${problem}` });
       }
       // Durable before the workflow hears of the release: the snapshot then counts every release it saw.
       await deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
@@ -118,15 +129,15 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     },
 
     /** Files cross as text: utf8 for agents' text files, base64 for raw bytes (workflows have no Buffer). */
-    async readSandboxFile(input: Owner & { sandboxId: string; path: string; encoding: FileEncoding }): Promise<{ content: string }> {
+    async readSandboxFile(input: Owner & FileAt & { encoding: FileEncoding }): Promise<{ content: string }> {
       return call(input, async (p, ctx) => ({
-        content: (await p.readFile({ sandboxId: input.sandboxId, path: input.path }, ctx)).toString(input.encoding),
+        content: (await p.readFile(fileRequest(input), ctx)).toString(input.encoding),
       }));
     },
 
-    async writeSandboxFile(input: Owner & { sandboxId: string; path: string; content: string; encoding: FileEncoding }): Promise<void> {
+    async writeSandboxFile(input: Owner & FileAt & { content: string; encoding: FileEncoding }): Promise<void> {
       await call(input, (p, ctx) =>
-        p.writeFile({ sandboxId: input.sandboxId, path: input.path, content: Buffer.from(input.content, input.encoding) }, ctx),
+        p.writeFile({ ...fileRequest(input), content: Buffer.from(input.content, input.encoding) }, ctx),
       );
     },
   };

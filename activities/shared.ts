@@ -3,7 +3,9 @@ import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { AgentAction, type AgentDriver, type AgentStepInput, type AgentStepOutput } from '../drivers/api';
 import type { ExecResult } from '../common/schemas';
+import { checkpointPrefix } from '../providers/snapshot';
 import type { CheckpointStore } from '../stores/api';
+import { TailCollector } from './exec-output';
 
 // Host-independent activities on the shared task queue.
 
@@ -11,8 +13,6 @@ export interface SharedActivityDeps {
   drivers: Map<string, AgentDriver>;
   store: CheckpointStore;
 }
-
-const OUTPUT_LIMIT = 1024 * 1024;
 
 export function createSharedActivities(deps: SharedActivityDeps) {
   return {
@@ -42,6 +42,11 @@ export function createSharedActivities(deps: SharedActivityDeps) {
       await deps.store.delete(input.uri);
     },
 
+    /** Every checkpoint a sandbox ever had, whatever its fence. */
+    async deleteSandboxCheckpoints(input: { sandboxId: string }): Promise<void> {
+      await deps.store.deletePrefix(checkpointPrefix(input.sandboxId));
+    },
+
     /** An EXTERNAL job runs beside the sandbox, never in it, so it never holds its compute. */
     async runExternalJob(input: { command: string; env?: Record<string, string> }): Promise<ExecResult> {
       const activity = Context.current();
@@ -50,10 +55,10 @@ export function createSharedActivities(deps: SharedActivityDeps) {
           env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...input.env },
           signal: activity.cancellationSignal,
         });
-        let stdout = '';
-        let stderr = '';
-        child.stdout.on('data', (d: Buffer) => (stdout = (stdout + d.toString()).slice(0, OUTPUT_LIMIT)));
-        child.stderr.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(0, OUTPUT_LIMIT)));
+        const stdout = new TailCollector();
+        const stderr = new TailCollector();
+        child.stdout.on('data', (d: Buffer) => stdout.push(d));
+        child.stderr.on('data', (d: Buffer) => stderr.push(d));
         const beat = setInterval(() => activity.heartbeat(), 5_000);
         child.on('error', (err) => {
           clearInterval(beat);
@@ -61,7 +66,7 @@ export function createSharedActivities(deps: SharedActivityDeps) {
         });
         child.on('close', (code) => {
           clearInterval(beat);
-          resolve({ exitCode: code ?? 1, stdout, stderr });
+          resolve({ exitCode: code ?? 1, stdout: stdout.text(), stderr: stderr.text() });
         });
       });
     },

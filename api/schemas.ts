@@ -11,7 +11,13 @@ export const SandboxParams = z.object({ id: Identifier });
 
 export const ListRunsQuery = z.object({
   status: RunStatus.optional(),
-  limit: z.coerce.number().int().min(1).max(1000).optional(),
+  // Decimal digits only: Number() would also take ' 5', '0x10' and '1e2'.
+  limit: z
+    .string()
+    .regex(/^[0-9]+$/, 'must be a whole number')
+    .transform(Number)
+    .pipe(z.number().int().min(1).max(1000))
+    .optional(),
 });
 export const FileQuery = z.object({ path: WorkspacePath });
 

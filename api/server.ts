@@ -4,6 +4,7 @@ import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
+import { duplicateKey, jsonValueProblem } from '../common/wire-json';
 import { FILE_LIMIT_BYTES } from '../workflows/definitions';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
@@ -100,6 +101,14 @@ export function buildApi(options: ApiOptions): FastifyInstance {
     if (refused) return reply.code(refused.httpStatus).send(errorBody(refused));
     request.caller = caller;
   });
+  // fastify's query parser keeps what it cannot percent-decode as written ('%ZZ', the bytes of a lone
+  // surrogate), so a file route would act on another name than the one sent: refuse such a query.
+  app.addHook('onRequest', async (request, reply) => {
+    const at = request.url.indexOf('?');
+    if (at < 0 || wellEncoded(request.url.slice(at + 1))) return;
+    const bad = new StasisError('INVALID_ARGUMENT', 'query: not valid percent-encoded UTF-8');
+    return reply.code(bad.httpStatus).send(errorBody(bad));
+  });
   // Each caller acts through its own Temporal identity, so Temporal Web shows who did what.
   const clientOf = (caller: Caller | undefined) =>
     caller ? options.client.withIdentity(`${API_IDENTITY_PREFIX}${caller.name}`) : options.client;
@@ -107,9 +116,19 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) =>
-    body === '' ? done(null, undefined) : parseJson(request, body as string, done),
-  );
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    if (body === '') return done(null, undefined);
+    parseJson(request, body as string, (err, value) => {
+      if (err) return done(err, undefined);
+      // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.
+      const twice = duplicateKey(body as string);
+      const problem =
+        twice !== undefined
+          ? `body: the key ${JSON.stringify(twice)} appears twice in one object`
+          : jsonValueProblem(value, 'body');
+      done(problem ? new StasisError('INVALID_ARGUMENT', problem) : null, problem ? undefined : value);
+    });
+  });
 
   app.setErrorHandler((err, request, reply) => {
     const failure = httpFailure(err, request.routeOptions.bodyLimit ?? JSON_BODY_LIMIT);
@@ -132,6 +151,16 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   });
   registerWebPage(app);
   return app;
+}
+
+/** True when every part of a query string percent-decodes to well-formed UTF-8. */
+function wellEncoded(query: string): boolean {
+  try {
+    for (const part of query.split('&')) decodeURIComponent(part.replace(/\+/g, ' '));
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** What the router refuses before routing, in the contract's terms. */

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { Duration } from './duration';
+import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 
 // The wire types of SPEC sections 1, 2, 3 and 6. Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
@@ -24,35 +25,93 @@ export const ShellCommand = ProcessText.min(1);
 
 export const EnvMap = z.record(
   z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'),
-  ProcessText,
+  // The kernel takes at most 128 KiB per environment string; 32,000 characters stay below it in any encoding.
+  ProcessText.max(32_000),
 );
 
 export const Workspace = z.discriminatedUnion('kind', [
   z.object({ kind: z.literal('isolated') }).strict(),
-  z.object({ kind: z.literal('active'), hostPath: z.string().startsWith('/', 'must be an absolute path') }).strict(),
+  z
+    .object({
+      kind: z.literal('active'),
+      hostPath: z
+        .string()
+        .startsWith('/', 'must be an absolute path')
+        .refine((p) => !p.includes('\0') && !hasLoneSurrogate(p), {
+          message: 'must not contain NUL or a lone surrogate',
+        }),
+    })
+    .strict(),
 ]);
 export type Workspace = z.infer<typeof Workspace>;
 
 export const SandboxTemplate = z.string().min(1).max(256);
 
+/** A provider's name; it is also a search attribute value, which Temporal keeps short. */
+export const ProviderName = z.string().min(1).max(128);
+
 export const RunPolicy = z
   .object({
     pauseMode: z.enum(['auto', 'DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']).optional(),
-    suspendedRetentionSeconds: z.number().int().min(0).optional(),
+    // Ten years at most: a retention timer beyond what Temporal can represent fails the Run.
+    suspendedRetentionSeconds: z.number().int().min(0).max(315_360_000).optional(),
     idleTimeout: Duration.optional(),
     ttl: Duration.optional(),
   })
   .strict();
 export type RunPolicy = z.infer<typeof RunPolicy>;
 
-/** A path inside the sandbox workspace: relative, no `..`. */
+/** Longest file name, and longest path, a Linux file system takes (bytes of UTF-8). */
+const NAME_MAX_BYTES = 255;
+const PATH_MAX_BYTES = 4095;
+/** UTF-8 length, counted by hand: workflow code (which validates too) has no Buffer. */
+const utf8Bytes = (s: string): number => {
+  let bytes = 0;
+  for (const ch of s) {
+    const code = ch.codePointAt(0)!;
+    bytes += code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
+  }
+  return bytes;
+};
+
+/**
+ * A path inside the sandbox workspace, in one spelling only: relative, names
+ * separated by single `/`, no `.` or `..` name, no trailing `/`, no NUL, well-formed
+ * Unicode (so it means the same file on every hop), within the file system's limits.
+ */
 export const WorkspacePath = z
   .string()
   .min(1)
-  .max(4096)
-  .refine((p) => !p.startsWith('/') && !p.split('/').includes('..') && !p.includes('\0'), {
-    message: 'must be a relative path inside the workspace without ".."',
+  .superRefine((p, ctx) => {
+    const names = p.split('/');
+    const problem = p.startsWith('/')
+      ? 'must be relative to the workspace'
+      : names.includes('..')
+        ? 'must not contain ".."'
+        : names.includes('.') || names.includes('')
+          ? 'must not contain "." names, "//" or a trailing "/"'
+          : p.includes('\0') || hasLoneSurrogate(p)
+            ? 'must not contain NUL or a lone surrogate'
+            : utf8Bytes(p) > PATH_MAX_BYTES || names.some((n) => utf8Bytes(n) > NAME_MAX_BYTES)
+              ? `must be at most ${PATH_MAX_BYTES} bytes, each name at most ${NAME_MAX_BYTES}`
+              : undefined;
+    if (problem) ctx.addIssue({ code: 'custom', message: `${problem} (a relative path inside the workspace)` });
   });
+
+/**
+ * A value nested at most MAX_JSON_DEPTH levels (and well-formed Unicode), checked before anything
+ * recursive walks it: a spec a few hundred `spawn` levels deep overflows the validator's stack, and
+ * a value a few thousand levels deep the payload converter's (a 500 either way). A value too deep
+ * is not walked at all (`standIn`, valid, takes its place) and its issue does not abort, so the
+ * union of agent kinds still names it as the closest.
+ */
+const shallow = <S extends z.ZodType>(schema: S, standIn: z.input<S>) =>
+  z.preprocess((value, ctx) => {
+    const problem = findJsonProblem(value);
+    if (!problem) return value;
+    ctx.addIssue({ code: 'custom', message: problem.message, path: problem.path.map(String), continue: true });
+    return standIn;
+  }, schema);
 
 export const ExecStep = z
   .object({
@@ -78,7 +137,7 @@ export const ExpectFileStep = z
   .strict();
 export const CompleteStep = z.object({ complete: z.unknown() }).strict();
 
-/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox limits"). */
+/** Per-sandbox resource limits; each one left out takes the host's default (README, "Sandbox processes and limits"). */
 export const SandboxLimits = z
   .object({
     /** Processes (and threads) alive at once. */
@@ -95,7 +154,7 @@ export type SandboxLimits = z.infer<typeof SandboxLimits>;
 
 export const SandboxSpec = z
   .object({
-    provider: z.string().min(1),
+    provider: ProviderName,
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),
@@ -131,14 +190,16 @@ export const Step: z.ZodType<StepShape> = z.lazy(() =>
   ]),
 );
 
-const ScriptedAgent = z.object({ driver: z.literal('scripted'), steps: z.array(Step).min(1) }).strict();
+const ScriptedAgent = z
+  .object({ driver: z.literal('scripted'), steps: z.array(shallow(Step, { hold: 'too deep' })).min(1) })
+  .strict();
 const OtherAgent = z
   .object({
     driver: z
       .string()
       .min(1)
       .refine((d) => d !== 'scripted', { message: 'the scripted driver needs steps' }),
-    input: z.unknown().optional(),
+    input: shallow(z.unknown(), null).optional(),
   })
   .strict();
 
@@ -246,6 +307,16 @@ export type ExecutionResourceRecord = z.infer<typeof ExecutionResourceRecord>;
 
 export const RunStatus = z.enum(['RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED']);
 export type RunStatus = z.infer<typeof RunStatus>;
+/** The childState signal: a child Run reports its record state (and status) to its parent. */
+export const ChildStateInput = z
+  .object({ runId: z.string().min(1), state: ResourceState, status: RunStatus.optional() })
+  .strict();
+export type ChildStateInput = z.infer<typeof ChildStateInput>;
+
+/** The reconcile signal: a host's worker, after a restart, says whether a sandbox's processes survived. */
+export const ReconcileInput = z.object({ hostId: z.string().min(1), alive: z.boolean() }).strict();
+export type ReconcileInput = z.infer<typeof ReconcileInput>;
+
 export const RunPhase = z.enum(['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING']);
 export type RunPhase = z.infer<typeof RunPhase>;
 
@@ -276,14 +347,23 @@ export const ResourceView = z.object({
 export type ResourceView = z.infer<typeof ResourceView>;
 
 // Standalone sandboxes (SPEC section 3).
-export const SandboxState = z.enum(['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost']);
+export const SandboxState = z.enum([
+  'created',
+  'running',
+  'stopped',
+  'paused',
+  'suspended',
+  'destroyed',
+  'failed',
+  'lost',
+]);
 export type SandboxState = z.infer<typeof SandboxState>;
 
 export const SandboxLifecyclePolicy = z.object({ timeout: Duration.optional(), ttl: Duration.optional() }).strict();
 
 export const CreateSandboxInput = z
   .object({
-    provider: z.string().min(1),
+    provider: ProviderName,
     template: SandboxTemplate.optional(),
     env: EnvMap.optional(),
     workspace: Workspace.optional(),

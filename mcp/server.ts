@@ -1,10 +1,10 @@
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { McpServer, type ToolCallback } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import type { Method } from '../api/route';
 import { apiRoutes } from '../api/routes';
 import { errorBody, type Me } from '../api/schemas';
-import { StasisError } from '../common/errors';
+import { describeIssues, StasisError } from '../common/errors';
 import { allows, type Role } from '../common/roles';
 import { CreateSandboxInput, ExecInput, Identifier, InteractionResponse, RunSpec } from '../common/schemas';
 import { version } from '../package.json';
@@ -20,13 +20,15 @@ const text = (value: unknown): CallToolResult => ({
   content: [{ type: 'text', text: JSON.stringify(value, null, 2) }],
 });
 
+const refusal = (failure: StasisError): CallToolResult => ({ ...text(errorBody(failure)), isError: true });
+
 async function result(run: () => Promise<unknown>): Promise<CallToolResult> {
   try {
     return text(await run());
   } catch (err) {
-    const failure =
-      err instanceof StasisError ? err : new StasisError('INTERNAL', err instanceof Error ? err.message : String(err));
-    return { ...text(errorBody(failure)), isError: true };
+    return refusal(
+      err instanceof StasisError ? err : new StasisError('INTERNAL', err instanceof Error ? err.message : String(err)),
+    );
   }
 }
 
@@ -41,10 +43,22 @@ function roleFor(calls: [Method, string][]): Role {
   return roles.reduce((most, role) => (allows(most, role) ? most : role));
 }
 
-const SandboxRef = z.object({ sandboxId: Identifier });
+/**
+ * A tools/call request as this server takes it. Loose on purpose: the SDK's server then answers
+ * arguments that are not an object with the protocol's "Invalid params" (-32602), where its own
+ * request schema, failing first, would make them an "Internal error" (-32603).
+ */
+const ToolCall = z.object({
+  method: z.literal('tools/call'),
+  params: z.looseObject({ name: z.string(), arguments: z.unknown().optional() }),
+});
+
+/** Tool inputs are strict like REST bodies: an unknown field is refused, never silently dropped. */
+const SandboxRef = z.object({ sandboxId: Identifier }).strict();
 
 export function createMcpServer(api: ApiClient, me: Me): McpServer {
   const server = new McpServer({ name: 'stasis', version });
+  const tools = new Map<string, { input: z.ZodType; run: (input: never) => Promise<unknown> }>();
   /** Registers a tool only when the token may make the API calls it makes. */
   const tool = <S extends z.ZodObject>(
     name: string,
@@ -53,13 +67,16 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     run: (input: z.infer<S>) => Promise<unknown>,
   ) => {
     if (!allows(me.role, roleFor(calls))) return;
-    server.registerTool(name, config, ((input: z.infer<S>) => result(() => run(input))) as never);
+    tools.set(name, { input: config.inputSchema, run });
+    // The SDK's callback type is conditional on the schema: TypeScript cannot see through it for a generic S.
+    const callback = ((input: z.infer<S>) => result(() => run(input))) as ToolCallback<S>;
+    server.registerTool<z.ZodObject, S>(name, config, callback);
   };
 
   tool(
     'run_start',
     [['POST', '/api/v1/runs']],
-    { description: 'Start a Run from a RunSpec; returns {runId}.', inputSchema: z.object({ spec: RunSpec }) },
+    { description: 'Start a Run from a RunSpec; returns {runId}.', inputSchema: z.object({ spec: RunSpec }).strict() },
     ({ spec }) => api.runs.start(spec),
   );
   tool(
@@ -67,7 +84,7 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     [['GET', '/api/v1/runs/{id}']],
     {
       description: "A Run's status, interactions (with their ids), output and error.",
-      inputSchema: z.object({ runId: Identifier }),
+      inputSchema: z.object({ runId: Identifier }).strict(),
     },
     ({ runId }) => api.runs.get(runId),
   );
@@ -76,7 +93,7 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     [['POST', '/api/v1/runs/{id}/interactions/{iid}']],
     {
       description: `Answer a Run's pending interaction, as ${me.name}: {decision: 'approve'|'deny', comment?} or {input}.`,
-      inputSchema: z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }),
+      inputSchema: z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }).strict(),
     },
     ({ runId, interactionId, response }) => api.runs.respond(runId, interactionId, response),
   );
@@ -97,7 +114,7 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     [['POST', '/api/v1/sandboxes/{id}/exec']],
     {
       description: 'Run a shell command in a running sandbox and wait for it; returns {exitCode, stdout, stderr}.',
-      inputSchema: ExecInput.extend({ sandboxId: Identifier }),
+      inputSchema: ExecInput.extend({ sandboxId: Identifier }).strict(),
     },
     ({ sandboxId, ...exec }) => api.sandboxes.exec(sandboxId, exec),
   );
@@ -123,5 +140,18 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     { description: 'Destroy the sandbox, its workspace and checkpoint.', inputSchema: SandboxRef },
     ({ sandboxId }) => api.sandboxes.destroy(sandboxId),
   );
+
+  // The SDK answers a call it cannot take (unknown tool, arguments failing the schema) with text of its
+  // own ("MCP error -32602: ..."); answer those like every other refusal. tools/list stays the SDK's.
+  server.server.setRequestHandler(ToolCall, async ({ params }) => {
+    const found = tools.get(params.name);
+    if (!found) return refusal(new StasisError('NOT_FOUND', `tool ${JSON.stringify(params.name)} not found`));
+    const parsed = found.input.safeParse(params.arguments ?? {});
+    if (!parsed.success) {
+      const issues = parsed.error.issues.map((issue) => ({ ...issue, path: ['arguments', ...issue.path] }));
+      return refusal(new StasisError('INVALID_ARGUMENT', describeIssues(issues)));
+    }
+    return result(() => found.run(parsed.data as never));
+  });
   return server;
 }

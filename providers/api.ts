@@ -96,7 +96,12 @@ export const RestoreResult = z.object({
 });
 export type RestoreResult = z.infer<typeof RestoreResult>;
 
-export const FileRequest = z.object({ sandboxId: z.string().min(1), path: z.string().min(1) });
+export const FileRequest = z.object({
+  sandboxId: z.string().min(1),
+  /** The caller's fence: a file call from an owner that has been superseded is refused like any other call. */
+  fence: z.number().int().nonnegative().optional(),
+  path: z.string().min(1),
+});
 export type FileRequest = z.infer<typeof FileRequest>;
 
 export interface ExecOutcome {

@@ -42,7 +42,7 @@ export async function readWorkspaceFile(workspace: string, requested: string): P
       if (leaf.stat.size > MAX_FILE_BYTES) throw tooLarge(requested, `${leaf.stat.size} bytes is`);
       const file = await fs.open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK);
       try {
-        return await readBounded(file, requested);
+        return await readBounded(file, leaf.stat.size, requested);
       } finally {
         await file.close();
       }
@@ -118,10 +118,10 @@ async function withParent<T>(
 ): Promise<T> {
   await procReady();
   // The root is the worker's own path (an active workspace's is the worker's link to its host path): followed.
-  const opened = [await fs.open(workspace, O_PATH | constants.O_DIRECTORY)];
+  // Only the current directory stays open: a deep path must not hold one descriptor per name (thousands of them).
+  let dir = await fs.open(workspace, O_PATH | constants.O_DIRECTORY);
   try {
     for (let i = 0; i < names.length - 1; i++) {
-      const dir = opened[opened.length - 1];
       let next = await step(dir, names[i], requested);
       if (!next && create) {
         // mkdir() never follows the last name either; a link that wins the race is refused just below.
@@ -131,16 +131,77 @@ async function withParent<T>(
         next = await step(dir, names[i], requested);
       }
       if (!next) throw notFound(requested);
-      opened.push(next.handle);
+      await dir.close();
+      dir = next.handle;
       if (!next.stat.isDirectory()) {
         const prefix = names.slice(0, i + 1).join('/');
         throw invalid(requested, `${prefix} ${next.stat.isSymbolicLink() ? LINK : 'is not a directory'}`);
       }
     }
-    return await use(opened[opened.length - 1]);
+    return await use(dir);
   } finally {
-    await Promise.all(opened.map((handle) => handle.close()));
+    await dir.close();
   }
+}
+
+/**
+ * Removes `root` and everything beneath it without following any link inside:
+ * a sandbox process that outlived its kill may swap a directory for a link to a
+ * host directory while we walk, and a path-based recursive remove would then
+ * delete the host's files. `root` is the worker's own path; a link there is
+ * removed as a link. Each directory is emptied through its own descriptor.
+ */
+export async function removeTree(root: string): Promise<void> {
+  const stat = await fs.lstat(root).catch((err: unknown) => {
+    if (hasErrorCode(err, 'ENOENT')) return undefined;
+    throw err;
+  });
+  if (!stat) return;
+  if (!stat.isDirectory()) return fs.rm(root, { force: true });
+  await procReady();
+  const handle = await fs.open(root, O_PATH | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  try {
+    await emptyDirectory(handle);
+  } finally {
+    await handle.close();
+  }
+  await fs.rmdir(root).catch((err: unknown) => {
+    if (!hasErrorCode(err, 'ENOENT')) throw err;
+  });
+}
+
+/** Rounds of emptying a directory whose entries keep changing before giving up. */
+const REMOVE_ROUNDS = 100;
+
+async function emptyDirectory(dir: fs.FileHandle): Promise<void> {
+  for (let round = 0; round < REMOVE_ROUNDS; round++) {
+    const names = await fs.readdir(magic(dir));
+    if (names.length === 0) return;
+    for (const name of names) {
+      // unlink() and rmdir() never follow the last name: a link is removed as a link.
+      const unlinked = await fs.unlink(at(dir, name)).then(
+        () => true,
+        (err: unknown) => {
+          if (hasErrorCode(err, 'ENOENT')) return true;
+          if (hasErrorCode(err, 'EISDIR') || hasErrorCode(err, 'EPERM')) return false;
+          throw err;
+        },
+      );
+      if (unlinked) continue;
+      const child = await step(dir, name, name);
+      if (!child) continue;
+      try {
+        if (child.stat.isDirectory()) await emptyDirectory(child.handle);
+      } finally {
+        await child.handle.close();
+      }
+      // Swapped or refilled meanwhile: the next round sees what is there now.
+      await fs.rmdir(at(dir, name)).catch((err: unknown) => {
+        if (!['ENOENT', 'ENOTDIR', 'ENOTEMPTY', 'EEXIST'].some((code) => hasErrorCode(err, code))) throw err;
+      });
+    }
+  }
+  throw new StasisError('UNAVAILABLE', `directory ${magic(dir)}: its entries kept changing while it was removed`);
 }
 
 /** Opens `name` in `dir` without following it or opening what it is; undefined if there is none. */
@@ -174,17 +235,16 @@ function assertRegular(stat: Stats, requested: string, names: string[]): void {
   throw invalid(requested, what);
 }
 
-/** Reads to the end, but never more than MAX_FILE_BYTES (the file may grow while we read). */
-async function readBounded(file: fs.FileHandle, requested: string): Promise<Buffer> {
+/** Reads to the end, but never more than MAX_FILE_BYTES (the file may have grown since its `size`). */
+async function readBounded(file: fs.FileHandle, size: number, requested: string): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let total = 0;
   for (;;) {
-    const { bytesRead, buffer } = await file.read(Buffer.alloc(Math.min(1 << 20, MAX_FILE_BYTES + 1 - total)));
+    const room = Math.min(Math.max(size + 1 - total, 64 * 1024), MAX_FILE_BYTES + 1 - total);
+    const { bytesRead, buffer } = await file.read(Buffer.allocUnsafe(room), 0, room);
     if (bytesRead === 0) return Buffer.concat(chunks, total);
     total += bytesRead;
-    if (total > MAX_FILE_BYTES) {
-      throw tooLarge(requested, 'it has grown');
-    }
+    if (total > MAX_FILE_BYTES) throw tooLarge(requested, 'it has grown to');
     chunks.push(buffer.subarray(0, bytesRead));
   }
 }

@@ -28,8 +28,31 @@ function requestHash(request: ProviderExecRequest): string {
 
 export type JobLookup = { kind: 'new' } | { kind: 'finished'; outcome: ExecOutcome };
 
+export interface JobJournalOptions {
+  /**
+   * How long a job's entry is kept after it was last written. A retry of an exec
+   * can only come while its activity is still open (a few attempts of at most
+   * 30 minutes each), so a day keeps every entry exactly-once needs, and the
+   * journal holds at most a day of jobs.
+   */
+  retentionMs?: number;
+}
+
+const DEFAULT_RETENTION_MS = 24 * 60 * 60 * 1000;
+/** A journal is swept at most this often, by the next job that begins. */
+const PRUNE_EVERY_MS = 10 * 60 * 1000;
+/** Its mtime is when the journal was last swept. */
+const PRUNED_MARKER = '.pruned';
+
 export class JobJournal {
-  constructor(private readonly dir: string) {}
+  private readonly retentionMs: number;
+
+  constructor(
+    private readonly dir: string,
+    options: JobJournalOptions = {},
+  ) {
+    this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
+  }
 
   /**
    * Whether the job may start. A finished job returns its outcome; a job id used for
@@ -57,6 +80,39 @@ export class JobJournal {
   /** Recorded before the command starts, so no later attempt can start it again. */
   async begin(request: ProviderExecRequest): Promise<void> {
     await this.write(request.jobId, { requestHash: requestHash(request) });
+    await this.pruneIfDue();
+  }
+
+  /**
+   * Deletes the entries (finished or not) and stray temp files last written
+   * longer than the retention ago: no retry can still come for them.
+   */
+  async prune(): Promise<void> {
+    let names: string[];
+    try {
+      names = await fs.readdir(this.dir);
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return;
+      throw err;
+    }
+    const cutoff = Date.now() - this.retentionMs;
+    for (const name of names) {
+      if (name === PRUNED_MARKER) continue;
+      const file = path.join(this.dir, name);
+      const stat = await fs.stat(file).catch(() => undefined);
+      if (stat && stat.mtimeMs < cutoff) await fs.rm(file, { force: true });
+    }
+  }
+
+  private async pruneIfDue(): Promise<void> {
+    const marker = path.join(this.dir, PRUNED_MARKER);
+    const last = await fs.stat(marker).then(
+      (stat) => stat.mtimeMs,
+      () => undefined,
+    );
+    if (last !== undefined && Date.now() - last < PRUNE_EVERY_MS) return;
+    await this.prune();
+    await fs.writeFile(marker, '');
   }
 
   /** The command never started (the spawn failed): a retry may run it. */

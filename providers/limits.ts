@@ -6,7 +6,7 @@ import { prepareGroups, type JoinFiles } from './cgroups';
 // Per-sandbox limits: how many processes, how much memory and CPU, how large a file.
 // Each is enforced by the sandbox's control group where the host delegates one
 // (cgroups.ts), otherwise by a resource limit (prlimit) on every process the sandbox
-// starts. What is enforced where on which host is in the README ("Sandbox limits").
+// starts. What is enforced where on which host is in the README ("Sandbox processes and limits").
 
 export type ResolvedLimits = Required<SandboxLimits>;
 

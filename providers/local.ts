@@ -20,7 +20,7 @@ import {
   type SandboxReleaseReceipt,
 } from './api';
 import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
-import { readWorkspaceFile, writeWorkspaceFile } from './files';
+import { readWorkspaceFile, removeTree, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
   freezeSandbox,
@@ -105,6 +105,30 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       } finally {
         await writeState(paths, state);
       }
+    });
+  }
+
+  /**
+   * File access under the lifecycle lock, so it never interleaves with a release, restore or
+   * destroy: refused for a superseded owner (its fence) and once compute was released with a
+   * snapshot (the files are then a copy of the checkpoint; a write there would be lost).
+   */
+  async function withFiles<T>(request: FileRequest, operation: string, fn: (paths: SandboxPaths) => Promise<T>): Promise<T> {
+    return withLifecycleLock(request.sandboxId, async () => {
+      const { paths, state } = await load(request.sandboxId);
+      if (request.fence !== undefined && request.fence < state.maxFence) {
+        throw new StasisError(
+          'STALE_FENCE',
+          `sandbox ${state.sandboxId}: file ${operation} carries fence ${request.fence}, but fence ${state.maxFence} has already been seen`,
+        );
+      }
+      if (state.dormant) {
+        throw new StasisError(
+          'INVALID_STATE_TRANSITION',
+          `sandbox ${state.sandboxId}: its compute was released with a checkpoint; resume it before file ${operation}`,
+        );
+      }
+      return fn(paths);
     });
   }
 
@@ -273,7 +297,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       } catch (err) {
         // A sandbox that was only being brought here leaves nothing behind; an existing one keeps its raised fence.
         if (existing) await writeState(paths, existing);
-        else await fs.rm(paths.root, { recursive: true, force: true });
+        else await removeTree(paths.root);
         throw err;
       }
       state = restoring;
@@ -428,8 +452,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         if (state) {
           admitFence(state, request.fence, 'destroy');
           await killSandbox(markerOf(request.sandboxId));
-          // An active workspace is only a link here: removing it leaves the host's files alone.
-          await fs.rm(paths.root, { recursive: true, force: true });
+          // An active workspace is only a link here: removing it leaves the host's files alone. A process that
+          // outlived the kill may still swap a directory for a link to the host: nothing inside is followed.
+          await removeTree(paths.root);
         }
         // A destroyed sandbox is never restored: every checkpoint it had is garbage now.
         await deps.store.deletePrefix(checkpointPrefix(request.sandboxId));
@@ -438,14 +463,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
     async readFile(raw) {
       const request = parse(FileRequest, raw, 'file request');
-      const { paths } = await load(request.sandboxId);
-      return readWorkspaceFile(paths.workspace, request.path);
+      return withFiles(request, 'read', (paths) => readWorkspaceFile(paths.workspace, request.path));
     },
 
     async writeFile(raw) {
       const request = parse(FileRequest, raw, 'file request');
-      const { paths } = await load(request.sandboxId);
-      await writeWorkspaceFile(paths.workspace, request.path, raw.content);
+      await withFiles(request, 'write', (paths) => writeWorkspaceFile(paths.workspace, request.path, raw.content));
     },
 
     async release(raw, context) {

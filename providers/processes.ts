@@ -1,4 +1,4 @@
-import { closeSync, openSync, readdirSync, readSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 import { cgroupTracking, freezeGroup, groupPids, hostGroupPids, killGroup, thawGroup } from './cgroups';
@@ -11,8 +11,10 @@ import { spawnerPid } from './spawner';
 // processes are the members of its group: a process cannot leave it, and nothing it
 // sets in its environment matters. Elsewhere every process of a sandbox carries two
 // environment variables, inherited by everything it starts, and /proc/*/environ is
-// scanned for them; a sandbox process can unset or forge them there, so on such hosts
-// this tracking holds only against processes that do not try (README, "Sandbox limits").
+// scanned for them; a sandbox process can unset or forge them there. A bwrap sandbox
+// is found by its pid namespace instead, which none of its processes can leave; a
+// `local` one, which has no namespace, only holds against processes that do not try
+// (README, "Sandbox processes and limits").
 
 export interface SandboxMarker {
   sandboxId: string;
@@ -59,20 +61,16 @@ const known = new Map<number, KnownMarker>();
  * 20x longer, and a fresh buffer per read made allocation the cost of a scan.
  */
 async function scanByEnvironment(hostId: string): Promise<Map<string, ProcessInfo[]>> {
-  const bySandbox = new Map<string, ProcessInfo[]>();
-  const add = (pid: number, state: string, marker: SandboxMarker | undefined) => {
-    if (marker?.hostId !== hostId) return;
-    const list = bySandbox.get(marker.sandboxId) ?? [];
-    list.push({ pid, state });
-    bySandbox.set(marker.sandboxId, list);
-  };
-  const seen = new Set<number>();
+  const found: { pid: number; ppid: number; state: string; marker: SandboxMarker | undefined }[] = [];
   type Stat = NonNullable<ReturnType<typeof processStat>>;
+  const add = (pid: number, stat: Stat, marker: SandboxMarker | undefined) =>
+    found.push({ pid, ppid: stat.ppid, state: stat.state, marker });
+  const seen = new Set<number>();
   const learn = (pid: number, stat: Stat, environ: string | undefined) => {
     const marker = markerIn(environ);
     if (marker || (stat.ppid !== process.pid && stat.ppid !== spawnerPid()))
       known.set(pid, { startTime: stat.startTime, marker });
-    add(pid, stat.state, marker);
+    add(pid, stat, marker);
   };
   let unreadable: { pid: number; stat: Stat }[] = [];
   for (const name of readdirSync('/proc')) {
@@ -83,7 +81,7 @@ async function scanByEnvironment(hostId: string): Promise<Map<string, ProcessInf
     seen.add(pid);
     const cached = known.get(pid);
     if (cached?.startTime === stat.startTime) {
-      add(pid, stat.state, cached.marker);
+      add(pid, stat, cached.marker);
       continue;
     }
     const environ = readEnviron(pid);
@@ -103,7 +101,49 @@ async function scanByEnvironment(hostId: string): Promise<Map<string, ProcessInf
     }
     unreadable = still;
   }
+  // Still empty: an environment cleared on purpose (`env -i`), which carries no marker but may be in a sandbox's namespace.
+  for (const { pid, stat } of unreadable) add(pid, stat, undefined);
+  return byNamespace(hostId, found);
+}
+
+/**
+ * Groups the scanned processes by sandbox. A sandbox started in its own pid
+ * namespace (bwrap) is known by it, not by what its processes set: the
+ * namespace's first process is the launcher's child, started by the host with
+ * the marker, and no process inside can leave the namespace (it holds no
+ * capability) nor make another sandbox's namespace its own by forging a marker.
+ */
+function byNamespace(
+  hostId: string,
+  found: { pid: number; ppid: number; state: string; marker: SandboxMarker | undefined }[],
+): Map<string, ProcessInfo[]> {
+  const own = pidNamespace(process.pid);
+  const owners = new Map<string, string>();
+  for (const { pid, ppid, marker } of found) {
+    if (marker?.hostId !== hostId) continue;
+    const ns = pidNamespace(pid);
+    if (ns !== undefined && ns !== own && pidNamespace(ppid) === own) owners.set(ns, marker.sandboxId);
+  }
+  const bySandbox = new Map<string, ProcessInfo[]>();
+  for (const { pid, state, marker } of found) {
+    const ns = owners.size > 0 ? pidNamespace(pid) : undefined;
+    const sandboxId =
+      (ns !== undefined ? owners.get(ns) : undefined) ?? (marker?.hostId === hostId ? marker.sandboxId : undefined);
+    if (sandboxId === undefined) continue;
+    const list = bySandbox.get(sandboxId) ?? [];
+    list.push({ pid, state });
+    bySandbox.set(sandboxId, list);
+  }
   return bySandbox;
+}
+
+/** The pid namespace `pid` lives in (`pid:[<inode>]`), or undefined when it is gone or not ours to read. */
+function pidNamespace(pid: number): string | undefined {
+  try {
+    return readlinkSync(`/proc/${pid}/ns/pid`);
+  } catch {
+    return undefined;
+  }
 }
 
 /** Live processes of every sandbox of `hostId`, by sandbox id. */

@@ -8,6 +8,7 @@ import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
 import { hasErrorCode } from '../stores/atomic-file';
+import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
 
 // Moving a sandbox's files to and from the checkpoint store. The caller freezes
@@ -121,7 +122,8 @@ async function swapInto(src: string, dest: string): Promise<void> {
     },
   );
   await fs.rename(src, dest);
-  if (hadOld) await fs.rm(old, { recursive: true, force: true });
+  // The old tree was the sandbox's: removed without following any link a process of it may have swapped in.
+  if (hadOld) await removeTree(old);
 }
 
 /**
@@ -179,5 +181,5 @@ async function removeEntries(dir: string, matches: (name: string) => boolean): P
     if (hasErrorCode(err, 'ENOENT')) return;
     throw err;
   }
-  for (const name of names.filter(matches)) await fs.rm(path.join(dir, name), { recursive: true, force: true });
+  for (const name of names.filter(matches)) await removeTree(path.join(dir, name));
 }

@@ -29,14 +29,17 @@ export class FsCheckpointStore implements CheckpointStore {
 
   async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
     const file = path.join(this.dir, checkKey(key));
-    await makeDirDurable(path.dirname(file));
-    await removeStaleTemps(file);
-    await removeStaleTemps(sidecarOf(file));
+    // Piped at once: a body that fails while the directories are prepared fails the hasher, and with it the write.
     const hasher = new HashingStream();
-    // Streamed into a temp file that is renamed only once whole: a failed or cancelled put leaves nothing under the key.
-    body.on('error', (err) => hasher.destroy(err));
+    const feeding = pipeline(body, hasher);
+    feeding.catch(() => undefined); // awaited below; the write fails with the same error first
     try {
-      await writeFileAtomic(file, body.pipe(hasher), signal ? { signal } : {});
+      await makeDirDurable(path.dirname(file));
+      await removeStaleTemps(file);
+      await removeStaleTemps(sidecarOf(file));
+      // Streamed into a temp file that is renamed only once whole: a failed or cancelled put leaves nothing under the key.
+      await writeFileAtomic(file, hasher, signal ? { signal } : {});
+      await feeding;
       const checkpoint: Checkpoint = { uri: pathToFileURL(file).href, sha256: hasher.digest(), bytes: hasher.bytes };
       await writeFileAtomic(
         sidecarOf(file),
@@ -44,10 +47,9 @@ export class FsCheckpointStore implements CheckpointStore {
       );
       return checkpoint;
     } catch (err) {
+      hasher.destroy();
       await fs.rm(file, { force: true });
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
-    } finally {
-      body.destroy();
     }
   }
 

@@ -4,6 +4,7 @@ import type { Config } from '../common/config';
 import { evictUnderPressure, orphanSweep } from '../providers/maintenance';
 import type { ProviderRegistry } from '../providers/registry';
 import { sandboxesDir } from '../providers/sandbox-state';
+import type { ExecutionResourceRecord } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { reconcileSignal, resourceQuery, sandboxQuery, sandboxWorkflowId } from '../workflows/definitions';
 
@@ -54,6 +55,43 @@ export async function isLiveHere(client: Client, hostId: string, sandboxId: stri
   }
 }
 
+/** The record of the sandbox's owner if that owner has ended and its record says DESTROYED. */
+async function destroyedRecord(client: Client, sandboxId: string): Promise<ExecutionResourceRecord | undefined> {
+  const owner = ownerOf(sandboxId);
+  const handle = client.workflow.getHandle(owner.workflowId);
+  try {
+    // A running owner still acts on its sandbox itself.
+    if ((await handle.describe()).status.name === 'RUNNING') return undefined;
+    const record = owner.kind === 'run' ? (await handle.query(resourceQuery)).record : (await handle.query(sandboxQuery)).record;
+    return record.state === 'DESTROYED' && record.sandboxId === sandboxId ? record : undefined;
+  } catch {
+    return undefined; // unknown owner or Temporal unreachable: keep the sandbox
+  }
+}
+
+/**
+ * Sandboxes on this host whose owner was destroyed while this host was gone or failing (its
+ * record says DESTROYED, its workflow has ended): their processes, directory and checkpoints
+ * are removed now, through the provider that made them.
+ */
+export async function removeDestroyed({ registry, client, hostId }: HostContext): Promise<string[]> {
+  const seen = new Set<string>();
+  const removed: string[] = [];
+  for (const provider of registry.names().map((name) => registry.get(name))) {
+    for (const { sandboxId } of await provider.listSandboxes()) {
+      if (seen.has(sandboxId)) continue;
+      seen.add(sandboxId);
+      const record = await destroyedRecord(client, sandboxId);
+      if (!record) continue;
+      await registry
+        .get(record.provider)
+        .destroy({ sandboxId, fence: record.fence }, { ownerId: ownerOf(sandboxId).workflowId, hostId });
+      removed.push(sandboxId);
+    }
+  }
+  return removed;
+}
+
 export interface MaintenanceOptions extends HostContext {
   config: Config;
   /** This host's data directory (`<STASIS_DATA_DIR>/hosts/<hostId>`). */
@@ -61,10 +99,11 @@ export interface MaintenanceOptions extends HostContext {
   store: CheckpointStore;
 }
 
-/** One maintenance pass: orphaned dormant copies, then disk pressure. */
+/** One maintenance pass: what destroy left behind, orphaned dormant copies, then disk pressure. */
 export async function maintainHost(options: MaintenanceOptions, now?: () => Date) {
   const dir = sandboxesDir(options.dataDir);
   await mkdir(dir, { recursive: true });
+  const destroyed = await removeDestroyed(options);
   const orphans = await orphanSweep({
     sandboxesDir: dir,
     isLive: (sandboxId) => isLiveHere(options.client, options.hostId, sandboxId),
@@ -76,7 +115,7 @@ export async function maintainHost(options: MaintenanceOptions, now?: () => Date
     minFreeBytes: options.config.STASIS_DISK_MIN_FREE_MB * 1024 * 1024,
     checkpointExists: (uri) => options.store.exists(uri),
   });
-  return { orphans, eviction };
+  return { destroyed, orphans, eviction };
 }
 
 /** Runs maintainHost every `intervalMs` until the returned function is called. */

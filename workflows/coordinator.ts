@@ -1,10 +1,12 @@
 import {
   ActivityCancellationType,
+  ApplicationFailure,
   ActivityFailure,
   CancellationScope,
   TimeoutFailure,
   condition,
   isCancellation,
+  patched,
   proxyActivities,
   workflowInfo,
   type ActivityOptions,
@@ -16,7 +18,7 @@ import type { ExecOutcome } from '../providers/api';
 import type { EnvMap, ExecutionResourceRecord, PauseMode, SandboxLimits, Workspace } from '../common/schemas';
 import type { z } from 'zod';
 import type { Capabilities, RestoreResult } from '../providers/api';
-import { planResume, RELEASE_RETRY, releaseIdempotencyKey } from './lifecycle';
+import { planResume, RELEASE_RETRY, releaseIdempotencyKey, type ResumePlan } from './lifecycle';
 import { nowIso } from './clock';
 
 // ExecutionBindingLifecycleCoordinator: the workflow-side owner of one
@@ -63,6 +65,19 @@ const RESTORE_RETRY: ActivityOptions['retry'] = {
   nonRetryableErrorTypes: NON_RETRYABLE,
 };
 
+/** A failed resume rolls the record back to the state it resumed from (it used to stay RESTORING). */
+const PATCH_RESUME_ROLLBACK = 'resume-rollback';
+/** A release that failed or was cancelled leaves the record ACTIVE (it used to stay RELEASING). */
+const PATCH_RELEASE_OUTCOME = 'release-outcome';
+
+/** A provider that does not restore across hosts is restored only on its own host (it used to go to any host). */
+const PATCH_HOST_BOUND_RESTORE = 'host-bound-restore';
+/** Destroy hands what its host could not remove to that host's maintenance and deletes every checkpoint. */
+const PATCH_DESTROY_HANDOFF = 'destroy-handoff';
+
+/** Object-store clean-up: no attempt limit, since nothing else would ever delete what it leaves. */
+const UNTIL_DONE: ActivityOptions['retry'] = { initialInterval: '1s', backoffCoefficient: 2, maximumInterval: '5m' };
+
 /** How long a host may leave a restore unclaimed before it counts as gone (then any host restores). */
 export const HOST_SCHEDULE_TO_START = '30s';
 
@@ -83,6 +98,8 @@ export interface SandboxBinding {
 
 export class ExecutionBindingLifecycleCoordinator {
   capabilities?: Capabilities;
+  /** Why the release started last failed for good (compute was not released), if it did. */
+  releaseFailure?: unknown;
   private releaseScope?: CancellationScope;
   private releasing?: Promise<void>;
 
@@ -162,6 +179,7 @@ export class ExecutionBindingLifecycleCoordinator {
     const out = await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).readSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
+      fence: this.record.fence,
       path,
       encoding,
     });
@@ -172,6 +190,7 @@ export class ExecutionBindingLifecycleCoordinator {
     await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).writeSandboxFile({
       ...this.owner,
       sandboxId: this.record.sandboxId,
+      fence: this.record.fence,
       path,
       content,
       encoding,
@@ -186,6 +205,7 @@ export class ExecutionBindingLifecycleCoordinator {
   startRelease(mode: PauseMode, reason: string, labels: Record<string, string>, isBlocked: () => boolean): void {
     const scope = new CancellationScope();
     this.releaseScope = scope;
+    this.releaseFailure = undefined;
     this.releasing = scope
       .run(async () => {
         if (isBlocked()) {
@@ -215,9 +235,22 @@ export class ExecutionBindingLifecycleCoordinator {
         });
       })
       .catch((err: unknown) => {
-        if (isCancellation(err)) return;
-        // Only non-retryable failures get here (e.g. STALE_FENCE): keep the record honest.
-        this.set({ lastError: failureMessage(err) });
+        const honest = patched(PATCH_RELEASE_OUTCOME);
+        if (isCancellation(err)) {
+          // Cancelled before its receipt: nothing was released, the compute still runs.
+          if (honest && (this.record.state === 'RELEASING' || this.record.state === 'RELEASE_BLOCKED')) {
+            this.set({ state: 'ACTIVE', blockedSince: undefined });
+          }
+          return;
+        }
+        // Only non-retryable failures get here (e.g. STALE_FENCE), refused before anything was
+        // released: the compute still runs, and the record says so.
+        if (honest) {
+          this.releaseFailure = err;
+          this.set({ state: 'ACTIVE', blockedSince: undefined, lastError: failureMessage(err) });
+        } else {
+          this.set({ lastError: failureMessage(err) });
+        }
       })
       .finally(() => {
         if (this.releaseScope === scope) this.releaseScope = undefined;
@@ -245,6 +278,22 @@ export class ExecutionBindingLifecycleCoordinator {
     await this.settleRelease();
   }
 
+  /** Release under a fence of its own, so no earlier release attempt can land after it. */
+  async releaseUnderNewFence(mode: PauseMode, reason: string, labels: Record<string, string>): Promise<void> {
+    this.record.fence += 1;
+    await this.releaseNow(mode, reason, labels);
+  }
+
+  /** No advertised pause mode is safe: the sandbox is kept as it is (RETAINED). */
+  retain(why: string): void {
+    this.set({ state: 'RETAINED', lastError: `retained: ${why}` });
+  }
+
+  /** Records what went wrong with the sandbox last (a cleanup that failed). */
+  noteError(message: string): void {
+    this.record.lastError = message;
+  }
+
   /**
    * Brings the sandbox back under a new fence: re-attach a live or detached one,
    * re-provision compute on a host-persistent workspace, or restore a checkpoint —
@@ -253,7 +302,18 @@ export class ExecutionBindingLifecycleCoordinator {
   async resume(): Promise<RestoreResult | undefined> {
     await this.cancelRelease();
     const plan = planResume(this.record);
+    const before = this.record.state;
     this.set({ state: 'RESTORING', fence: this.record.fence + 1, lastError: undefined, blockedSince: undefined });
+    try {
+      return await this.bringBack(plan);
+    } catch (err) {
+      // The sandbox stays where it was (its raised fence kept): a later resume tries again.
+      if (!isCancellation(err) && patched(PATCH_RESUME_ROLLBACK)) this.set({ state: before, lastError: failureMessage(err) });
+      throw err;
+    }
+  }
+
+  private async bringBack(plan: ResumePlan): Promise<RestoreResult | undefined> {
     let restored: RestoreResult | undefined;
     if (plan.kind === 'attach') {
       await this.op('attach');
@@ -264,6 +324,14 @@ export class ExecutionBindingLifecycleCoordinator {
         this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY }),
       ).catch((err: unknown) => {
         if (!isScheduleToStartTimeout(err)) throw err;
+        if (this.capabilities?.crossHostRestore === false && patched(PATCH_HOST_BOUND_RESTORE)) {
+          // Restoring elsewhere would be a fake: this provider's checkpoints only come back where they were made.
+          throw ApplicationFailure.create({
+            type: 'UNAVAILABLE',
+            message: `sandbox ${this.record.sandboxId} can only be restored on host ${this.record.hostId} (provider ${this.binding.provider} does not restore across hosts), and that host has not taken the restore for ${HOST_SCHEDULE_TO_START}; resume again once it is back`,
+            nonRetryable: true,
+          });
+        }
         return this.restoreOn(this.onAnyHost({ retry: RESTORE_RETRY }));
       });
     } else {
@@ -292,15 +360,40 @@ export class ExecutionBindingLifecycleCoordinator {
     return { source: result.source, ...(result.labels ? { labels: result.labels } : {}) };
   }
 
+  /**
+   * Destroys the sandbox and every checkpoint it ever had. The host gets a bounded try (a host
+   * that is gone or keeps failing does not hold up the end); what it could not remove, its own
+   * maintenance removes once it is back, since the record now says DESTROYED. The checkpoints
+   * are deleted from any host, retried until done.
+   */
   async destroy(): Promise<void> {
     await this.cancelRelease();
     if (this.record.state === 'DESTROYED') return;
-    await this.onHost().sandboxOp({
-      ...this.owner,
-      op: 'destroy',
-      request: { sandboxId: this.record.sandboxId, fence: this.record.fence },
+    const request = { sandboxId: this.record.sandboxId, fence: this.record.fence };
+    if (!patched(PATCH_DESTROY_HANDOFF)) {
+      await this.onHost().sandboxOp({ ...this.owner, op: 'destroy', request });
+      this.set({ state: 'DESTROYED', blockedSince: undefined });
+      return;
+    }
+    try {
+      await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({ ...this.owner, op: 'destroy', request });
+      this.set({ state: 'DESTROYED', blockedSince: undefined });
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      this.set({
+        state: 'DESTROYED',
+        blockedSince: undefined,
+        lastError: `destroy on host ${this.record.hostId ?? '(none)'} did not finish (${failureMessage(err)}); that host's maintenance removes what is left`,
+      });
+    }
+    await this.deleteCheckpoints();
+  }
+
+  /** Deletes every checkpoint of the sandbox (all fences), from any host, retried until done. */
+  async deleteCheckpoints(): Promise<void> {
+    await this.onAnyHost({ retry: UNTIL_DONE, heartbeatTimeout: undefined, startToCloseTimeout: '5m' }).deleteSandboxCheckpoints({
+      sandboxId: this.record.sandboxId,
     });
-    this.set({ state: 'DESTROYED', blockedSince: undefined });
   }
 }
 

@@ -1,15 +1,15 @@
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
 import type {
+  ChildStateInput,
   CreateSandboxInput,
   ExecInput,
   ExecResult,
   InteractionRequest,
-  ResourceState,
+  ReconcileInput,
   ResourceView,
   RespondInput,
   RunSnapshot,
   RunSpec,
-  RunStatus,
   SandboxView,
 } from '../common/schemas';
 import type { SessionAggregate } from './run-state';
@@ -40,7 +40,9 @@ export const resumeRunUpdate = defineUpdate<RunSnapshot, []>('resume');
 export const snapshotQuery = defineQuery<RunSnapshot>('snapshot');
 export const resourceQuery = defineQuery<ResourceView>('resource');
 /** A child Run reports its record state to its parent. */
-export const childStateSignal = defineSignal<[{ runId: string; state: ResourceState; status?: RunStatus }]>('childState');
+export const childStateSignal = defineSignal<[ChildStateInput]>('childState');
+/** A parent checks that a child it cannot watch (started before a continue-as-new) is still open: signalling a closed Run fails. */
+export const childPingSignal = defineSignal<[]>('childPing');
 
 // Standalone sandboxes
 export const startSandboxUpdate = defineUpdate<SandboxView, []>('start');
@@ -57,7 +59,7 @@ export const sandboxQuery = defineQuery<SandboxView>('sandbox');
 /** Answers once the sandbox is provisioned (state `created`), so create returns a usable sandbox. */
 export const sandboxReadyUpdate = defineUpdate<SandboxView, []>('ready');
 /** The host's worker, after a restart, reports whether the sandbox's processes survived. */
-export const reconcileSignal = defineSignal<[{ hostId: string; alive: boolean }]>('reconcile');
+export const reconcileSignal = defineSignal<[ReconcileInput]>('reconcile');
 
 /** Largest file the sandbox file routes carry through a Temporal payload. */
 export const FILE_LIMIT_BYTES = 1024 * 1024;

@@ -10,6 +10,7 @@ import type {
   Job,
   PauseMode,
   ResourceState,
+  RunPhase,
   RunStatus,
   SandboxState,
   SuspensionReason,
@@ -23,7 +24,7 @@ export interface Rejection {
 
 // ---------------------------------------------------------------- sandboxes
 
-export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose';
+export type SandboxOp = 'start' | 'stop' | 'pause' | 'resume' | 'suspend' | 'destroy' | 'fail' | 'lose' | 'unsuspend';
 
 /** Legal transitions of SPEC section 3 (and of 002_...txt). */
 export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: SandboxState }> = {
@@ -35,6 +36,8 @@ export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: 
   destroy: { from: ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'], to: 'destroyed' },
   fail: { from: ['running'], to: 'failed' },
   lose: { from: ['running', 'paused'], to: 'lost' },
+  /** A suspend answered before its release settled, whose release then failed for good: compute never left. */
+  unsuspend: { from: ['suspended'], to: 'running' },
 };
 
 /** Operations that answer with the current state when already there (idempotent). */
@@ -48,6 +51,8 @@ export interface SandboxFacts {
   changing: boolean;
   /** Commands running now. */
   runningExecs: number;
+  /** File reads and writes under way: like commands, they hold off a suspend. */
+  fileOps: number;
   /** Retention expired: the sandbox's route is stale. */
   expired: boolean;
 }
@@ -68,6 +73,10 @@ export function decideSandboxOp(facts: SandboxFacts, op: SandboxOp): SandboxDeci
   if (!rule.from.includes(facts.state)) return { kind: 'reject', rejection: INVALID_TRANSITION };
   if (op === 'suspend' && facts.runningExecs > 0) {
     return reject('SANDBOX_SUSPEND_BUSY', `sandbox: ${facts.runningExecs} command(s) running; suspend refused`);
+  }
+  // A write the snapshot might miss: refused rather than lost.
+  if (op === 'suspend' && facts.fileOps > 0) {
+    return reject('SANDBOX_SUSPEND_BUSY', `sandbox: ${facts.fileOps} file operation(s) under way; suspend refused`);
   }
   return { kind: 'transition', to: rule.to };
 }
@@ -136,12 +145,20 @@ export function jobsToCancel(jobs: JobState[]): JobState[] {
 
 const SETTLED: ResourceState[] = ['RELEASED', 'DESTROYED'];
 
-/** A parent's release waits until every child's record is released (or gone). */
-export function blockingChildren(children: { runId: string; state: ResourceState }[]): string[] {
-  return children.filter((c) => !SETTLED.includes(c.state)).map((c) => c.runId);
+/** A child Run as its parent knows it: its record's last reported state, and why it closed unreported, if it did. */
+export interface ChildState {
+  runId: string;
+  state: ResourceState;
+  /** The child closed without its final report (terminated, timed out): it holds nothing its parent can wait for. */
+  closed?: string;
 }
 
-export function isReleaseBlocked(jobs: JobState[], children: { runId: string; state: ResourceState }[]): boolean {
+/** A parent's release waits until every child's record is released (or gone, or the child closed unreported). */
+export function blockingChildren(children: ChildState[]): string[] {
+  return children.filter((c) => !c.closed && !SETTLED.includes(c.state)).map((c) => c.runId);
+}
+
+export function isReleaseBlocked(jobs: JobState[], children: ChildState[]): boolean {
   return blockingJobs(jobs).length > 0 || blockingChildren(children).length > 0;
 }
 
@@ -161,10 +178,35 @@ export function releaseBackoffMs(attempt: number): number {
   return Math.min(1_000 * 2 ** (attempt - 2), 300_000);
 }
 
-/** Whether a receipt confirms the release. DETACH never frees compute, so it needs no confirmation. */
-export function receiptConfirms(mode: PauseMode, receipt: { computeReleased: boolean; mode: PauseMode }): boolean {
-  if (receipt.mode !== mode) return false;
-  return mode === 'DETACH' || receipt.computeReleased;
+/** What a receipt must match: the request it answers. */
+export interface ReleaseRequestFacts {
+  sandboxId: string;
+  idempotencyKey: string;
+  mode: PauseMode;
+  fence: number;
+}
+
+export interface ReleaseReceiptFacts extends ReleaseRequestFacts {
+  computeReleased: boolean;
+  checkpoint?: { uri: string; sha256: string; bytes: number };
+}
+
+/**
+ * Why a receipt does not confirm the release it answers, or undefined when it does.
+ * It must answer this very request (sandbox, key, fence, mode); TERMINATE and
+ * SNAPSHOT_AND_TERMINATE must have released compute, and a snapshot needs its
+ * checkpoint. DETACH never frees compute, so it needs no confirmation.
+ */
+export function receiptProblem(request: ReleaseRequestFacts, receipt: ReleaseReceiptFacts): string | undefined {
+  for (const field of ['sandboxId', 'idempotencyKey', 'fence', 'mode'] as const) {
+    if (receipt[field] !== request[field]) {
+      return `receipt ${field} ${JSON.stringify(receipt[field])} does not match the request's ${JSON.stringify(request[field])}`;
+    }
+  }
+  if (request.mode === 'DETACH') return undefined;
+  if (!receipt.computeReleased) return `receipt for ${request.mode} says computeReleased=false`;
+  if (request.mode === 'SNAPSHOT_AND_TERMINATE' && !receipt.checkpoint) return 'receipt for SNAPSHOT_AND_TERMINATE has no checkpoint';
+  return undefined;
 }
 
 export const releaseIdempotencyKey = (ownerId: string, sandboxId: string, fence: number): string =>
@@ -202,6 +244,17 @@ export interface HashSet {
   policy: string;
 }
 
+/**
+ * The run/spec/policy hashes a restored workspace was checkpointed under, from the
+ * checkpoint's labels. A workspace that came back from a checkpoint (or its local
+ * copy) must say; a host-persistent workspace re-provisioned in place records none.
+ */
+export function recordedHashes(restored: { source: string; labels?: Record<string, string> } | undefined): Partial<HashSet> | undefined {
+  if (!restored || restored.source === 'workspace') return undefined;
+  const labels = restored.labels ?? {};
+  return { run: labels.runhash ?? '', spec: labels.spechash ?? '', policy: labels.policyhash ?? '' };
+}
+
 /** Names which of run/spec/policy differ between what is computed now and what was stored. */
 export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | undefined)[]): string[] {
   const bad = new Set<string>();
@@ -212,6 +265,122 @@ export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | unde
     }
   }
   return [...bad];
+}
+
+// ---------------------------------------------------------------- runs
+
+/** Where a Run is: its user-visible status and the phase of its sandbox's suspension. */
+export interface RunState {
+  status: RunStatus;
+  phase: RunPhase;
+}
+
+export const TERMINAL_RUN_STATUSES: readonly RunStatus[] = ['COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED'];
+export const isTerminalRunStatus = (status: RunStatus): boolean => TERMINAL_RUN_STATUSES.includes(status);
+
+/**
+ * The status × phase table: which phases each status may be in. A Run suspended by
+ * hand or by a hold stays RUNNING; one waiting on an answer is WAITING; an answered
+ * Run is RUNNING again while its sandbox comes back. An ended Run has no suspension.
+ */
+export const RUN_STATES: Record<RunStatus, readonly RunPhase[]> = {
+  RUNNING: ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'],
+  WAITING: ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'],
+  COMPLETED: ['ACTIVE'],
+  FAILED: ['ACTIVE'],
+  CANCELLED: ['ACTIVE'],
+  EXPIRED: ['ACTIVE'],
+};
+
+export type RunEvent =
+  | 'ask'
+  | 'answered'
+  | 'suspend'
+  | 'suspended'
+  | 'resume'
+  | 'resumed'
+  | 'complete'
+  | 'fail'
+  | 'cancel'
+  | 'expire';
+
+const LIVE: RunStatus[] = ['RUNNING', 'WAITING'];
+const ALL_PHASES: RunPhase[] = ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'];
+
+/**
+ * Every legal Run transition: from which statuses and phases, to what (an unset
+ * side stays). Ending a Run (fail, cancel, expire) clears its suspension.
+ */
+export const RUN_TRANSITIONS: Record<RunEvent, { status: RunStatus[]; phase: RunPhase[]; to: Partial<RunState> }> = {
+  ask: { status: ['RUNNING'], phase: ['ACTIVE'], to: { status: 'WAITING' } },
+  answered: { status: ['WAITING'], phase: ALL_PHASES, to: { status: 'RUNNING' } },
+  suspend: { status: LIVE, phase: ['ACTIVE'], to: { phase: 'SUSPENDING' } },
+  suspended: { status: LIVE, phase: ['SUSPENDING'], to: { phase: 'SUSPENDED' } },
+  resume: { status: LIVE, phase: ['SUSPENDED'], to: { phase: 'RESUMING' } },
+  resumed: { status: LIVE, phase: ['RESUMING'], to: { phase: 'ACTIVE' } },
+  complete: { status: ['RUNNING'], phase: ['ACTIVE'], to: { status: 'COMPLETED' } },
+  fail: { status: LIVE, phase: ALL_PHASES, to: { status: 'FAILED', phase: 'ACTIVE' } },
+  cancel: { status: LIVE, phase: ALL_PHASES, to: { status: 'CANCELLED', phase: 'ACTIVE' } },
+  expire: { status: LIVE, phase: ALL_PHASES, to: { status: 'EXPIRED', phase: 'ACTIVE' } },
+};
+
+/** The state after `event`, or a rejection naming the illegal transition. */
+export function nextRunState(state: RunState, event: RunEvent): RunState | Rejection {
+  const rule = RUN_TRANSITIONS[event];
+  if (!rule.status.includes(state.status) || !rule.phase.includes(state.phase)) {
+    return { code: 'INVALID_STATE_TRANSITION', message: `run: cannot ${event} while ${state.status}/${state.phase}` };
+  }
+  return { status: rule.to.status ?? state.status, phase: rule.to.phase ?? state.phase };
+}
+
+export const isRejection = (value: object): value is Rejection => 'code' in value;
+
+/** What the admission rules of a Run's operations look at, besides its state. */
+export interface RunFacts extends RunState {
+  /** A suspend was asked for and the agent loop has not taken it up yet. */
+  suspendRequested: boolean;
+  suspensionReason?: SuspensionReason;
+  /** Retention ran out: the Run is being (or has been) expired. */
+  expiring: boolean;
+  runningJobs: number;
+}
+
+export type RunOp = 'suspend' | 'resume' | 'cancel' | 'continueAsNew';
+
+const STALE_RUN: Rejection = { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; its route is stale' };
+
+/**
+ * Admission of the Run's operations (answers have checkRespond): a suspend only of a
+ * RUNNING, active Run, a resume only of a manual or held suspension (an interaction is
+ * resumed by its answer), a cancel of any live Run, continue-as-new only between steps.
+ */
+export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
+  if (facts.expiring || facts.status === 'EXPIRED') return STALE_RUN;
+  if (isTerminalRunStatus(facts.status)) return { code: 'INVALID_STATE_TRANSITION', message: `run is ${facts.status}` };
+  switch (op) {
+    case 'suspend':
+      if (facts.status !== 'RUNNING' || facts.phase !== 'ACTIVE' || facts.suspendRequested) {
+        return { code: 'INVALID_STATE_TRANSITION', message: `run: cannot suspend while ${facts.status}/${facts.phase}` };
+      }
+      return undefined;
+    case 'resume': {
+      const reason = facts.suspensionReason;
+      if (facts.phase !== 'SUSPENDED' || (reason !== 'MANUAL' && reason !== 'POLICY_HOLD')) {
+        return {
+          code: 'INVALID_STATE_TRANSITION',
+          message: `run: nothing to resume (${facts.phase}${reason ? `, ${reason}` : ''}); answer its interaction instead`,
+        };
+      }
+      return undefined;
+    }
+    case 'cancel':
+      return undefined;
+    case 'continueAsNew':
+      if (facts.phase !== 'ACTIVE' || facts.runningJobs > 0) {
+        return { code: 'INVALID_STATE_TRANSITION', message: 'run: continue-as-new waits for an active Run with no running job' };
+      }
+      return undefined;
+  }
 }
 
 // ---------------------------------------------------------------- update arguments
@@ -238,11 +407,11 @@ export interface AnsweredBy {
  * answer under the same update id), wrong payload kind, or an expired Run.
  */
 export function checkRespond(
-  run: { status: RunStatus; interactions: InteractionRequest[]; answeredBy: Record<string, AnsweredBy> },
+  run: { status: RunStatus; interactions: InteractionRequest[]; answeredBy: Record<string, AnsweredBy>; expiring?: boolean },
   input: { interactionId: string; response: unknown },
   updateId: string | undefined,
 ): Rejection | 'duplicate' | undefined {
-  if (run.status === 'EXPIRED') return { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; answers are no longer accepted' };
+  if (run.status === 'EXPIRED' || run.expiring) return { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; answers are no longer accepted' };
   const interaction = run.interactions.find((i) => i.id === input.interactionId);
   if (!interaction) return { code: 'NOT_FOUND', message: `interaction ${input.interactionId} not found` };
   if (interaction.status === 'answered') {

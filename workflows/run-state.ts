@@ -1,7 +1,6 @@
 import type {
   ExecutionResourceRecord,
   InteractionRequest,
-  ResourceState,
   ResourceView,
   RunError,
   RunPhase,
@@ -11,7 +10,7 @@ import type {
   Suspension,
 } from '../common/schemas';
 import type { Capabilities } from '../providers/api';
-import type { AnsweredBy, HashSet, JobState } from './lifecycle';
+import { isTerminalRunStatus, type AnsweredBy, type ChildState, type HashSet, type JobState } from './lifecycle';
 
 /** The agent driver's opaque state after its last step, plus the step index and the hashes it was taken under. */
 export interface AgentCheckpoint {
@@ -36,7 +35,7 @@ export interface SessionAggregate {
   record: ExecutionResourceRecord;
   capabilities?: Capabilities;
   jobs: JobState[];
-  children: { runId: string; state: ResourceState }[];
+  children: ChildState[];
   /** Each child's last reported Run status; a parent finishes after its children do. */
   childStatus: Record<string, RunStatus>;
   output?: unknown;
@@ -44,6 +43,10 @@ export interface SessionAggregate {
   /** Absolute time (ms) at which policy.ttl ends the Run; kept across continue-as-new. */
   ttlDeadlineMs?: number;
   jobCounter: number;
+  /** Interactions asked so far (ids stay unique when old ones are no longer carried). */
+  interactionCount?: number;
+  /** The sandbox was frozen by policy.idleTimeout; the next job thaws it. Kept across continue-as-new. */
+  idlePaused?: boolean;
 }
 
 /** Read-only views of the aggregate: the user snapshot never shows resource state. */
@@ -71,8 +74,32 @@ export function toResourceView(run: SessionAggregate, nowMs: number): ResourceVi
   };
 }
 
+/** Children whose Run has not ended (by its own report, or closed unreported). */
+export const liveChildren = (run: SessionAggregate): ChildState[] =>
+  run.children.filter((ch) => !ch.closed && !isTerminalRunStatus(run.childStatus[ch.runId] ?? 'RUNNING'));
+
 export const pendingInteractions = (run: SessionAggregate): InteractionRequest[] =>
   run.interactions.filter((i) => i.status === 'pending');
 
-export const isTerminal = (status: RunStatus): boolean =>
-  status === 'COMPLETED' || status === 'FAILED' || status === 'CANCELLED' || status === 'EXPIRED';
+export { isTerminalRunStatus as isTerminal } from './lifecycle';
+
+/** Settled interactions a Run carries through continue-as-new, besides the pending ones (the newest). */
+export const CARRIED_INTERACTIONS = 100;
+
+/**
+ * What continue-as-new carries: the aggregate without what no later step needs, so
+ * the carried state stays bounded however long the Run: finished jobs are dropped
+ * (their results went to the agent), and only the newest settled interactions stay.
+ */
+export function carriedAggregate(run: SessionAggregate): SessionAggregate {
+  const settled = run.interactions.filter((i) => i.status !== 'pending');
+  const keep = new Set(settled.slice(-CARRIED_INTERACTIONS).map((i) => i.id));
+  const interactions = run.interactions.filter((i) => i.status === 'pending' || keep.has(i.id));
+  return {
+    ...run,
+    interactions,
+    interactionCount: run.interactionCount ?? run.interactions.length,
+    answeredBy: Object.fromEntries(Object.entries(run.answeredBy).filter(([id]) => interactions.some((i) => i.id === id))),
+    jobs: run.jobs.filter((j) => j.status === 'running'),
+  };
+}

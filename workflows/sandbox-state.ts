@@ -31,6 +31,6 @@ export function toSandboxView(s: SandboxAggregate): SandboxView {
   };
 }
 
-export function sandboxFacts(s: SandboxAggregate, changing: boolean, runningExecs: number): SandboxFacts {
-  return { state: s.state, changing, runningExecs, expired: s.expired };
+export function sandboxFacts(s: SandboxAggregate, changing: boolean, runningExecs: number, fileOps: number): SandboxFacts {
+  return { state: s.state, changing, runningExecs, fileOps, expired: s.expired };
 }

@@ -5,6 +5,7 @@ import {
   currentUpdateInfo,
   continueAsNew,
   log,
+  patched,
   proxyActivities,
   setHandler,
   workflowInfo,
@@ -43,10 +44,22 @@ import {
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
 import { nowIso, nowMs } from './clock';
 import { Publisher } from './visibility';
-import { ExecInput, ReadFileInput, WriteFileInput } from '../common/schemas';
+import { ExecInput, ReadFileInput, ReconcileInput, WriteFileInput } from '../common/schemas';
 import { describeIssues } from '../common/errors';
 
 const shared = proxyActivities<Activities>({ startToCloseTimeout: '5m', retry: { maximumInterval: '1m' } });
+
+/** A suspend whose release failed for good is refused with the release's error (it used to answer `suspended`). */
+const PATCH_SUSPEND_OUTCOME = 'suspend-outcome';
+
+/** Continue-as-new only when the sandbox is quiet after every handler finished (it used to check before waiting). */
+const PATCH_CAN_RECHECK = 'continue-as-new-recheck';
+
+/** File reads and writes count as busy and as activity (they used to do neither). */
+const PATCH_FILE_BUSY = 'file-ops-busy';
+
+/** Destroy and retention expiry delete every checkpoint of the sandbox (they used to delete the latest only). */
+const PATCH_ALL_CHECKPOINTS = 'all-checkpoints';
 
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
@@ -61,6 +74,7 @@ class SandboxEntity {
   readonly sandbox: ExecutionBindingLifecycleCoordinator;
   private changing = false;
   private runningExecs = 0;
+  private fileOps = 0;
   private ready: boolean;
   /** Bumped on every change so the main loop re-plans its timers. */
   private epoch = 0;
@@ -101,7 +115,7 @@ class SandboxEntity {
   }
 
   private facts() {
-    return sandboxFacts(this.s, this.changing, this.runningExecs);
+    return sandboxFacts(this.s, this.changing, this.runningExecs, this.fileOps);
   }
 
   private view(): SandboxView {
@@ -115,10 +129,19 @@ class SandboxEntity {
 
   private setHandlers(): void {
     setHandler(sandboxQuery, () => this.view());
-    setHandler(sandboxReadyUpdate, async () => {
-      await condition(() => this.ready);
-      return this.view();
-    });
+    setHandler(
+      sandboxReadyUpdate,
+      async () => {
+        await condition(() => this.ready);
+        return this.view();
+      },
+      {
+        validator: (...args: unknown[]) => {
+          const arity = checkArity('ready', args, 0);
+          if (arity) throw failure(arity);
+        },
+      },
+    );
     this.transition(startSandboxUpdate, 'start', () => this.sandbox.op('start'));
     this.transition(stopSandboxUpdate, 'stop', () => this.sandbox.op('stop'));
     this.transition(
@@ -171,15 +194,9 @@ class SandboxEntity {
 
     setHandler(
       readFileUpdate,
-      async ({ path }) => {
-        this.s.lastActivityMs = nowMs();
-        await condition(() => this.ready);
-        return {
-          contentBase64: await this.sandbox
-            .readFile(path, 'base64')
-            .catch((err: unknown) => Promise.reject(asFailure(err))),
-        };
-      },
+      async ({ path }) => ({
+        contentBase64: await this.fileOp(() => this.sandbox.readFile(path, 'base64')),
+      }),
       {
         validator: (...args: unknown[]) => {
           parseArgs('readFile', args, ReadFileInput);
@@ -190,11 +207,7 @@ class SandboxEntity {
     setHandler(
       writeFileUpdate,
       async ({ path, contentBase64 }) => {
-        this.s.lastActivityMs = nowMs();
-        await condition(() => this.ready);
-        await this.sandbox
-          .writeFile(path, contentBase64, 'base64')
-          .catch((err: unknown) => Promise.reject(asFailure(err)));
+        await this.fileOp(() => this.sandbox.writeFile(path, contentBase64, 'base64'));
       },
       {
         validator: (...args: unknown[]) => {
@@ -211,7 +224,14 @@ class SandboxEntity {
       },
     );
 
-    setHandler(reconcileSignal, ({ hostId, alive }) => {
+    setHandler(reconcileSignal, (input) => {
+      // Anyone can signal: a malformed report (say, `alive` missing) must not lose the sandbox.
+      const parsed = ReconcileInput.safeParse(input);
+      if (!parsed.success) {
+        log.warn('reconcile rejected', { sandboxId: this.s.sandboxId, message: describeIssues(parsed.error.issues) });
+        return;
+      }
+      const { hostId, alive } = parsed.data;
       if (alive || hostId !== this.s.record.hostId || this.changing) return;
       if (decideSandboxOp(this.facts(), 'lose').kind === 'transition') {
         this.s.state = 'lost';
@@ -222,6 +242,31 @@ class SandboxEntity {
         this.changed();
       }
     });
+  }
+
+  /**
+   * A file read or write: counted as busy (a suspend waits for none, it is refused) and as
+   * activity for the idle timer, from its start to its end.
+   */
+  private async fileOp<T>(fn: () => Promise<T>): Promise<T> {
+    const counted = patched(PATCH_FILE_BUSY);
+    this.s.lastActivityMs = nowMs();
+    if (counted) {
+      this.fileOps += 1;
+      this.changed();
+    }
+    try {
+      await condition(() => this.ready);
+      return await fn();
+    } catch (err) {
+      throw asFailure(err);
+    } finally {
+      if (counted) {
+        this.fileOps -= 1;
+        this.s.lastActivityMs = nowMs();
+        this.changed();
+      }
+    }
   }
 
   /** running → failed when the provider says the sandbox broke beyond repair. */
@@ -299,6 +344,25 @@ class SandboxEntity {
       () => this.s.record.state === 'RELEASED' || this.s.record.lastError !== undefined,
       SUSPEND_ANSWER_MS,
     );
+    if (!patched(PATCH_SUSPEND_OUTCOME)) return;
+    // A release refused for good released nothing: the sandbox is not suspended.
+    if (this.sandbox.releaseFailure !== undefined) {
+      this.s.suspendedAtMs = undefined;
+      throw this.sandbox.releaseFailure;
+    }
+    if (this.sandbox.releaseInFlight) void this.sandbox.settleRelease().then(() => this.unsuspendIfReleaseFailed());
+  }
+
+  /** A suspend answered while its release was still retrying: if that release then fails for good, the sandbox runs again. */
+  private unsuspendIfReleaseFailed(): void {
+    const failure = this.sandbox.releaseFailure;
+    if (failure === undefined || this.sandbox.releaseInFlight) return;
+    if (decideSandboxOp(this.facts(), 'unsuspend').kind !== 'transition') return;
+    this.s.state = 'running';
+    this.s.suspendedAtMs = undefined;
+    this.s.lastActivityMs = nowMs();
+    this.s.error = { code: failureCode(failure) ?? 'INTERNAL', message: `suspend failed: ${failureMessage(failure)}` };
+    this.changed();
   }
 
   private async resume(): Promise<void> {
@@ -312,8 +376,10 @@ class SandboxEntity {
 
   private async destroy(): Promise<void> {
     const checkpoint = this.s.record.checkpoint;
+    const handoff = patched(PATCH_ALL_CHECKPOINTS);
     await this.sandbox.destroy();
-    if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
+    // The coordinator's destroy deletes every checkpoint of the sandbox now; it used to be only the latest, here.
+    if (checkpoint && !handoff) await shared.deleteCheckpoint({ uri: checkpoint.uri });
   }
 
   async run(): Promise<SandboxView> {
@@ -324,32 +390,39 @@ class SandboxEntity {
       this.ready = true;
       this.changed();
     }
+    const recheck = patched(PATCH_CAN_RECHECK);
     while (this.s.state !== 'destroyed') {
-      if (
-        workflowInfo().continueAsNewSuggested &&
-        !this.changing &&
-        this.runningExecs === 0 &&
-        !this.sandbox.releaseInFlight
-      ) {
+      if (recheck) {
+        // Checked and acted on in one go: nothing can start between the check and continue-as-new.
+        if (this.mayContinueAsNew()) await continueAsNew<typeof sandboxWorkflow>({ ...this.input, carried: this.s });
+      } else if (workflowInfo().continueAsNewSuggested && this.quiet()) {
         await condition(allHandlersFinished);
         await continueAsNew<typeof sandboxWorkflow>({ ...this.input, carried: this.s });
       }
       const due = this.nextDeadline();
       const epoch = this.epoch;
-      const woke = due
-        ? await condition(() => this.epoch !== epoch, Math.max(1, due.atMs - nowMs()))
-        : (await condition(() => this.epoch !== epoch), true);
+      const wake = () => this.epoch !== epoch || (recheck && this.mayContinueAsNew());
+      const woke = due ? await condition(wake, Math.max(1, due.atMs - nowMs())) : (await condition(wake), true);
       if (!woke && due) await this.onDeadline(due.kind);
     }
     await condition(allHandlersFinished);
     return this.view();
   }
 
+  /** No state change, command or release is under way (what continue-as-new must not cut off). */
+  private quiet(): boolean {
+    return !this.changing && this.runningExecs === 0 && this.fileOps === 0 && !this.sandbox.releaseInFlight;
+  }
+
+  private mayContinueAsNew(): boolean {
+    return workflowInfo().continueAsNewSuggested && this.quiet() && allHandlersFinished();
+  }
+
   private nextDeadline(): { kind: 'ttl' | 'idle' | 'retention'; atMs: number } | undefined {
     const candidates: { kind: 'ttl' | 'idle' | 'retention'; atMs: number }[] = [];
     if (this.s.ttlDeadlineMs !== undefined) candidates.push({ kind: 'ttl', atMs: this.s.ttlDeadlineMs });
     const timeout = this.s.create.policy?.timeout;
-    if (timeout && this.s.state === 'running' && this.runningExecs === 0 && !this.changing) {
+    if (timeout && this.s.state === 'running' && this.runningExecs === 0 && this.fileOps === 0 && !this.changing) {
       candidates.push({ kind: 'idle', atMs: this.s.lastActivityMs + durationMs(timeout) });
     }
     const retention = this.input.suspendedRetentionSeconds;
@@ -368,13 +441,20 @@ class SandboxEntity {
         await this.destroy();
         this.s.state = 'destroyed';
         this.s.error = { code: 'TTL_EXPIRED', message: `sandbox exceeded its ttl of ${this.s.create.policy?.ttl}` };
-      } else if (kind === 'idle' && this.s.state === 'running' && this.sandbox.capabilities?.pause !== false) {
+      } else if (
+        kind === 'idle' &&
+        this.s.state === 'running' &&
+        this.runningExecs === 0 &&
+        this.fileOps === 0 &&
+        this.sandbox.capabilities?.pause !== false
+      ) {
         await this.sandbox.op('pause');
         this.s.state = 'paused';
       } else if (kind === 'retention' && this.s.state === 'suspended') {
         await this.sandbox.settleRelease();
         const checkpoint = this.s.record.checkpoint;
-        if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
+        if (patched(PATCH_ALL_CHECKPOINTS)) await this.sandbox.deleteCheckpoints();
+        else if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
         this.s.expired = true;
         this.s.error = { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' };
       }

@@ -17,6 +17,14 @@ export const RELEASE_POINTS: KillPoint[] = [
 ];
 export const RESTORE_POINTS: KillPoint[] = ['restore:before', 'restore:after'];
 
+/** Where a cross-host restore stops inside its work (restore-kill.test.ts). */
+export type RestorePoint = 'restore:mid-download' | 'restore:mid-extract' | 'restore:between-swap-renames';
+export const INSIDE_RESTORE_POINTS: RestorePoint[] = [
+  'restore:mid-download',
+  'restore:mid-extract',
+  'restore:between-swap-renames',
+];
+
 /** Multipart parts of 5 MiB (the S3 minimum), so a workspace of a few parts is uploaded in several requests. */
 export const PART_BYTES = 5 * 1024 * 1024;
 /** Where a mid-upload stop happens: after the first part has gone out. */

@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { FastifyInstance } from 'fastify';
@@ -268,6 +269,66 @@ test('who did what is on the history: start, answer, cancel, exec and file write
   const updates = Object.fromEntries(sandbox.filter((e) => e.kind === 'update').map((e) => [e.update, e.identity]));
   expect(updates).toMatchObject({ start: admin, exec: operator, writeFile: admin });
   await stack.client.sandboxes.destroy(sandboxId);
+}, 180_000);
+
+test('the worker refuses a host path outside STASIS_HOST_PATHS too: a Run or sandbox started straight through Temporal creates nothing', async () => {
+  // Outside the test stack's STASIS_HOST_PATHS (the temporary directory); under / so the check, not a permission, refuses it.
+  const outside = `/var/tmp/stasis-escape-${process.pid}-${Date.now()}`;
+  const spec = {
+    agent: { driver: 'scripted', steps: [{ exec: 'touch escaped' }, { complete: 1 }] },
+    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath: outside } },
+  };
+  // Through the typed client: refused before anything is started.
+  await expect(stack.client.runs.start(spec)).rejects.toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringContaining('spec.sandbox.workspace.hostPath'),
+  });
+  // Straight through Temporal, as any client with access could: the worker's provision refuses it.
+  const runId = `run-escape-${Date.now()}`;
+  for (const hostPath of [outside, '/', `${os.tmpdir()}/../var/tmp/stasis-escape-${process.pid}`]) {
+    const id = `${runId}-${ROLES.length}-${hostPath.length}`;
+    tally.start(id, `${hostPath}: provisioned`);
+    tally.inject();
+    await stack.temporal.workflow.start('runWorkflow', {
+      taskQueue: stack.config.STASIS_TASK_QUEUE,
+      workflowId: id,
+      args: [{ spec: { ...spec, sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } } } }],
+    });
+    const failed = await eventually(
+      async () => {
+        const run = saw(await stack.client.runs.get(id));
+        return run.status === 'FAILED' && run;
+      },
+      60_000,
+      `${id} failed`,
+    );
+    expect(JSON.stringify(failed.error)).toContain('sandbox.workspace.hostPath');
+    expect(existsSync(outside)).toBe(false);
+    expect(existsSync('/escaped')).toBe(false);
+    tally.ok(id);
+  }
+  // A standalone sandbox the same way: its start is refused and nothing is created.
+  const sandboxId = `sbx-escape-${Date.now()}`;
+  await stack.temporal.workflow.start('sandboxWorkflow', {
+    taskQueue: stack.config.STASIS_TASK_QUEUE,
+    workflowId: sandboxWorkflowId(sandboxId),
+    args: [
+      {
+        sandboxId,
+        create: { provider: 'local', workspace: { kind: 'active', hostPath: outside } },
+        suspendedRetentionSeconds: 60,
+      },
+    ],
+  });
+  await expect(stack.client.sandboxes.start(sandboxId)).rejects.toBeDefined();
+  // Why, on its history: the provision activity's non-retryable refusal naming the field.
+  const failures = (await historyEvents(stack.temporal, sandboxWorkflowId(sandboxId)))
+    .map((e) => e.activityTaskFailedEventAttributes?.failure)
+    .filter((f) => f !== undefined && f !== null);
+  expect(failures).toEqual([
+    expect.objectContaining({ message: expect.stringContaining('sandbox.workspace.hostPath') }),
+  ]);
+  expect(existsSync(outside)).toBe(false);
 }, 180_000);
 
 test('summary: every refusal as declared, nothing changed by one', () => {

@@ -8,14 +8,16 @@ import { StasisError } from '../../common/errors';
  * `stale-fence` (another owner has raised the sandbox's fence first, so the real
  * provider refuses with STALE_FENCE); `idempotency-conflict` (the same key was
  * already used for a different, DETACH, request, so the real provider refuses
- * with IDEMPOTENCY_CONFLICT).
+ * with IDEMPOTENCY_CONFLICT); `no-checkpoint` (the real release runs, but its receipt
+ * comes back without the checkpoint).
  */
-export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict';
+export type ReleaseFault = 'throw' | 'not-released' | 'hang' | 'stale-fence' | 'idempotency-conflict' | 'no-checkpoint';
 /**
  * How one restore call fails: `throw` (an exception), `hang` (never answers, until
- * cancelled), or `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores).
+ * cancelled), `hold` (waits, without heartbeats, until `ReleaseFaults.gate` resolves, then restores),
+ * or `unavailable` (refused for good: NOT_FOUND, as when the checkpoint object is missing).
  */
-export type RestoreFault = 'throw' | 'hang' | 'hold';
+export type RestoreFault = 'throw' | 'hang' | 'hold' | 'unavailable';
 
 /**
  * How one exec call fails: `lost` (the attempt never reaches the provider: it hangs without
@@ -53,6 +55,10 @@ export interface ReleaseFaults {
   restoreCalls?: ProviderCall[];
   /** What a `hold` restore waits for. */
   gate?: Promise<void>;
+  /** While set, every file write waits for it before it reaches the provider (a slow write). */
+  writeGate?: Promise<void>;
+  /** Every file write the provider saw, in order (idempotencyKey is the path). */
+  writeCalls?: ProviderCall[];
 }
 
 /**
@@ -100,6 +106,27 @@ export function faultyProvider(faults: ReleaseFaults) {
         call.outcome = 'answered';
         return outcome;
       },
+      async writeFile(request, context) {
+        const call: ProviderCall = {
+          sandboxId: request.sandboxId,
+          fence: request.fence ?? -1,
+          idempotencyKey: request.path,
+          outcome: 'arrived',
+          at: Date.now(),
+        };
+        (faults.writeCalls ??= []).push(call);
+        if (faults.writeGate) {
+          call.outcome = 'held';
+          await faults.writeGate;
+        }
+        try {
+          await local.writeFile(request, context);
+          call.outcome = 'written';
+        } catch (err) {
+          call.outcome = `refused ${(err as { code?: string }).code ?? String(err)}`;
+          throw err;
+        }
+      },
       async stop(request, context) {
         breakable('stop');
         return local.stop(request, context);
@@ -126,6 +153,10 @@ export function faultyProvider(faults: ReleaseFaults) {
         if (fault === 'hang') {
           call.outcome = 'hung';
           return hang(context.signal, 'restore');
+        }
+        if (fault === 'unavailable') {
+          call.outcome = 'refused NOT_FOUND';
+          throw new StasisError('NOT_FOUND', 'injected: the checkpoint object is not in the store');
         }
         if (fault === 'hold') {
           call.outcome = 'held';
@@ -183,6 +214,11 @@ export function faultyProvider(faults: ReleaseFaults) {
         try {
           const receipt = await local.release(request, context);
           call.outcome = receipt.duplicate ? 'duplicate' : 'released';
+          if (fault === 'no-checkpoint') {
+            call.outcome += ' (checkpoint dropped)';
+            const { checkpoint: _dropped, ...rest } = receipt;
+            return rest;
+          }
           return receipt;
         } catch (err) {
           call.outcome = `refused ${(err as { code?: string }).code ?? ''}`;

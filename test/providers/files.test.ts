@@ -4,7 +4,7 @@ import { createServer, type Server } from 'node:net';
 import * as path from 'node:path';
 import * as fc from 'fast-check';
 import { StasisError } from '../../common/errors';
-import { readWorkspaceFile, writeWorkspaceFile } from '../../providers/files';
+import { MAX_FILE_BYTES, readWorkspaceFile, writeWorkspaceFile } from '../../providers/files';
 import { swapLoop, swapping, tempDir } from './helpers';
 
 // The worker's file access to a sandbox's workspace (providers/files.ts),
@@ -176,6 +176,19 @@ test('a write keeps the permission bits of the file it replaces, without setuid 
   const stat = await fs.stat(path.join(workspace, 'run.sh'));
   expect(stat.mode & 0o7777).toBe(0o755);
   expect(await fs.readFile(path.join(workspace, 'run.sh'), 'utf8')).toBe('new');
+});
+
+test('a file of MAX_FILE_BYTES is read whole; one byte more is PAYLOAD_TOO_LARGE naming it', async () => {
+  const workspace = await tempDir('ws');
+  await fs.writeFile(path.join(workspace, 'max.bin'), '');
+  await fs.truncate(path.join(workspace, 'max.bin'), MAX_FILE_BYTES);
+  await fs.writeFile(path.join(workspace, 'over.bin'), '');
+  await fs.truncate(path.join(workspace, 'over.bin'), MAX_FILE_BYTES + 1);
+  expect((await readWorkspaceFile(workspace, 'max.bin')).length).toBe(MAX_FILE_BYTES);
+  await expect(readWorkspaceFile(workspace, 'over.bin')).rejects.toMatchObject({
+    code: 'PAYLOAD_TOO_LARGE',
+    message: expect.stringContaining('"over.bin"'),
+  });
 });
 
 test('refusals name the path and say why', async () => {

@@ -76,7 +76,7 @@ test('while a child holds compute the parent is RELEASE_BLOCKED with a blocked a
   expect(blocked.blockedAgeSeconds).toEqual(expect.any(Number));
   expect(blocked.children).toEqual([{ runId: `${parentId}.c1`, state: 'RELEASE_BLOCKED' }]);
   await stack.client.runs.cancel(parentId);
-  // Cancelling the parent cancels the child too (parent-close policy REQUEST_CANCEL).
+  // Cancelling the parent cancels the child too (the parent cancels its children when it ends).
   await eventually(async () => (await stack.client.runs.get(`${parentId}.c1`)).status === 'CANCELLED', 30_000, 'child cancelled');
   expect((await stack.client.runs.get(parentId)).status).toBe('CANCELLED');
 });

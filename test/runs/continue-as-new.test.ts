@@ -72,3 +72,31 @@ test('a busy standalone sandbox continues as new and keeps its state and workspa
   expect(await runCount(`sandbox-${sandboxId}`)).toBeGreaterThan(1);
   await stack.client.sandboxes.destroy(sandboxId);
 });
+
+test('a child Run survives its parent continuing as new and stays linked to it', async () => {
+  const parentId = `parent-can-${Date.now()}`;
+  const childId = `${parentId}.c1`;
+  const steps = [
+    { spawn: { runId: childId, agent: { driver: 'scripted', steps: [{ ask: 'child may go?' }, { complete: 'child done' }] }, sandbox: { provider: 'local' } } },
+    ...Array.from({ length: 12 }, (_, i) => ({ exec: `echo ${i}` })),
+    { complete: 'parent done' },
+  ];
+  await stack.client.runs.start({ runId: parentId, agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
+  // The parent continues as new while the child waits for its answer.
+  const deadline = Date.now() + 60_000;
+  while ((await runCount(parentId)) < 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+  expect(await runCount(parentId)).toBeGreaterThan(1);
+  const waiting = async () => {
+    for (;;) {
+      const s = await stack.client.runs.get(childId);
+      if (s.status !== 'RUNNING') return s;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  };
+  const child = await waiting();
+  expect(child).toMatchObject({ status: 'WAITING', parentRunId: parentId });
+  await stack.client.runs.respond(childId, 'int-1', { decision: 'approve' });
+  await expect(stack.temporal.workflow.getHandle(parentId).result()).resolves.toBe('parent done');
+  expect((await stack.client.runs.get(childId)).status).toBe('COMPLETED');
+  expect((await stack.client.runs.resource(parentId)).children).toEqual([{ runId: childId, state: 'DESTROYED' }]);
+});

@@ -43,3 +43,22 @@ test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MI
   const execs = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'execInSandbox');
   expect(execs).toEqual([]);
 });
+
+test('a checkpoint that records no hashes fails the resume with RESUME_HASH_MISMATCH (the workflow never compares its own copies only)', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }] },
+    sandbox: { provider: 'local' },
+  });
+  const view = await eventually(async () => {
+    const v = await stack.client.runs.resource(runId);
+    return v.record.state === 'RELEASED' ? v : undefined;
+  }, 30_000, 'released');
+  const stateFile = sandboxPaths(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'), view.record.sandboxId).stateFile;
+  const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
+  state.dormant.labels = {};
+  await writeFile(stateFile, JSON.stringify(state));
+
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(runId)).error).toMatchObject({ code: 'RESUME_HASH_MISMATCH', message: expect.stringContaining('run, spec, policy') });
+});

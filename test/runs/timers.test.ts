@@ -9,10 +9,29 @@ const thinking: AgentDriver = {
   name: 'thinking',
   async step({ state }) {
     const step = (state as number | undefined) ?? 0;
-    if (step === 0) return { action: { type: 'job', command: 'echo start', pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false }, state: 1 };
+    if (step === 0)
+      return {
+        action: {
+          type: 'job',
+          command: 'echo start',
+          pauseBehavior: 'CANCEL',
+          executionAffinity: 'SANDBOX',
+          background: false,
+        },
+        state: 1,
+      };
     if (step === 1) {
       await new Promise<void>((resolve) => (release = resolve));
-      return { action: { type: 'job', command: 'echo awake', pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false }, state: 2 };
+      return {
+        action: {
+          type: 'job',
+          command: 'echo awake',
+          pauseBehavior: 'CANCEL',
+          executionAffinity: 'SANDBOX',
+          background: false,
+        },
+        state: 2,
+      };
     }
     return { action: { type: 'complete', output: 'woke up' }, state: 3 };
   },
@@ -34,10 +53,14 @@ test('retention expiry: compute released, checkpoint deleted, interactions expir
     sandbox: { provider: 'local' },
     policy: { suspendedRetentionSeconds: 3 },
   });
-  const sandboxId = await eventually(async () => {
-    const view = await stack.client.runs.resource(runId);
-    return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
-  }, 30_000, 'released');
+  const sandboxId = await eventually(
+    async () => {
+      const view = await stack.client.runs.resource(runId);
+      return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
+    },
+    30_000,
+    'released',
+  );
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(1);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   const snapshot = await stack.client.runs.get(runId);
@@ -58,18 +81,25 @@ test('idleTimeout freezes the sandbox while the agent is quiet; the next job tha
     policy: { idleTimeout: '1s' },
   });
   const sandboxId = `${runId}-sbx`;
-  // No job runs while the agent thinks: every process of the sandbox (its init) is stopped (state T).
-  await eventually(async () => {
-    const states = await processStates(sandboxId);
-    return states.length > 0 && states.every((s) => s === 'T');
-  }, 30_000, 'sandbox frozen');
+  // No job runs while the agent thinks: every process of the sandbox (its init) is frozen.
+  await eventually(
+    async () => {
+      const states = await processStates(sandboxId);
+      return states.length > 0 && states.every((s) => s === 'frozen');
+    },
+    30_000,
+    'sandbox frozen',
+  );
   release?.();
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('woke up');
 });
 
 test('ttl ends the Run with TTL_EXPIRED whatever its state and leaves no process', async () => {
   const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'forever?' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'forever?' }],
+    },
     sandbox: { provider: 'local' },
     policy: { ttl: '3s' },
   });
@@ -83,7 +113,11 @@ test('ttl ends the Run with TTL_EXPIRED whatever its state and leaves no process
   expect((await stack.client.runs.resource(runId)).record.state).toBe('DESTROYED');
 });
 
-/** Scheduler states (R, S, T, ...) of the sandbox's processes, read from /proc. */
+/**
+ * States of the sandbox's processes, read from /proc: `frozen` for a process stopped by
+ * SIGSTOP (state T) or in a frozen cgroup v2 group (where the host lets the worker freeze
+ * by cgroup), otherwise its scheduler state (R, S, ...).
+ */
 async function processStates(sandboxId: string): Promise<string[]> {
   const { readdir } = await import('node:fs/promises');
   const states: string[] = [];
@@ -92,7 +126,30 @@ async function processStates(sandboxId: string): Promise<string[]> {
     if (!environ.toString().split('\0').includes(`STASIS_SANDBOX_ID=${sandboxId}`)) continue;
     const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
     const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
-    if (state && state !== 'Z') states.push(state);
+    if (!state || state === 'Z') continue;
+    states.push(state === 'T' || (await inFrozenGroup(pid)) ? 'frozen' : state);
   }
   return states;
+}
+
+/** Whether the process's cgroup v2 group reports `frozen 1` in its cgroup.events. */
+async function inFrozenGroup(pid: string): Promise<boolean> {
+  const own = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+  const groupPath = own
+    .split('\n')
+    .find((l) => l.startsWith('0::'))
+    ?.slice(3);
+  if (!groupPath) return false;
+  const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
+  for (const line of mountinfo.split('\n')) {
+    const [left, right] = line.split(' - ');
+    if (!right?.startsWith('cgroup2 ')) continue;
+    const [, , , root, mountPoint] = left.split(' ');
+    if (!groupPath.startsWith(root)) continue;
+    const events = await readFile(`${mountPoint}/${groupPath.slice(root.length)}/cgroup.events`, 'utf8').catch(
+      () => '',
+    );
+    if (/^frozen 1$/m.test(events)) return true;
+  }
+  return false;
 }

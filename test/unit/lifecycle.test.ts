@@ -1,5 +1,7 @@
-import type { SandboxState } from '../../common/schemas';
+import fc from 'fast-check';
+import type { PauseMode, SandboxState } from '../../common/schemas';
 import {
+  admitRunOp,
   blockingChildren,
   checkArity,
   blockingJobs,
@@ -9,23 +11,32 @@ import {
   decideFileAccess,
   decideSandboxOp,
   hashMismatches,
+  isRejection,
   isReleaseBlocked,
   jobsToCancel,
+  nextRunState,
   planResume,
-  receiptConfirms,
+  receiptProblem,
+  type ReleaseReceiptFacts,
   releaseBackoffMs,
   releaseIdempotencyKey,
+  RUN_STATES,
+  RUN_TRANSITIONS,
   SANDBOX_TRANSITIONS,
   type JobState,
+  type RunFacts,
+  type RunState,
   type SandboxOp,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
+import { PHASES, RUN_EVENTS, RUN_LEGAL, STATUSES } from '../helpers/run-table';
 
 const STATES: SandboxState[] = ['created', 'running', 'stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost'];
 const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandboxOp>[0]> = {}) => ({
   state,
   changing: false,
   runningExecs: 0,
+  fileOps: 0,
   expired: false,
   ...extra,
 });
@@ -55,7 +66,9 @@ describe('sandbox transition table', () => {
     expect(decideSandboxOp(facts('running'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('paused'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
-    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose'].sort() as SandboxOp[]);
+    expect(decideSandboxOp(facts('suspended'), 'unsuspend')).toEqual({ kind: 'transition', to: 'running' });
+    expect(decideSandboxOp(facts('running'), 'unsuspend').kind).toBe('reject');
+    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose', 'unsuspend'].sort() as SandboxOp[]);
   });
 
   test('a state change in progress makes a second one 409', () => {
@@ -70,6 +83,15 @@ describe('sandbox transition table', () => {
       kind: 'reject',
       rejection: { code: 'SANDBOX_SUSPEND_BUSY' },
     });
+    expect(decideSandboxOp(facts('running', { fileOps: 1 }), 'suspend')).toMatchObject({
+      kind: 'reject',
+      rejection: { code: 'SANDBOX_SUSPEND_BUSY' },
+    });
+    // Only suspend waits for file operations: stop, pause and destroy do not touch the files.
+    for (const op of ['stop', 'pause', 'destroy'] as const) {
+      expect(decideSandboxOp(facts('running', { fileOps: 1 }), op).kind).toBe('transition');
+    }
+    expect(decideFileAccess(facts('running', { changing: true }))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideExec(facts('running', { changing: true }))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideExec(facts('running'))).toBeUndefined();
     expect(decideExec(facts('paused'))?.code).toBe('INVALID_STATE_TRANSITION');
@@ -144,18 +166,47 @@ describe('release blocking', () => {
 });
 
 describe('receipts, retries and keys', () => {
-  test.each([
-    ['TERMINATE', true, true],
-    ['TERMINATE', false, false],
-    ['SNAPSHOT_AND_TERMINATE', false, false],
-    ['SNAPSHOT_AND_TERMINATE', true, true],
-    ['DETACH', false, true],
-  ] as const)('%s with computeReleased=%s confirms=%s', (mode, computeReleased, confirms) => {
-    expect(receiptConfirms(mode, { mode, computeReleased })).toBe(confirms);
+  const checkpoint = { uri: 's3://b/checkpoints/sbx/3-x.tar.gz', sha256: 'a'.repeat(64), bytes: 10 };
+  const request = (mode: PauseMode) => ({ sandboxId: 'sbx', idempotencyKey: 'run-1/sbx/3/release', mode, fence: 3 });
+  const answer = (mode: PauseMode, extra: Partial<ReleaseReceiptFacts> = {}): ReleaseReceiptFacts => ({
+    ...request(mode),
+    computeReleased: mode !== 'DETACH',
+    ...(mode === 'SNAPSHOT_AND_TERMINATE' ? { checkpoint } : {}),
+    ...extra,
   });
 
-  test('a receipt for another mode never confirms', () => {
-    expect(receiptConfirms('TERMINATE', { mode: 'DETACH', computeReleased: true })).toBe(false);
+  test.each([
+    ['TERMINATE', {}, undefined],
+    ['TERMINATE', { computeReleased: false }, 'computeReleased=false'],
+    ['SNAPSHOT_AND_TERMINATE', {}, undefined],
+    ['SNAPSHOT_AND_TERMINATE', { computeReleased: false }, 'computeReleased=false'],
+    ['SNAPSHOT_AND_TERMINATE', { checkpoint: undefined }, 'no checkpoint'],
+    ['DETACH', {}, undefined],
+    ['DETACH', { computeReleased: true }, undefined],
+    ['TERMINATE', { mode: 'DETACH' }, 'mode'],
+    ['SNAPSHOT_AND_TERMINATE', { mode: 'TERMINATE' }, 'mode'],
+    ['SNAPSHOT_AND_TERMINATE', { sandboxId: 'other' }, 'sandboxId'],
+    ['TERMINATE', { idempotencyKey: 'run-1/sbx/2/release' }, 'idempotencyKey'],
+    ['SNAPSHOT_AND_TERMINATE', { fence: 2 }, 'fence'],
+    ['DETACH', { fence: 4 }, 'fence'],
+    ['DETACH', { sandboxId: 'other' }, 'sandboxId'],
+  ] as const)('%s answered with %j: problem %s', (mode, extra, problem) => {
+    const found = receiptProblem(request(mode), answer(mode, extra as Partial<ReleaseReceiptFacts>));
+    if (problem === undefined) expect(found).toBeUndefined();
+    else expect(found).toContain(problem);
+  });
+
+  test('no receipt confirms a request it does not answer (any field off)', () => {
+    fc.assert(
+      fc.property(
+        fc.constantFrom<PauseMode>('DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'),
+        fc.constantFrom('sandboxId', 'idempotencyKey', 'fence', 'mode'),
+        (mode, field) => {
+          const wrong = { sandboxId: 'x', idempotencyKey: 'k', fence: 9, mode: mode === 'DETACH' ? 'TERMINATE' : 'DETACH' }[field];
+          expect(receiptProblem(request(mode), answer(mode, { [field]: wrong }))).toContain(field);
+        },
+      ),
+    );
   });
 
   test('backoff doubles from 1 s and stops at 5 min', () => {
@@ -236,5 +287,61 @@ describe('update arguments', () => {
   ] as const)('%s with %j (expects %i) → %s', (update, args, expected, message) => {
     const rejection = checkArity(update, args, expected);
     expect(rejection).toEqual(message === undefined ? undefined : { code: 'INVALID_ARGUMENT', message });
+  });
+});
+
+describe('run state machine', () => {
+  const states = STATUSES.flatMap((status) => PHASES.map((phase) => ({ status, phase })));
+  test.each(states.flatMap((s) => RUN_EVENTS.map((event) => [s.status, s.phase, event] as const)))('%s/%s --%s-->', (status, phase, event) => {
+    const next = nextRunState({ status, phase }, event);
+    const expected = RUN_LEGAL[`${status}/${phase}/${event}`];
+    if (expected) expect(`${(next as RunState).status}/${(next as RunState).phase}`).toBe(expected);
+    else expect(next).toEqual({ code: 'INVALID_STATE_TRANSITION', message: `run: cannot ${event} while ${status}/${phase}` });
+  });
+
+  test('every state a transition reaches is in the status × phase table', () => {
+    for (const s of states) {
+      for (const event of RUN_EVENTS) {
+        const next = nextRunState(s, event);
+        if (!isRejection(next)) expect(RUN_STATES[next.status]).toContain(next.phase);
+      }
+    }
+    expect(Object.keys(RUN_TRANSITIONS).sort()).toEqual([...RUN_EVENTS].sort());
+  });
+
+  const facts = (over: Partial<RunFacts> = {}): RunFacts => ({
+    status: 'RUNNING',
+    phase: 'ACTIVE',
+    suspendRequested: false,
+    expiring: false,
+    runningJobs: 0,
+    ...over,
+  });
+  test.each([
+    ['suspend', facts(), undefined],
+    ['suspend', facts({ suspendRequested: true }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'WAITING' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'COMPLETED' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'EXPIRED' }), 'STALE_SANDBOX_ROUTE'],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), undefined],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'POLICY_HOLD' }), undefined],
+    ['resume', facts({ status: 'WAITING', phase: 'SUSPENDED', suspensionReason: 'INTERACTION' }), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts({ phase: 'SUSPENDING', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts(), 'INVALID_STATE_TRANSITION'],
+    ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL', expiring: true }), 'STALE_SANDBOX_ROUTE'],
+    ['cancel', facts({ phase: 'RESUMING' }), undefined],
+    ['cancel', facts({ status: 'FAILED' }), 'INVALID_STATE_TRANSITION'],
+    ['continueAsNew', facts(), undefined],
+    ['continueAsNew', facts({ runningJobs: 1 }), 'INVALID_STATE_TRANSITION'],
+    ['continueAsNew', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
+  ] as const)('%s admitted on %j → %s', (op, f, code) => {
+    expect(admitRunOp(f, op)?.code).toBe(code);
+  });
+
+  test('once expiry begins, answers are a stale route', () => {
+    const pending = { id: 'int-1', kind: 'approval' as const, prompt: 'ok?', createdAt: 't', status: 'pending' as const };
+    const run = { status: 'WAITING' as const, interactions: [pending], answeredBy: {}, expiring: true };
+    expect(checkRespond(run, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({ code: 'STALE_SANDBOX_ROUTE' });
   });
 });

@@ -1,0 +1,82 @@
+// What every JSON request must be beyond its schema (I-JSON, RFC 7493, and a
+// nesting limit): no key twice in an object (parsers disagree on which one
+// counts), only well-formed Unicode (a lone surrogate cannot travel as UTF-8,
+// and Temporal's payloads would silently turn it into U+FFFD), and at most
+// MAX_JSON_DEPTH levels of nesting (deeper values overflow the stack of the
+// recursive code that validates and serialises them).
+
+/** Deepest nesting of arrays and objects a request may carry. */
+export const MAX_JSON_DEPTH = 64;
+
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** True when a string holds a UTF-16 surrogate without its pair. */
+export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
+
+/** Where a JSON value breaks a rule beyond its schema, and which rule. */
+export interface JsonProblem {
+  path: (string | number)[];
+  message: string;
+}
+
+/**
+ * What is wrong with a parsed JSON value beyond its schema, or undefined when
+ * nothing is. Iterative, so any depth is measured without recursion.
+ */
+export function findJsonProblem(value: unknown): JsonProblem | undefined {
+  const stack: { value: unknown; path: (string | number)[] }[] = [{ value, path: [] }];
+  while (stack.length > 0) {
+    const { value: v, path } = stack.pop()!;
+    if (typeof v === 'string') {
+      if (hasLoneSurrogate(v)) return { path, message: 'must be well-formed Unicode (it holds a lone surrogate)' };
+      continue;
+    }
+    if (typeof v !== 'object' || v === null) continue;
+    if (path.length >= MAX_JSON_DEPTH)
+      return { path: path.slice(0, 2), message: `nested deeper than ${MAX_JSON_DEPTH} levels` };
+    if (Array.isArray(v)) v.forEach((item, i) => stack.push({ value: item, path: [...path, i] }));
+    else
+      for (const [key, item] of Object.entries(v)) {
+        if (hasLoneSurrogate(key))
+          return { path, message: 'a key must be well-formed Unicode (it holds a lone surrogate)' };
+        stack.push({ value: item, path: [...path, key] });
+      }
+  }
+  return undefined;
+}
+
+/** findJsonProblem as one line naming the place, under `at` (e.g. `body.comment: ...`). */
+export function jsonValueProblem(value: unknown, at: string): string | undefined {
+  const problem = findJsonProblem(value);
+  return problem && `${[at, ...problem.path].map(String).join('.')}: ${problem.message}`;
+}
+
+/**
+ * The first key that appears twice in one object of a JSON text, or undefined.
+ * The text must already have parsed (JSON.parse), so only strings and brackets matter.
+ */
+export function duplicateKey(text: string): string | undefined {
+  // One entry per open container: the keys seen so far of an object (null for an array), and
+  // whether the next string of that object is a key.
+  const open: { keys: Set<string> | null; expectKey: boolean }[] = [];
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let end = i + 1;
+      while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+      const top = open[open.length - 1];
+      if (top?.keys && top.expectKey) {
+        const raw = text.slice(i + 1, end);
+        const key = raw.includes('\\') ? (JSON.parse(text.slice(i, end + 1)) as string) : raw;
+        if (top.keys.has(key)) return key;
+        top.keys.add(key);
+        top.expectKey = false;
+      }
+      i = end;
+    } else if (c === '{') open.push({ keys: new Set(), expectKey: true });
+    else if (c === '[') open.push({ keys: null, expectKey: false });
+    else if (c === '}' || c === ']') open.pop();
+    else if (c === ',' && open[open.length - 1]?.keys) open[open.length - 1].expectKey = true;
+  }
+  return undefined;
+}

@@ -1,0 +1,102 @@
+import type { AgentDriver, AgentAction } from '../../drivers/api';
+import type { ProviderDeps, SandboxProvider } from '../../providers/api';
+import { createLocalProvider } from '../../providers/local';
+import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+
+// Edges of a Run's lifecycle where a Run hung or lost its workspace.
+
+/** A driver that goes quiet (thinks) before its hold, so policy.idleTimeout freezes the sandbox first. */
+const job = (command: string): AgentAction => ({ type: 'job', command, pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false });
+const quietThenHold: AgentDriver = {
+  name: 'quiet-then-hold',
+  async step({ state, lastResult }) {
+    const step = (state as number | undefined) ?? 0;
+    if (step === 0) return { action: job('echo before'), state: 1 };
+    if (step === 1) {
+      await new Promise((r) => setTimeout(r, 3_000));
+      return { action: { type: 'hold', reason: 'review' }, state: 2 };
+    }
+    if (step === 2) return { action: job('echo after'), state: 3 };
+    return { action: { type: 'complete', output: lastResult }, state: 4 };
+  },
+};
+
+/** The local provider without a snapshot: an isolated workspace cannot be released, so it is RETAINED. */
+const noSnapshot = (deps: ProviderDeps): SandboxProvider => {
+  const local = createLocalProvider(deps, { name: 'nosnap' });
+  return { ...local, capabilities: { ...local.capabilities, pauseModes: ['DETACH'] } };
+};
+
+let stack: TestStack;
+beforeAll(async () => {
+  stack = await startStack({ worker: { drivers: [quietThenHold], providers: [noSnapshot] } });
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+const provider = (name = 'local') => stack.workers.get('host-a')!.registry.get(name);
+
+test('an idle-frozen sandbox that comes back by attach (DETACH hold) is thawed before the next job', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'quiet-then-hold' },
+    sandbox: { provider: 'local' },
+    policy: { idleTimeout: '1s' },
+  });
+  await eventually(async () => {
+    const view = saw(await stack.client.runs.resource(runId));
+    return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' && view.record.pauseMode === 'DETACH';
+  }, 30_000, 'held with DETACH');
+  await stack.client.runs.resume(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toMatchObject({ exitCode: 0, stdout: 'after\n' });
+});
+
+test('a failed or cancelled Run keeps a RETAINED isolated workspace (no snapshot, so never destroyed)', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'work.txt', content: 'hours of work' } }, { ask: 'go?' }] },
+    sandbox: { provider: 'nosnap' },
+  });
+  const view = await eventually(async () => {
+    const v = saw(await stack.client.runs.resource(runId));
+    return v.phase === 'SUSPENDED' && v.record.state === 'RETAINED' ? v : undefined;
+  }, 30_000, 'RETAINED');
+  await stack.client.runs.cancel(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
+  const after = await stack.client.runs.resource(runId);
+  expect(after.record.state).toBe('RETAINED');
+  const content = await provider('nosnap').readFile({ sandboxId: view.record.sandboxId, path: 'work.txt' }, { ownerId: runId, hostId: 'host-a' });
+  expect(content.toString()).toBe('hours of work');
+});
+
+test('a child that is terminated without its final report settles as such and unblocks its parent', async () => {
+  const parentId = `parent-term-${Date.now()}`;
+  const childId = `${parentId}.c1`;
+  await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [{ spawn: { runId: childId, agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] }, sandbox: { provider: 'local' } } }, { complete: 'parent done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  await eventually(async () => saw(await stack.client.runs.get(childId)).status === 'WAITING', 30_000, 'child waiting');
+  await stack.temporal.workflow.getHandle(childId).terminate('operator gave up');
+  await expect(stack.temporal.workflow.getHandle(parentId).result()).resolves.toBe('parent done');
+});
+
+test('retention expiry of a RELEASE_BLOCKED Run does not hang; answers after expiry began are a stale route', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'anyone?' }] },
+    sandbox: { provider: 'local' },
+    policy: { suspendedRetentionSeconds: 2 },
+  });
+  await eventually(async () => saw(await stack.client.runs.resource(runId)).record.state === 'RELEASE_BLOCKED', 30_000, 'RELEASE_BLOCKED');
+  await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'EXPIRED', 30_000, 'EXPIRED');
+  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' })).rejects.toMatchObject({ code: 'STALE_SANDBOX_ROUTE', httpStatus: 409 });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  const snapshot = await stack.client.runs.get(runId);
+  expect(snapshot).toMatchObject({ status: 'EXPIRED', error: { code: 'SUSPEND_EXPIRED' } });
+  expect(snapshot.interactions[0].status).toBe('expired');
+  expect(await provider().processCount(`${runId}-sbx`)).toBe(0);
+});

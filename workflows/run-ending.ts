@@ -1,0 +1,119 @@
+import { ApplicationFailure, condition, getExternalWorkflowHandle, log, patched } from '@temporalio/workflow';
+import { failureMessage } from './coordinator';
+import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
+import { childPingSignal } from './definitions';
+import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, PATCH_KEEP_RETAINED, type RunController } from './run-controller';
+import { isTerminal, liveChildren } from './run-state';
+import { releaseKeepingNothing } from './run-suspension';
+
+// How a Run ends: completed, failed, cancelled or past its ttl. Each settles the
+// sandbox its own way; none leaves a job running.
+
+/** A finished Run waits for its children's compute, then destroys its own sandbox. */
+export async function finish(c: RunController): Promise<void> {
+  const run = c.run;
+  if (!c.completed) {
+    await endWith(c, undefined, () => c.sandbox.destroy());
+    return;
+  }
+  // Children first: their Runs end and their compute is released before the parent completes.
+  const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
+  if (run.children.length === 0 || !patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
+  else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
+  await endWith(c, undefined, () => c.sandbox.destroy());
+  run.output = c.completed.output;
+  c.transition('complete');
+}
+
+export async function endTtl(c: RunController): Promise<void> {
+  for (const i of c.run.interactions) if (i.status === 'pending') i.status = 'cancelled';
+  c.run.error = { code: 'TTL_EXPIRED', message: `run exceeded its ttl of ${c.run.spec.policy?.ttl}` };
+  await endWith(c, 'expire', () => releaseKeepingNothing(c));
+}
+
+export async function endCancelled(c: RunController): Promise<void> {
+  for (const i of c.run.interactions) if (i.status === 'pending') i.status = 'cancelled';
+  await endWith(c, 'cancel', () => releaseCompute(c, 'cancelled'));
+}
+
+export async function endFailed(c: RunController, code: string, message: string): Promise<void> {
+  c.run.error = { code, message };
+  // Keep the workspace (and any checkpoint) of a failed Run; only its compute goes.
+  await endWith(c, 'fail', () => releaseCompute(c, code));
+}
+
+/** The Run's result: its output, or a failure carrying its error. */
+export function finalResult(c: RunController): unknown {
+  const run = c.run;
+  if (run.status === 'COMPLETED') return run.output;
+  throw ApplicationFailure.create({
+    type: run.error?.code ?? run.status,
+    message: run.error?.message ?? `run ${run.status}`,
+    nonRetryable: true,
+  });
+}
+
+/** Releases compute but keeps the workspace: a snapshot where files are not host-persistent. */
+async function releaseCompute(c: RunController, reason: string): Promise<void> {
+  const sandbox = c.sandbox;
+  await sandbox.cancelRelease();
+  const state = sandbox.record.state;
+  if (state === 'RELEASED' || state === 'DESTROYED' || sandbox.record.fence === 0) return;
+  const decision = choosePauseMode({
+    reason: 'MANUAL',
+    workspace: c.run.spec.sandbox.workspace?.kind ?? 'isolated',
+    advertised: sandbox.capabilities?.pauseModes ?? [],
+  });
+  if (decision.kind === 'retain') {
+    // No snapshot is possible: destroying would lose the workspace, so it is kept (RETAINED).
+    if (patched(PATCH_KEEP_RETAINED)) sandbox.noteError(`kept after the Run ended (${reason}): ${decision.why}`);
+    else await sandbox.destroy();
+    return;
+  }
+  if (state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
+    await sandbox.resume();
+  }
+  await sandbox.releaseUnderNewFence(decision.mode, reason, c.labels());
+}
+
+/** Cancels every job, moves the Run to its end (`event`; none when already there), then cleans up. */
+async function endWith(c: RunController, event: RunEvent | undefined, cleanup: () => Promise<void>): Promise<void> {
+  for (const scope of c.jobScopes.values()) scope.cancel();
+  if (event && !isTerminal(c.run.status)) c.transition(event);
+  else {
+    c.run.phase = 'ACTIVE';
+    c.run.suspension = undefined;
+    c.changed();
+  }
+  if (event && liveChildren(c.run).length > 0 && patched(PATCH_CHILDREN_SURVIVE_CAN)) await cancelChildren(c);
+  try {
+    await cleanup();
+  } catch (err) {
+    c.sandbox.noteError(failureMessage(err));
+  }
+  c.changed();
+}
+
+/** A Run that ends other than by completing cancels its children (they outlive only its continue-as-new). */
+async function cancelChildren(c: RunController): Promise<void> {
+  await Promise.all(
+    liveChildren(c.run).map((ch) =>
+      getExternalWorkflowHandle(ch.runId)
+        .cancel()
+        .catch((err: unknown) => log.info('could not cancel child run', { childId: ch.runId, error: failureMessage(err) })),
+    ),
+  );
+}
+
+/** How often a parent checks that children it cannot watch (started before a continue-as-new) are still open. */
+const CHILD_PING_INTERVAL = '30s';
+
+/** A child started before this workflow run that no longer takes signals has closed without its final report. */
+async function pingUnwatchedChildren(c: RunController): Promise<void> {
+  for (const ch of liveChildren(c.run)) {
+    if (c.watchedChildren.has(ch.runId)) continue;
+    await getExternalWorkflowHandle(ch.runId)
+      .signal(childPingSignal)
+      .catch((err: unknown) => c.childClosedUnreported(ch.runId, `closed: ${failureMessage(err)}`));
+  }
+}

@@ -1,0 +1,117 @@
+import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workflow';
+import { ChildStateInput, RespondInput, type InteractionRequest } from '../common/schemas';
+import { describeIssues } from '../common/errors';
+import { nowIso, nowMs } from './clock';
+import {
+  childPingSignal,
+  childStateSignal,
+  resourceQuery,
+  respondSignal,
+  respondUpdate,
+  resumeRunUpdate,
+  snapshotQuery,
+  suspendRunUpdate,
+} from './definitions';
+import { checkArity, checkRespond, type Rejection } from './lifecycle';
+import { refuse, type RunController } from './run-controller';
+import { isTerminal, pendingInteractions, toResourceView, toSnapshot } from './run-state';
+
+/** The Run's queries, updates and signals; set before the workflow's first await. */
+export function setRunHandlers(c: RunController): void {
+  const run = c.run;
+  setHandler(snapshotQuery, () => toSnapshot(run));
+  setHandler(resourceQuery, () => toResourceView(run, nowMs()));
+  setHandler(
+    respondUpdate,
+    (input) => {
+      const check = checkAnswer(c, input, currentUpdateInfo()?.id);
+      const interaction = run.interactions.find((i) => i.id === input.interactionId) as InteractionRequest;
+      if (check !== 'duplicate') answer(c, input, currentUpdateInfo()?.id);
+      return interaction;
+    },
+    {
+      validator: (...args: unknown[]) => {
+        const arity = checkArity('respond', args, 1);
+        if (arity) refuse(arity);
+        const check = checkAnswer(c, args[0], currentUpdateInfo()?.id);
+        if (check && check !== 'duplicate') refuse(check);
+      },
+    },
+  );
+  setHandler(respondSignal, (input) => {
+    const check = checkAnswer(c, input, undefined);
+    if (check === undefined) answer(c, input, undefined);
+    else log.warn('respondSignal rejected', { runId: run.runId, ...(check === 'duplicate' ? { code: 'DUPLICATE' } : check) });
+  });
+  setHandler(
+    suspendRunUpdate,
+    async () => {
+      c.manualSuspendRequested = true;
+      await condition(() => run.phase === 'SUSPENDED' || isTerminal(run.status));
+      return toSnapshot(run);
+    },
+    {
+      validator: (...args: unknown[]) => {
+        noArguments('suspend', args);
+        const rejection = c.admit('suspend');
+        if (rejection) refuse(rejection);
+      },
+    },
+  );
+  setHandler(
+    resumeRunUpdate,
+    async () => {
+      c.resumeRequested = true;
+      await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
+      return toSnapshot(run);
+    },
+    {
+      validator: (...args: unknown[]) => {
+        noArguments('resume', args);
+        const rejection = c.admit('resume');
+        if (rejection) refuse(rejection);
+      },
+    },
+  );
+  setHandler(childStateSignal, (input) => {
+    // Anyone can signal: a malformed report is logged and changes nothing.
+    const parsed = ChildStateInput.safeParse(input);
+    if (!parsed.success) {
+      log.warn('childState rejected', { runId: run.runId, message: describeIssues(parsed.error.issues) });
+      return;
+    }
+    const { runId, state, status } = parsed.data;
+    const child = run.children.find((ch) => ch.runId === runId);
+    if (child) child.state = state;
+    else run.children.push({ runId, state });
+    if (status) run.childStatus[runId] = status;
+    c.changed();
+  });
+  setHandler(childPingSignal, () => undefined);
+}
+
+function checkAnswer(c: RunController, input: unknown, updateId: string | undefined): Rejection | 'duplicate' | undefined {
+  const parsed = RespondInput.safeParse(input);
+  if (!parsed.success) return { code: 'INVALID_ARGUMENT', message: describeIssues(parsed.error.issues) };
+  return checkRespond({ ...c.run, expiring: c.expiring }, parsed.data, updateId);
+}
+
+function answer(c: RunController, input: RespondInput, updateId: string | undefined): void {
+  const interaction = c.run.interactions.find((i) => i.id === input.interactionId);
+  if (!interaction) return;
+  Object.assign(interaction, {
+    status: 'answered',
+    response: input.response,
+    respondedBy: input.respondedBy ?? 'anonymous',
+    respondedAt: nowIso(),
+  });
+  c.run.answeredBy[interaction.id] = updateId ? { updateId } : {};
+  if (pendingInteractions(c.run).length === 0 && c.run.status === 'WAITING') c.transition('answered');
+  else c.changed();
+}
+
+/** The Run's suspend and resume take no argument; junk in one is refused, not ignored. */
+function noArguments(update: string, args: unknown[]): void {
+  const arity = checkArity(update, args, 0);
+  if (arity) refuse(arity);
+}
