@@ -22,7 +22,7 @@ const hostPort = z
 // An IPv6 address goes in brackets, [::1]:7233; the port defaults to 7233.
 const temporalAddress = z
   .string()
-  .regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port (an IPv6 address in brackets: [::1]:7233)');
+  .regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
 
 export const Env = z.object({
   // Read again, with the temporal.toml profile and TEMPORAL_TLS_*, by temporalConnectConfig.
