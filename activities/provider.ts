@@ -112,7 +112,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
         // Retried by Temporal: a release counts only when the receipt confirms it.
         throw ApplicationFailure.create({ type: 'COMPUTE_NOT_RELEASED', message: `provider ${problem}` });
       }
-      deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
+      // Durable before the workflow hears of the release: the snapshot then counts every release it saw.
+      await deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
       return { ...receipt, attempt: info.attempt };
     },
 

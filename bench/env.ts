@@ -5,7 +5,8 @@ import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
 import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisClient } from '../client';
-import { fileMetricsSource } from '../client/metrics';
+import { storeMetricsSource } from '../client/metrics';
+import { createFiguresStore } from '../stores/figures';
 import { freePorts, startMinio, startTemporal, type MinioServer, type TemporalServer } from '../platform/servers';
 import { createCheckpointStore } from '../stores';
 import type { CheckpointStore } from '../stores/api';
@@ -79,14 +80,14 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     STASIS_HOST_PATHS: scratch,
   });
   const store = createCheckpointStore(config);
-  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
     hostPaths: hostPathPolicy(config),
   });
-  const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+  const native = await NativeConnection.connect(config.temporal.connectionOptions);
   const worker = await createStasisWorker({ config, connection: native, store });
   const running = worker.run();
 

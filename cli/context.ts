@@ -1,8 +1,10 @@
 import type { Writable } from 'node:stream';
 import { StasisClient, type StasisClientOptions } from '../client';
-import { fileMetricsSource } from '../client/metrics';
+import { storeMetricsSource } from '../client/metrics';
+import { createFiguresStore } from '../stores/figures';
 import { hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
+import type { TemporalConnectionOptions } from '../common/temporal-connection';
 
 // What every command works with: the streams, the --json switch, the
 // configuration (read once, on first use) and one typed client.
@@ -14,13 +16,13 @@ export interface CliIo {
 }
 
 /** The typed client's options for a configuration (also used by `stasis dev` for its own servers). */
-export function clientOptions(config: Config): StasisClientOptions & { address: string } {
+export function clientOptions(config: Config): StasisClientOptions & { connection: TemporalConnectionOptions } {
   return {
-    address: config.TEMPORAL_ADDRESS ?? 'localhost:7233',
+    connection: config.temporal.connectionOptions,
     namespace: config.TEMPORAL_NAMESPACE,
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
     hostPaths: hostPathPolicy(config),
   };
 }
@@ -52,7 +54,7 @@ export class CliContext {
     } catch (err) {
       throw new StasisError(
         'UNAVAILABLE',
-        `Temporal is not reachable at ${options.address} (${err instanceof Error ? err.message : String(err)}); start \`stasis dev\` or set TEMPORAL_ADDRESS`,
+        `Temporal is not reachable at ${options.connection.address} (${err instanceof Error ? err.message : String(err)}); start \`stasis dev\` or set TEMPORAL_ADDRESS`,
       );
     }
   }

@@ -3,6 +3,11 @@ import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
 import { describeIssues, StasisError } from '../common/errors';
 import { activeWorkspacesOfRun, activeWorkspacesOfSandbox, checkHostPaths, type HostPathPolicy } from '../common/host-paths';
 import {
+  DEFAULT_TEMPORAL_NAMESPACE,
+  temporalConnectConfig,
+  type TemporalConnectionOptions,
+} from '../common/temporal-connection';
+import {
   CreateSandboxInput,
   ExecInput,
   InteractionResponse,
@@ -48,7 +53,8 @@ export { StasisError } from '../common/errors';
 export interface StasisClientOptions {
   /** A connected Temporal client; otherwise one is made from address/namespace. */
   client?: Client;
-  address?: string;
+  /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted. */
+  connection?: TemporalConnectionOptions;
   namespace?: string;
   taskQueue?: string;
   /** STASIS_SUSPENDED_RETENTION_SECONDS given to new standalone sandboxes. */
@@ -99,8 +105,10 @@ export class StasisClient {
 
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
-    const connection = await Connection.connect({ address: options.address ?? 'localhost:7233' });
-    return new StasisClient(new Client({ connection, namespace: options.namespace ?? 'default' }), options);
+    const fromEnv = options.connection === undefined ? temporalConnectConfig() : undefined;
+    const connection = await Connection.connect(options.connection ?? fromEnv?.connectionOptions);
+    const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
+    return new StasisClient(new Client({ connection, namespace }), options);
   }
 
   async metricsSnapshot(): Promise<MetricsSnapshot> {

@@ -1,38 +1,19 @@
-import { readdir, readFile } from 'node:fs/promises';
-import * as path from 'node:path';
 import type { Client } from '@temporalio/client';
 import type { MetricsSnapshot } from '../common/schemas';
 import { percentiles } from '../activities/metrics';
+import type { FiguresStore, HostFigures } from '../stores/figures';
 import { StasisBlockedSince } from '../workflows/search-attributes';
 
-// The metrics snapshot (docs/SURFACES.md). Counts come from Temporal visibility
-// over the Stasis search attributes, so they hold across workers; failures,
-// retries and release latency come from the workers themselves.
+// The metrics snapshot. Counts come from Temporal visibility over the Stasis
+// search attributes; failures, retries and release latency from the figures
+// every host writes durably beside the checkpoints (stores/figures.ts), so the
+// snapshot covers every host, including hosts that died or restarted.
 
-export interface WorkerMetricsFigures {
-  failures: number;
-  retries: number;
-  releaseLatencyMs: number[];
-}
+export type WorkerMetricsSource = () => Promise<HostFigures[]>;
 
-export type WorkerMetricsSource = () => Promise<WorkerMetricsFigures[]>;
-
-/** Workers write their figures to `<dataDir>/metrics/<hostId>.json`; this reads them all. */
-export function fileMetricsSource(dataDir: string): WorkerMetricsSource {
-  const dir = path.join(dataDir, 'metrics');
-  return async () => {
-    const files = await readdir(dir).catch(() => [] as string[]);
-    const figures = await Promise.all(
-      files
-        .filter((f) => f.endsWith('.json'))
-        .map((f) =>
-          readFile(path.join(dir, f), 'utf8')
-            .then((text) => JSON.parse(text) as WorkerMetricsFigures)
-            .catch(() => undefined),
-        ),
-    );
-    return figures.filter((f): f is WorkerMetricsFigures => f !== undefined);
-  };
+/** Every host's figures from the store they write to. */
+export function storeMetricsSource(store: FiguresStore): WorkerMetricsSource {
+  return () => store.readAll();
 }
 
 const running = (clause: string) => `ExecutionStatus = 'Running' AND ${clause}`;
@@ -50,15 +31,17 @@ export async function collectMetrics(temporal: Client, source?: WorkerMetricsSou
     const since = wf.typedSearchAttributes.get(StasisBlockedSince);
     if (since && (oldestBlockedMs === undefined || since.getTime() < oldestBlockedMs)) oldestBlockedMs = since.getTime();
   }
-  const workers = source ? await source() : [];
+  const hosts = source ? await source() : [];
+  const latency = percentiles(hosts.flatMap((h) => h.releaseLatencyMs));
   return {
     active,
     retained,
     pendingCleanup,
     releaseBlocked,
-    failures: workers.reduce((n, w) => n + w.failures, 0),
-    retries: workers.reduce((n, w) => n + w.retries, 0),
+    failures: hosts.reduce((n, h) => n + h.failures, 0),
+    retries: hosts.reduce((n, h) => n + h.retries, 0),
     oldestBlockedAgeSeconds: oldestBlockedMs === undefined ? 0 : Math.max(0, Math.round((Date.now() - oldestBlockedMs) / 1000)),
-    releaseLatencyMs: percentiles(workers.flatMap((w) => w.releaseLatencyMs)),
+    // Every confirmed release counts; the percentiles cover each host's most recent ones.
+    releaseLatencyMs: { ...latency, count: hosts.reduce((n, h) => n + h.releases, 0) },
   };
 }

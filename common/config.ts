@@ -1,6 +1,7 @@
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { z } from 'zod';
+import { temporalConnectConfig, type TemporalConnectConfig } from './temporal-connection';
 import type { HostPathPolicy } from './host-paths';
 import { DEFAULT_ROLE, isRole, ROLES, type ApiToken } from './roles';
 
@@ -18,9 +19,15 @@ const hostPort = z
   .string()
   .regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:port');
 
+// An IPv6 address goes in brackets, [::1]:7233; the port defaults to 7233.
+const temporalAddress = z
+  .string()
+  .regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
+
 export const Env = z.object({
-  TEMPORAL_ADDRESS: hostPort.optional(),
-  TEMPORAL_NAMESPACE: z.string().min(1).default('default'),
+  // Read again, with the temporal.toml profile and TEMPORAL_TLS_*, by temporalConnectConfig.
+  TEMPORAL_ADDRESS: temporalAddress.optional(),
+  TEMPORAL_NAMESPACE: z.string().min(1).optional(),
   STASIS_TASK_QUEUE: z
     .string()
     .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
@@ -67,11 +74,24 @@ export const Env = z.object({
     .string()
     .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
     .default('127.0.0.1:9464'),
+  /** This host's own Prometheus metrics (stasis_release_duration_seconds etc.) of `stasis worker` / `stasis dev`; `off` disables it. */
+  STASIS_METRICS_ADDR: z
+    .string()
+    .regex(/^(off|[A-Za-z0-9.-]+:[0-9]{1,5})$/, 'must be host:port or off')
+    .default('127.0.0.1:9465'),
+  /** A workflow bundle built ahead (JSON `{code}` of bundleWorkflowCode), so a worker starts without bundling. */
+  STASIS_WORKFLOW_BUNDLE: z.string().min(1).optional(),
   /** Extra provider modules to load by path, comma-separated. */
   STASIS_PROVIDERS: z.string().optional(),
 });
 
-export type Config = z.infer<typeof Env> & { snapshotStore: 's3' | 'fs' };
+export type Config = Omit<z.infer<typeof Env>, 'TEMPORAL_NAMESPACE'> & {
+  /** The namespace of the environment or the temporal.toml profile; `default` when neither names one. */
+  TEMPORAL_NAMESPACE: string;
+  snapshotStore: 's3' | 'fs';
+  /** How to reach Temporal (envconfig: profile, TEMPORAL_ADDRESS, TEMPORAL_API_KEY, TEMPORAL_TLS_*). */
+  temporal: TemporalConnectConfig;
+};
 
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
@@ -99,11 +119,25 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     );
   }
   const config = parsed.data;
+  let temporal: TemporalConnectConfig;
+  try {
+    temporal = temporalConnectConfig(env);
+  } catch (err) {
+    throw new ConfigError([(err as Error).message]);
+  }
   const snapshotStore = config.STASIS_SNAPSHOT_STORE ?? (config.STASIS_S3_ENDPOINT ? 's3' : 'fs');
   if (snapshotStore === 's3' && !config.STASIS_S3_ENDPOINT && !env.AWS_REGION) {
     throw new ConfigError(['STASIS_S3_ENDPOINT: must be set when STASIS_SNAPSHOT_STORE is s3 (or set AWS_REGION for AWS S3)']);
   }
-  return { ...config, STASIS_DATA_DIR: path.resolve(config.STASIS_DATA_DIR), snapshotStore };
+  return {
+    ...config,
+    // A profile may name the server and namespace the environment does not.
+    TEMPORAL_ADDRESS: temporal.addressConfigured ? temporal.connectionOptions.address : undefined,
+    TEMPORAL_NAMESPACE: temporal.namespace,
+    STASIS_DATA_DIR: path.resolve(config.STASIS_DATA_DIR),
+    snapshotStore,
+    temporal,
+  };
 }
 
 /** Where active workspaces may live, by this configuration. */

@@ -6,21 +6,57 @@ import * as readline from 'node:readline';
 
 // The Temporal CLI (embedded dev server) and MinIO, built once per machine with
 // `go install` into a cache outside the repository, so fresh clones and CI runs
-// on the same machine reuse them. This file imports only Node built-ins because
-// scripts/ensure-binaries.js loads it without a build step.
+// on the same machine reuse them; and, for `npm run test:cluster` only, the
+// Temporal server and its SQL schema tool. This file imports only Node built-ins
+// because scripts/ensure-binaries.js loads it without a build step.
+
+/** The newest `go` line of the modules we build (the Temporal CLI's and server's go.mod say 1.25). */
+export const GO_MIN_VERSION = '1.25';
+
+/** The Temporal server release of the cluster test and docker-compose.temporal.yml (keep them equal). */
+export const TEMPORAL_SERVER_VERSION = 'v1.29.1';
+
+interface BinarySpec {
+  pkg: string;
+  version: string;
+  /** An executable the user names instead of ours. */
+  envOverride: string;
+  /** The file `go install` writes, when not the binary's name. */
+  output?: string;
+  /** Taken from PATH when there (any release of it will do). */
+  fromPath?: boolean;
+}
 
 export const BINARIES = {
-  temporal: { pkg: 'github.com/temporalio/cli/cmd/temporal', version: 'v1.5.1', envOverride: 'STASIS_TEMPORAL_BIN' },
+  temporal: {
+    pkg: 'github.com/temporalio/cli/cmd/temporal',
+    version: 'v1.5.1',
+    envOverride: 'STASIS_TEMPORAL_BIN',
+    fromPath: true,
+  },
   // A pseudo-version: MinIO publishes no Go module tags; this is what @latest resolves to.
   minio: {
     pkg: 'github.com/minio/minio',
     version: 'v0.0.0-20260212201848-7aac2a2c5b7c',
     envOverride: 'STASIS_MINIO_BIN',
   },
-} as const;
+  'temporal-server': {
+    pkg: 'go.temporal.io/server/cmd/server',
+    version: TEMPORAL_SERVER_VERSION,
+    envOverride: 'STASIS_TEMPORAL_SERVER_BIN',
+    output: 'server',
+  },
+  'temporal-sql-tool': {
+    pkg: 'go.temporal.io/server/cmd/tools/sql',
+    version: TEMPORAL_SERVER_VERSION,
+    envOverride: 'STASIS_TEMPORAL_SQL_TOOL_BIN',
+    output: 'sql',
+  },
+} as const satisfies Record<string, BinarySpec>;
 
 export type BinaryName = keyof typeof BINARIES;
-export type BinaryPaths = Record<BinaryName, string>;
+/** What `npm start`, `stasis dev` and `npm test` need. */
+export type BinaryPaths = Record<'temporal' | 'minio', string>;
 
 export interface EnsureOptions {
   env?: NodeJS.ProcessEnv;
@@ -34,9 +70,10 @@ export class GoMissingError extends Error {
   constructor(dir: string, detail: string) {
     super(
       `stasis needs Go to build the Temporal CLI and MinIO once into ${dir} (${detail}).\n` +
-        'Install Go >= 1.24: https://go.dev/dl/ or the Debian package (apt-get install golang-go, ' +
-        'trixie or bookworm-backports), then run again. Or point Stasis at servers you already run ' +
-        'with TEMPORAL_ADDRESS and STASIS_S3_ENDPOINT.',
+        `Install Go >= ${GO_MIN_VERSION}: https://go.dev/dl/ (older Go >= 1.21 fetches ${GO_MIN_VERSION} by itself ` +
+        'when it may download toolchains), then run again. Or put a `temporal` CLI on PATH (or set ' +
+        'STASIS_TEMPORAL_BIN and STASIS_MINIO_BIN), or point Stasis at servers you already run with ' +
+        'TEMPORAL_ADDRESS and STASIS_S3_ENDPOINT.',
     );
     this.name = 'GoMissingError';
   }
@@ -69,15 +106,36 @@ export async function ensureBinaries(options: EnsureOptions = {}): Promise<Binar
   return { temporal, minio };
 }
 
-/** Path of one binary, building it with `go install` if it is not in the cache yet. */
+/** The Temporal server and its schema tool, for the cluster test. */
+export async function ensureClusterBinaries(options: EnsureOptions = {}): Promise<Record<'server' | 'sqlTool', string>> {
+  const server = await ensureBinary('temporal-server', options);
+  const sqlTool = await ensureBinary('temporal-sql-tool', options);
+  return { server, sqlTool };
+}
+
+function onPath(name: string, env: NodeJS.ProcessEnv): string | undefined {
+  for (const dir of (env.PATH ?? '').split(path.delimiter).filter(Boolean)) {
+    const file = path.join(dir, name);
+    if (isExecutable(file)) return file;
+  }
+  return undefined;
+}
+
+/**
+ * Path of one binary: the one its variable names, else (for the Temporal CLI) the
+ * one on PATH, else ours from the cache, building it with `go install` if needed.
+ */
 export async function ensureBinary(name: BinaryName, options: EnsureOptions = {}): Promise<string> {
   const env = options.env ?? process.env;
   const log = options.log ?? defaultLog;
-  const override = env[BINARIES[name].envOverride];
+  const spec: BinarySpec = BINARIES[name];
+  const override = env[spec.envOverride];
   if (override) {
-    if (!isExecutable(override)) throw new Error(`${BINARIES[name].envOverride}=${override} is not an executable file`);
+    if (!isExecutable(override)) throw new Error(`${spec.envOverride}=${override} is not an executable file`);
     return override;
   }
+  const found = spec.fromPath ? onPath(name, env) : undefined;
+  if (found) return found;
   const dir = binDir(env);
   const target = path.join(dir, name);
   if (isExecutable(target)) return target;
@@ -140,7 +198,7 @@ async function goInstall(
       child.once('error', reject);
       child.once('close', resolve);
     });
-    const built = path.join(staging, name);
+    const built = path.join(staging, (BINARIES[name] as BinarySpec).output ?? name);
     if (code !== 0 || !isExecutable(built)) {
       throw new Error(`go install ${spec} failed (exit ${code}):\n${tail.join('\n')}`);
     }

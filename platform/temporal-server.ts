@@ -1,5 +1,6 @@
 import * as path from 'node:path';
 import { Connection } from '@temporalio/client';
+import { temporalConnectConfig, type TemporalConnectionOptions } from '../common/temporal-connection';
 import { encodeSearchAttributeIndexedValueType } from '@temporalio/common/lib/search-attributes';
 import { SEARCH_ATTRIBUTE_TYPES } from '../workflows/search-attributes';
 import { ensureBinary } from './binaries';
@@ -8,8 +9,8 @@ import { portAnswers } from './ports';
 import { logTail, PermanentError, retryUntil } from './wait';
 
 // The embedded Temporal dev server (SQLite file) for `stasis dev` and tests, or
-// a Temporal that is already there (TEMPORAL_ADDRESS, or a dev server left
-// running on the port), which we then use and never stop.
+// a Temporal that is already there (TEMPORAL_ADDRESS or a temporal.toml profile,
+// or a dev server left running on the port), which we then use and never stop.
 
 export interface TemporalOptions {
   /** The SQLite file and the log go here. */
@@ -45,13 +46,15 @@ export async function startTemporal(options: TemporalOptions): Promise<TemporalS
   const port = options.port ?? 7233;
   const timeoutMs = options.startTimeoutMs ?? 120_000;
 
-  if (env.TEMPORAL_ADDRESS) {
-    await waitForTemporal(env.TEMPORAL_ADDRESS, namespace, { timeoutMs: 30_000, register: true });
-    return existing(env.TEMPORAL_ADDRESS, namespace, undefined);
+  const configured = temporalConnectConfig(env);
+  if (configured.addressConfigured) {
+    const options = configured.connectionOptions;
+    await waitForTemporal(options, namespace, { timeoutMs: 30_000, register: true });
+    return existing(options.address, namespace, undefined);
   }
   const address = `127.0.0.1:${port}`;
   if ((await portAnswers('127.0.0.1', port)) && (await answersAsTemporal(address))) {
-    await waitForTemporal(address, namespace, { timeoutMs: 30_000, register: true });
+    await waitForTemporal({ address }, namespace, { timeoutMs: 30_000, register: true });
     const uiUrl =
       options.uiPort && (await portAnswers('127.0.0.1', options.uiPort))
         ? `http://127.0.0.1:${options.uiPort}`
@@ -88,7 +91,7 @@ export async function startTemporal(options: TemporalOptions): Promise<TemporalS
   const child = spawnGroup(binary, args, { env, logFile });
   const stop = (): Promise<void> => stopGroup(child.pid);
   try {
-    await waitForTemporal(address, namespace, {
+    await waitForTemporal({ address }, namespace, {
       timeoutMs,
       register: false,
       gaveUp: () => (child.hasExited() ? `temporal exited early; log ${logFile}:\n${logTail(logFile)}` : undefined),
@@ -128,12 +131,13 @@ async function answersAsTemporal(address: string): Promise<boolean> {
  * may not have them yet); otherwise the dev server registers them at start.
  */
 export async function waitForTemporal(
-  address: string,
+  connectionOptions: TemporalConnectionOptions,
   namespace: string,
   options: { timeoutMs: number; register: boolean; gaveUp?: () => string | undefined },
 ): Promise<void> {
-  await retryUntil(`Temporal at ${address} (namespace ${namespace})`, options.timeoutMs, options.gaveUp, async () => {
-    const connection = await Connection.connect({ address, connectTimeout: 2_000 });
+  const what = `Temporal at ${connectionOptions.address} (namespace ${namespace})`;
+  await retryUntil(what, options.timeoutMs, options.gaveUp, async () => {
+    const connection = await Connection.connect({ ...connectionOptions, connectTimeout: 2_000 });
     try {
       await connection.workflowService.describeNamespace({ namespace });
       let problems = await searchAttributeProblems(connection, namespace);
@@ -144,10 +148,11 @@ export async function waitForTemporal(
             searchAttributes: Object.fromEntries(problems.missing.map((name) => [name, expectedType(name)])),
           });
         } catch (error) {
-          // E.g. Temporal Cloud, where attributes are managed outside the server API.
+          // E.g. Temporal Cloud, where attributes are added in the Cloud UI or with tcld, not the operator API.
           throw new PermanentError(
             `${problems.missing.join(', ')} are not registered and could not be added (${String(error)}); ` +
-              'register them as in docker-compose.temporal.yml (temporal operator search-attribute create)',
+              'register them as in docker-compose.temporal.yml (temporal operator search-attribute create), ' +
+              'or on Temporal Cloud in the namespace settings (see README, Running on a Temporal cluster)',
           );
         }
         problems = await searchAttributeProblems(connection, namespace);

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Builds the Temporal CLI and MinIO into the machine's cache if they are missing
-// (see platform/binaries.ts), before anything else in CI needs them. Plain JS so
+// (see platform/binaries.ts), before anything else in CI needs them; with
+// --cluster, the Temporal server and temporal-sql-tool of the cluster test. Plain JS so
 // it runs right after `npm ci`, without a build: the TypeScript source is
 // transpiled in memory with the project's own compiler.
 'use strict';
@@ -23,9 +24,10 @@ function loadTs(file) {
   return mod.exports;
 }
 
-const { binDir, ensureBinaries } = loadTs(path.join(__dirname, '..', 'platform', 'binaries.ts'));
+const { binDir, ensureBinaries, ensureClusterBinaries } = loadTs(path.join(__dirname, '..', 'platform', 'binaries.ts'));
 
-ensureBinaries().then(
+const cluster = process.argv.includes('--cluster');
+(cluster ? ensureClusterBinaries() : ensureBinaries()).then(
   (paths) => {
     console.log(`stasis: binaries ready in ${binDir()}: ${Object.keys(paths).join(', ')}`);
   },

@@ -1,5 +1,4 @@
-import { mkdir, writeFile, rename } from 'node:fs/promises';
-import { randomUUID } from 'node:crypto';
+import { mkdir, readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
@@ -11,6 +10,7 @@ import { scriptedDriver } from '../drivers/scripted';
 import type { ProviderModuleExport } from '../providers/api';
 import { createDefaultRegistry, type ProviderRegistry } from '../providers/registry';
 import { createCheckpointStore } from '../stores';
+import { createFiguresStore } from '../stores/figures';
 import type { CheckpointStore } from '../stores/api';
 import { reconcileHost, startMaintenance } from './maintenance';
 
@@ -71,7 +71,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   // Validates every provider now: a v2 provider stops the start with its name.
   const registry = createDefaultRegistry({ hostId, dataDir, store }, (config.STASIS_PROVIDERS ?? '').split(',').filter(Boolean));
   for (const provider of options.providers ?? []) registry.register(provider, 'given in code');
-  const metrics = new WorkerMetrics();
+  const metrics = await WorkerMetrics.load(hostId, createFiguresStore(config));
   const drivers = new Map<string, AgentDriver>([[scriptedDriver.name, scriptedDriver], ...(options.drivers ?? []).map((d) => [d.name, d] as const)]);
   const activities = createActivities({
     hostId,
@@ -83,8 +83,12 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   });
 
   const ownConnection = options.connection === undefined;
-  const connection = options.connection ?? (await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS ?? 'localhost:7233' }));
-  const bundle = options.workflowBundle ?? (await workflowBundle());
+  const connection = options.connection ?? (await NativeConnection.connect(config.temporal.connectionOptions));
+  const bundle =
+    options.workflowBundle ??
+    (config.STASIS_WORKFLOW_BUNDLE
+      ? (JSON.parse(await readFile(config.STASIS_WORKFLOW_BUNDLE, 'utf8')) as WorkflowBundleWithSourceMap)
+      : await workflowBundle());
   const shared = await Worker.create({
     connection,
     namespace: config.TEMPORAL_NAMESPACE,
@@ -105,15 +109,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   });
 
   const client = new Client({ connection: await clientConnection(config), namespace: config.TEMPORAL_NAMESPACE });
-  const metricsFile = path.join(config.STASIS_DATA_DIR, 'metrics', `${hostId}.json`);
   const stopMaintenance = startMaintenance({ config, dataDir, registry, client, hostId, store });
-  // A write slower than the interval (a busy event loop) must neither overlap the next nor crash the worker.
-  let writing: Promise<void> = Promise.resolve();
-  const metricsTimer = setInterval(() => {
-    writing = writing
-      .then(() => writeMetrics(metricsFile, metrics))
-      .catch((err: unknown) => console.warn(`could not write worker metrics: ${String(err)}`));
-  }, 2_000);
 
   let running: Promise<void> | undefined;
   return {
@@ -126,10 +122,8 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
         try {
           await Promise.all([shared.run(), host.run()]);
         } finally {
-          clearInterval(metricsTimer);
           stopMaintenance();
-          await writing;
-          await writeMetrics(metricsFile, metrics);
+          await metrics.flushed();
           await client.connection.close();
           await registry.closeAll();
           if (ownConnection) await connection.close();
@@ -146,12 +140,5 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
 
 async function clientConnection(config: Config) {
   const { Connection } = await import('@temporalio/client');
-  return Connection.connect({ address: config.TEMPORAL_ADDRESS ?? 'localhost:7233' });
-}
-
-async function writeMetrics(file: string, metrics: WorkerMetrics): Promise<void> {
-  await mkdir(path.dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.${randomUUID().slice(0, 8)}.tmp`;
-  await writeFile(tmp, JSON.stringify(metrics.snapshot()));
-  await rename(tmp, file);
+  return Connection.connect(config.temporal.connectionOptions);
 }

@@ -1,18 +1,17 @@
 import { randomBytes } from 'node:crypto';
-import { accessSync, constants } from 'node:fs';
 import * as path from 'node:path';
 import type { Command } from 'commander';
 import { StasisClient } from '../../client';
 import { loadConfig } from '../../common/config';
-import { BINARIES, binDir, ensureBinary } from '../../platform/binaries';
+import { ensureBinary } from '../../platform/binaries';
 import { portAnswers } from '../../platform/ports';
 import { clientOptions, type CliContext } from '../context';
 import { withProgress } from '../progress';
 import { untilStopSignal } from '../signals';
 
 // `stasis dev`: everything on one machine. The Temporal dev server (7233, Web
-// UI 8233; or TEMPORAL_ADDRESS), MinIO when its binary is there (else the fs
-// store), a worker, and the API with the approval page. Stops them all, in
+// UI 8233; or TEMPORAL_ADDRESS / a temporal.toml profile), MinIO (or
+// STASIS_S3_ENDPOINT; the fs store only with STASIS_SNAPSHOT_STORE=fs), a worker, and the API with the approval page. Stops them all, in
 // reverse order, on Ctrl-C or SIGTERM. Servers, worker SDK and fastify are
 // loaded only here, so the one-shot commands start fast.
 
@@ -22,49 +21,32 @@ interface Store {
   description: string;
 }
 
-function minioBuilt(env: NodeJS.ProcessEnv): boolean {
-  try {
-    accessSync(env[BINARIES.minio.envOverride] || path.join(binDir(env), 'minio'), constants.X_OK);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
+/**
+ * The same checkpoint path as production: S3, from STASIS_S3_ENDPOINT or a MinIO
+ * started here (built on the first start, like the Temporal CLI). The fs store
+ * only when STASIS_SNAPSHOT_STORE=fs asks for it.
+ */
 async function startStore(ctx: CliContext, dataDir: string, stops: (() => Promise<void>)[]): Promise<Store> {
   const env = ctx.io.env;
-  const fsStore = {
-    env: {},
-    description: `fs store in ${path.join(ctx.config().STASIS_DATA_DIR, 'checkpoints-store')}`,
+  if (ctx.config().STASIS_SNAPSHOT_STORE === 'fs') {
+    return { env: {}, description: `fs store in ${path.join(ctx.config().STASIS_DATA_DIR, 'checkpoints-store')}` };
+  }
+  // A first run builds MinIO (minutes); its own progress lines, before the spinner.
+  if (!env.STASIS_S3_ENDPOINT) await ensureBinary('minio', { env });
+  const { startMinio } = await import('../../platform/servers');
+  const minio = await withProgress(ctx, 'starting MinIO', startMinio({ dataDir, port: 9000, consolePort: 9001, env }));
+  stops.push(() => minio.stop());
+  return {
+    env: {
+      STASIS_S3_ENDPOINT: minio.endpoint,
+      STASIS_S3_BUCKET: minio.bucket,
+      STASIS_S3_REGION: minio.region,
+      ...(minio.accessKeyId && minio.secretAccessKey
+        ? { AWS_ACCESS_KEY_ID: minio.accessKeyId, AWS_SECRET_ACCESS_KEY: minio.secretAccessKey }
+        : {}),
+    },
+    description: `S3 at ${minio.endpoint} (bucket ${minio.bucket})`,
   };
-  if (!env.STASIS_S3_ENDPOINT && !minioBuilt(env)) {
-    ctx.note('stasis: MinIO is not built (`npm run servers` builds it); checkpoints go to the fs store');
-    return fsStore;
-  }
-  try {
-    const { startMinio } = await import('../../platform/servers');
-    const minio = await withProgress(
-      ctx,
-      'starting MinIO',
-      startMinio({ dataDir, port: 9000, consolePort: 9001, env }),
-    );
-    stops.push(() => minio.stop());
-    return {
-      env: {
-        STASIS_S3_ENDPOINT: minio.endpoint,
-        STASIS_S3_BUCKET: minio.bucket,
-        STASIS_S3_REGION: minio.region,
-        ...(minio.accessKeyId && minio.secretAccessKey
-          ? { AWS_ACCESS_KEY_ID: minio.accessKeyId, AWS_SECRET_ACCESS_KEY: minio.secretAccessKey }
-          : {}),
-      },
-      description: `S3 at ${minio.endpoint} (bucket ${minio.bucket})`,
-    };
-  } catch (err) {
-    if (env.STASIS_S3_ENDPOINT) throw err; // asked for by name: no silent fallback
-    ctx.note(`stasis: MinIO did not start (${(err as Error).message}); checkpoints go to the fs store`);
-    return fsStore;
-  }
 }
 
 export function devCommand(program: Command, begin: (cmd: Command) => CliContext): void {
@@ -75,7 +57,7 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
       const ctx = begin(cmd);
       const base = ctx.config();
       const stops: (() => Promise<void>)[] = [];
-      const { installWorkerRuntime } = await import('../telemetry');
+      const { installWorkerRuntime, serveHostMetrics } = await import('../telemetry');
       const { startTemporal } = await import('../../platform/servers');
       const { createStasisWorker } = await import('../../workers/worker');
       const { startApi } = await import('../../api/server');
@@ -106,6 +88,8 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
           await worker.shutdown();
           await running;
         });
+        const hostMetrics = await serveHostMetrics(config, worker);
+        if (hostMetrics) stops.push(() => hostMetrics.close());
         const client = await StasisClient.connect(clientOptions(config));
         stops.push(() => client.close());
 
@@ -127,7 +111,12 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
         const summary = {
           temporal: { address: temporal.address, namespace: temporal.namespace, webUrl: temporal.uiUrl ?? null },
           store: store.description,
-          worker: { hostId: worker.hostId, taskQueue: config.STASIS_TASK_QUEUE, metricsUrl: workerMetricsUrl ?? null },
+          worker: {
+            hostId: worker.hostId,
+            taskQueue: config.STASIS_TASK_QUEUE,
+            metricsUrl: workerMetricsUrl ?? null,
+            hostMetricsUrl: hostMetrics?.url ?? null,
+          },
           apiUrl: `${url}/api/v1`,
           pageUrl: `${url}/`,
           signInUrl: generated ? `${url}/?token=${generated.secret}` : null,
@@ -140,6 +129,7 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
             `  Temporal Web    ${temporal.uiUrl ?? 'not started here (TEMPORAL_ADDRESS is set)'}`,
             `  Checkpoints     ${store.description}`,
             `  Worker          host ${worker.hostId}, task queue ${config.STASIS_TASK_QUEUE}`,
+            ...(hostMetrics ? [`  Host metrics    ${hostMetrics.url}`] : []),
             ...(workerMetricsUrl ? [`  SDK metrics     ${workerMetricsUrl}`] : []),
             `  API             ${url}/api/v1   (OpenAPI ${url}/api/openapi.json)`,
             `  Approval page   ${url}/`,

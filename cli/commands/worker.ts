@@ -12,10 +12,14 @@ export function workerCommand(program: Command, begin: (cmd: Command) => CliCont
     .action(async (_opts: unknown, cmd: Command) => {
       const ctx = begin(cmd);
       const config = ctx.config();
-      const { installWorkerRuntime } = await import('../telemetry');
+      const { installWorkerRuntime, serveHostMetrics } = await import('../telemetry');
       const { createStasisWorker } = await import('../../workers/worker');
       const metricsUrl = installWorkerRuntime(config);
       const worker = await createStasisWorker({ config });
+      const hostMetrics = await serveHostMetrics(config, worker).catch(async (err: unknown) => {
+        await worker.shutdown();
+        throw err;
+      });
       const running = worker.run();
       const queue = config.STASIS_TASK_QUEUE;
       ctx.print(
@@ -23,11 +27,14 @@ export function workerCommand(program: Command, begin: (cmd: Command) => CliCont
           hostId: worker.hostId,
           taskQueues: [queue, `${queue}@${worker.hostId}`],
           workerMetricsUrl: metricsUrl ?? null,
+          hostMetricsUrl: hostMetrics?.url ?? null,
         },
         `stasis worker on host ${worker.hostId}: task queues ${queue} and ${queue}@${worker.hostId}` +
+          (hostMetrics ? `\n  host metrics: ${hostMetrics.url}` : '') +
           (metricsUrl ? `\n  SDK metrics: ${metricsUrl}` : ''),
       );
       await Promise.race([running, untilStopSignal().then(() => worker.shutdown())]);
       await running;
+      await hostMetrics?.close();
     });
 }

@@ -30,7 +30,7 @@ let devErr = '';
 let summary: DevSummary;
 
 beforeAll(async () => {
-  const [httpPort, metricsPort] = await freePorts(2);
+  const [httpPort, metricsPort, hostMetricsPort] = await freePorts(3);
   const { STASIS_API_TOKENS: _none, ...inherited } = process.env;
   env = {
     ...inherited,
@@ -39,6 +39,7 @@ beforeAll(async () => {
     STASIS_HOST_ID: 'cli-host',
     STASIS_HTTP_ADDR: `127.0.0.1:${httpPort}`,
     STASIS_WORKER_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
+    STASIS_METRICS_ADDR: `127.0.0.1:${hostMetricsPort}`,
   };
   dev = spawnStasis(['dev', '--json'], env);
   devExit = new Promise((resolve) => dev.once('exit', (code) => resolve(code)));
@@ -82,6 +83,7 @@ test('stasis dev prints its URLs and a sign-in link with a generated token that 
       hostId: 'cli-host',
       taskQueue: env.STASIS_TASK_QUEUE,
       metricsUrl: `http://${env.STASIS_WORKER_METRICS_ADDR}/metrics`,
+      hostMetricsUrl: `http://${env.STASIS_METRICS_ADDR}/metrics`,
     },
     apiUrl: `http://${env.STASIS_HTTP_ADDR}/api/v1`,
     pageUrl: `http://${env.STASIS_HTTP_ADDR}/`,
@@ -105,6 +107,14 @@ test("the worker started by stasis dev serves the Temporal SDK's own metrics", a
     'SDK metrics',
   );
   expect(text).toMatch(/temporal_worker_start|temporal_.*task_queue="/);
+});
+
+test("the worker started by stasis dev serves its host's own Stasis metrics", async () => {
+  const response = await fetch(`http://${env.STASIS_METRICS_ADDR}/metrics`);
+  expect(response.headers.get('content-type')).toContain('text/plain');
+  const text = await response.text();
+  expect(text).toMatch(/^# TYPE stasis_release_duration_seconds histogram$/m);
+  expect(text).toMatch(/^stasis_provider_failures_total\{host="cli-host"\} \d+$/m);
 });
 
 test('run start examples/approval.json, run list --waiting, approve, and the Run completes (--json parses)', async () => {

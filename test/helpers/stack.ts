@@ -7,7 +7,8 @@ import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
 import { hostPathPolicy, loadConfig, type Config } from '../../common/config';
 import { StasisClient } from '../../client';
-import { fileMetricsSource } from '../../client/metrics';
+import { storeMetricsSource } from '../../client/metrics';
+import { createFiguresStore } from '../../stores/figures';
 import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
 
 // A real Stasis stack for one test file: its own task queue (so parallel test
@@ -75,12 +76,12 @@ export async function startStack(
     STASIS_HOST_PATHS: os.tmpdir(),
     ...options.env,
   });
-  const connection = await Connection.connect({ address: config.TEMPORAL_ADDRESS });
+  const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
   const client = new StasisClient(temporal, {
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: fileMetricsSource(config.STASIS_DATA_DIR),
+    workerMetrics: storeMetricsSource(createFiguresStore(config)),
     hostPaths: hostPathPolicy(config),
   });
   const workers = new Map<string, StasisWorker>();
@@ -93,7 +94,7 @@ export async function startStack(
     temporal,
     workers,
     async startWorker(hostId, extra = {}) {
-      const native = await NativeConnection.connect({ address: config.TEMPORAL_ADDRESS });
+      const native = await NativeConnection.connect(config.temporal.connectionOptions);
       nativeConnections.set(hostId, native);
       const worker = await createStasisWorker({
         config: { ...config, STASIS_HOST_ID: hostId },
