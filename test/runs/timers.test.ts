@@ -74,6 +74,37 @@ test('retention expiry: compute released, checkpoint deleted, interactions expir
   });
 });
 
+test('retention expiry deletes every checkpoint the Run ever had, not only the latest', async () => {
+  // Two suspensions: the first answer restores from the first checkpoint (fence 1), the
+  // second question releases again under a higher fence, then the Run expires.
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ ask: 'first?' }, { exec: 'echo more > more.txt' }, { ask: 'second?' }] },
+    sandbox: { provider: 'local' },
+    policy: { suspendedRetentionSeconds: 20 },
+  });
+  const sandboxId = await eventually(
+    async () => {
+      const view = await stack.client.runs.resource(runId);
+      return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
+    },
+    30_000,
+    'first release',
+  );
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await eventually(
+    async () => {
+      const view = await stack.client.runs.resource(runId);
+      return view.record.state === 'RELEASED' && view.suspension?.interactionIds.includes('int-2');
+    },
+    30_000,
+    'second release',
+  );
+  expect((await checkpointKeys(s3, sandboxId)).length).toBeGreaterThanOrEqual(1);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(runId)).error?.code).toBe('SUSPEND_EXPIRED');
+  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+});
+
 test('idleTimeout freezes the sandbox while the agent is quiet; the next job thaws it', async () => {
   const { runId } = await stack.client.runs.start({
     agent: { driver: 'thinking' },
