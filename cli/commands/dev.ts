@@ -134,7 +134,7 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
             `  API             ${url}/api/v1   (OpenAPI ${url}/api/openapi.json)`,
             `  Approval page   ${url}/`,
             generated
-              ? `  Sign in         ${url}/?token=${generated.secret}\n                  (a token generated for this session; an admin; set STASIS_API_TOKENS=name:secret[:role] to choose your own)`
+              ? `  Sign in         ${url}/?token=${generated.secret}\n                  (an admin token generated for this session; set STASIS_API_TOKENS=name:secret[:role] to choose your own)`
               : `  Sign in         with a secret of STASIS_API_TOKENS`,
             'Press Ctrl-C to stop.',
           ].join('\n'),
