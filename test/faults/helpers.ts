@@ -214,3 +214,13 @@ export async function checkpointVerifies(s3: S3Client, checkpoint: Checkpoint): 
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Starts a Run that asks one question, and waits until it is WAITING on it. */
+export async function startWaitingRun(client: StasisClient): Promise<string> {
+  const { runId } = await client.runs.start({
+    agent: { driver: 'scripted', steps: [{ ask: 'may I?' }, { complete: 'yes' }] },
+    sandbox: { provider: 'local' },
+  });
+  await eventually(async () => saw(await client.runs.get(runId)).status === 'WAITING', 60_000, `${runId} waiting`);
+  return runId;
+}

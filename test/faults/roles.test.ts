@@ -9,7 +9,7 @@ import { allows, ROLES, type Role } from '../../common/roles';
 import { sandboxWorkflowId } from '../../workflows/definitions';
 import { httpClient, type CallOptions, type HttpResult } from '../api/http';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
-import { historyEvents, Tally, writeSummary, type HistoryEvent } from './helpers';
+import { historyEvents, startWaitingRun, Tally, writeSummary, type HistoryEvent } from './helpers';
 
 // Area roles: every route of the route table, called by every role. Each call
 // either does its job (the route's status) or is 403 FORBIDDEN, as the route
@@ -43,18 +43,7 @@ const as =
   (method: string, url: string, options: CallOptions = {}) =>
     call(method, url, { token: secretOf(role), ...options });
 
-async function waitingRun(): Promise<string> {
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ ask: 'may I?' }, { complete: 'yes' }] },
-    sandbox: { provider: 'local' },
-  });
-  await eventually(
-    async () => saw(await stack.client.runs.get(runId)).status === 'WAITING',
-    60_000,
-    `${runId} waiting`,
-  );
-  return runId;
-}
+const waitingRun = (): Promise<string> => startWaitingRun(stack.client);
 
 /** A Run busy in its sandbox (a manual suspend applies to it), suspended by hand if asked. */
 async function busyRun(suspended: boolean): Promise<string> {

@@ -7,8 +7,8 @@ import { apiRoutes } from '../../api/routes';
 import type { RouteDef } from '../../api/route';
 import { StasisClient } from '../../client';
 import { httpClient, type CallOptions, type HttpResult } from '../api/http';
-import { eventually, saw, startStack, workerLogs, type TestStack } from '../helpers/stack';
-import { historyEvents, Tally, writeSummary } from './helpers';
+import { startStack, workerLogs, type TestStack } from '../helpers/stack';
+import { historyEvents, startWaitingRun, Tally, writeSummary } from './helpers';
 
 // Area 6, security: no /api route answers without a valid token (the route
 // table itself is iterated, with ids of a real waiting Run and a real running
@@ -33,7 +33,10 @@ beforeAll(async () => {
   stack = await startStack();
   app = buildApi({
     client: stack.client,
-    tokens: [{ name: 'alice', secret: ALICE, role: 'operator' }, { name: 'bob', secret: BOB, role: 'operator' }],
+    tokens: [
+      { name: 'alice', secret: ALICE, role: 'operator' },
+      { name: 'bob', secret: BOB, role: 'operator' },
+    ],
     logger: { level: 'trace', destination: logSink(apiLog) },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -54,18 +57,7 @@ function logSink(lines: string[]): Writable {
   });
 }
 
-const waitingRun = async (): Promise<string> => {
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ ask: 'may I?' }, { complete: 'yes' }] },
-    sandbox: { provider: 'local' },
-  });
-  await eventually(
-    async () => saw(await stack.client.runs.get(runId)).status === 'WAITING',
-    60_000,
-    `${runId} waiting`,
-  );
-  return runId;
-};
+const waitingRun = (): Promise<string> => startWaitingRun(stack.client);
 
 /** Every way of presenting no valid token. */
 const BAD_AUTH: { name: string; headers: Record<string, string>; query?: string }[] = [
