@@ -125,7 +125,10 @@ export function createFiguresStore(config: Config): FiguresStore {
     region: config.STASIS_S3_REGION,
     ...(config.STASIS_S3_ENDPOINT ? { endpoint: config.STASIS_S3_ENDPOINT, forcePathStyle: true } : {}),
     ...(accessKeyId && secretAccessKey ? { credentials: { accessKeyId, secretAccessKey } } : {}),
-    maxAttempts: 3,
+    // A release waits for this write: a stalled store must fail it in seconds (it is logged and
+    // retried with the next change), never hold the release until its heartbeat times out.
+    maxAttempts: 2,
+    requestHandler: { connectionTimeout: 5_000, socketTimeout: 10_000 },
     requestChecksumCalculation: 'WHEN_REQUIRED',
     responseChecksumValidation: 'WHEN_REQUIRED',
   });
