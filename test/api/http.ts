@@ -40,3 +40,13 @@ export const errorCode = (result: HttpResult): string | undefined =>
   (result.json as { error?: { code?: string } } | undefined)?.error?.code;
 export const errorMessage = (result: HttpResult): string =>
   (result.json as { error?: { message?: string } } | undefined)?.error?.message ?? '';
+
+/** Listens on a free loopback port and returns a caller for it. */
+export async function listenOnLoopback(app: {
+  listen(o: { host: string; port: number }): Promise<unknown>;
+  server: { address(): unknown };
+}): Promise<ReturnType<typeof httpClient>> {
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const address = app.server.address() as { port?: number } | null;
+  return httpClient(`http://127.0.0.1:${address?.port ?? 0}`);
+}

@@ -7,7 +7,7 @@ import { StasisError } from '../../common/errors';
 import type { SandboxProvider } from '../../providers/api';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
-import { errorCode, errorMessage, httpClient, type CallOptions, type HttpResult } from '../api/http';
+import { errorCode, errorMessage, listenOnLoopback, type CallOptions, type HttpResult } from '../api/http';
 import { startStack, unprintedWorkerLogs, type TestStack } from '../helpers/stack';
 import { makeHost, sh, type Host } from '../providers/harness';
 import { context, swapLoop, swapping, tempDir } from '../providers/helpers';
@@ -224,9 +224,7 @@ describe('through the REST route', () => {
       tokens: [{ name: 'tester', secret: TOKEN, role: 'operator' }],
       logger: false,
     });
-    await app.listen({ host: '127.0.0.1', port: 0 });
-    const address = app.server.address();
-    call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);
+    call = await listenOnLoopback(app);
   });
   afterAll(async () => {
     await app?.close();

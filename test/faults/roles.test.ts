@@ -7,7 +7,7 @@ import { apiRoutes } from '../../api/routes';
 import { API_IDENTITY_PREFIX, buildApi } from '../../api/server';
 import { allows, ROLES, type Role } from '../../common/roles';
 import { sandboxWorkflowId } from '../../workflows/definitions';
-import { httpClient, type CallOptions, type HttpResult } from '../api/http';
+import { listenOnLoopback, type CallOptions, type HttpResult } from '../api/http';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import { historyEvents, startWaitingRun, Tally, writeSummary, type HistoryEvent } from './helpers';
 
@@ -29,9 +29,7 @@ let escapes = 0;
 beforeAll(async () => {
   stack = await startStack();
   app = buildApi({ client: stack.client, tokens: TOKENS, logger: false });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  const address = app.server.address();
-  call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);
+  call = await listenOnLoopback(app);
 });
 afterAll(async () => {
   await app?.close();

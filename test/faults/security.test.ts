@@ -6,7 +6,7 @@ import { buildApi } from '../../api/server';
 import { apiRoutes } from '../../api/routes';
 import type { RouteDef } from '../../api/route';
 import { StasisClient } from '../../client';
-import { httpClient, type CallOptions, type HttpResult } from '../api/http';
+import { httpClient, listenOnLoopback, type CallOptions, type HttpResult } from '../api/http';
 import { startStack, workerLogs, type TestStack } from '../helpers/stack';
 import { historyEvents, startWaitingRun, Tally, writeSummary } from './helpers';
 
@@ -39,9 +39,7 @@ beforeAll(async () => {
     ],
     logger: { level: 'trace', destination: logSink(apiLog) },
   });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  const address = app.server.address();
-  call = httpClient(`http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}`);
+  call = await listenOnLoopback(app);
 });
 afterAll(async () => {
   await app?.close();
