@@ -23,27 +23,3 @@ export function keepTail(text: string, limit = EXEC_OUTPUT_LIMIT_BYTES, droppedB
 export function boundExecOutcome<T extends ExecOutcome>(outcome: T): T {
   return { ...outcome, stdout: keepTail(outcome.stdout), stderr: keepTail(outcome.stderr) };
 }
-
-/** Collects a stream's output keeping only its tail (and how much went before it). */
-export class TailCollector {
-  private chunks: Buffer[] = [];
-  private size = 0;
-  private dropped = 0;
-
-  push(chunk: Buffer): void {
-    this.chunks.push(chunk);
-    this.size += chunk.length;
-    // Keep up to twice the limit between compactions, so a chatty command costs little.
-    if (this.size > 2 * EXEC_OUTPUT_LIMIT_BYTES) {
-      const all = Buffer.concat(this.chunks);
-      const keep = all.subarray(all.length - EXEC_OUTPUT_LIMIT_BYTES);
-      this.dropped += all.length - keep.length;
-      this.chunks = [keep];
-      this.size = keep.length;
-    }
-  }
-
-  text(): string {
-    return keepTail(Buffer.concat(this.chunks).toString('utf8'), EXEC_OUTPUT_LIMIT_BYTES, this.dropped);
-  }
-}

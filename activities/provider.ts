@@ -6,6 +6,7 @@ import type {
   FencedRequest,
   FileRequest,
   ProviderExecRequest,
+  ProviderOp,
   ProvisionRequest,
   RequestContext,
   RestoreRequest,
@@ -41,7 +42,7 @@ export interface Owner {
 export type FileEncoding = 'utf8' | 'base64';
 
 /** A file of a sandbox; `fence` is absent only in calls scheduled before file access was fenced. */
-interface FileAt {
+export interface FileAt {
   sandboxId: string;
   fence?: number;
   path: string;
@@ -50,8 +51,6 @@ interface FileAt {
 function fileRequest(input: FileAt): FileRequest {
   return { sandboxId: input.sandboxId, path: input.path, ...(input.fence !== undefined ? { fence: input.fence } : {}) };
 }
-
-export type SandboxOpName = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
 
 export function createProviderActivities(deps: ProviderActivityDeps) {
   /**
@@ -78,7 +77,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
 
   /** An active workspace outside STASIS_HOST_PATHS is refused (non-retryable) before the provider touches it. */
   async function checkWorkspace(workspace: Workspace | undefined): Promise<void> {
-    if (workspace?.kind === 'active') await checkHostPath(workspace.hostPath, deps.hostPaths, 'sandbox.workspace.hostPath');
+    if (workspace?.kind === 'active')
+      await checkHostPath(workspace.hostPath, deps.hostPaths, 'sandbox.workspace.hostPath');
   }
 
   return {
@@ -93,7 +93,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       });
     },
 
-    async sandboxOp(input: Owner & { op: SandboxOpName; request: FencedRequest }): Promise<void> {
+    async sandboxOp(input: Owner & { op: ProviderOp; request: FencedRequest }): Promise<void> {
       await call(input, (p, ctx) => p[input.op](input.request, ctx));
     },
 

@@ -1,17 +1,20 @@
-import { spawn } from 'node:child_process';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { AgentAction, type AgentDriver, type AgentStepInput, type AgentStepOutput } from '../drivers/api';
 import type { ExecResult } from '../common/schemas';
+import { runExternalJob } from '../providers/external-jobs';
 import { checkpointPrefix } from '../providers/snapshot';
 import type { CheckpointStore } from '../stores/api';
-import { TailCollector } from './exec-output';
+import { boundExecOutcome } from './exec-output';
 
 // Host-independent activities on the shared task queue.
 
 export interface SharedActivityDeps {
   drivers: Map<string, AgentDriver>;
   store: CheckpointStore;
+  hostId: string;
+  /** This host's data dir: EXTERNAL jobs work in throwaway directories under it. */
+  dataDir: string;
 }
 
 export function createSharedActivities(deps: SharedActivityDeps) {
@@ -47,28 +50,24 @@ export function createSharedActivities(deps: SharedActivityDeps) {
       await deps.store.deletePrefix(checkpointPrefix(input.sandboxId));
     },
 
-    /** An EXTERNAL job runs beside the sandbox, never in it, so it never holds its compute. */
-    async runExternalJob(input: { command: string; env?: Record<string, string> }): Promise<ExecResult> {
+    /**
+     * An EXTERNAL job runs beside the sandbox, never in it, so it never holds its compute; it is
+     * jailed like a sandbox of the Run's `provider` (providers/external-jobs.ts).
+     */
+    async runExternalJob(input: {
+      command: string;
+      env?: Record<string, string>;
+      provider?: string;
+      timeoutMs?: number;
+    }): Promise<ExecResult> {
       const activity = Context.current();
-      return new Promise((resolve, reject) => {
-        const child = spawn('/bin/sh', ['-c', input.command], {
-          env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ...input.env },
-          signal: activity.cancellationSignal,
-        });
-        const stdout = new TailCollector();
-        const stderr = new TailCollector();
-        child.stdout.on('data', (d: Buffer) => stdout.push(d));
-        child.stderr.on('data', (d: Buffer) => stderr.push(d));
-        const beat = setInterval(() => activity.heartbeat(), 5_000);
-        child.on('error', (err) => {
-          clearInterval(beat);
-          reject(err);
-        });
-        child.on('close', (code) => {
-          clearInterval(beat);
-          resolve({ exitCode: code ?? 1, stdout: stdout.text(), stderr: stderr.text() });
-        });
-      });
+      const beat = setInterval(() => activity.heartbeat(), 5_000);
+      try {
+        const outcome = await runExternalJob(deps, { ...input, signal: activity.cancellationSignal });
+        return boundExecOutcome(outcome);
+      } finally {
+        clearInterval(beat);
+      }
     },
   };
 }

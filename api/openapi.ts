@@ -20,8 +20,11 @@ const COMPONENTS: Record<string, z.ZodType> = {
   InteractionRequest: wire.InteractionRequest,
   CreateSandboxInput: wire.CreateSandboxInput,
   SandboxView: wire.SandboxView,
+  SandboxPage: wire.SandboxPage,
   ExecInput: wire.ExecInput,
   ExecResult: wire.ExecResult,
+  ActionRequest: wire.ActionRequest,
+  ActionView: wire.ActionView,
   MetricsSnapshot: wire.MetricsSnapshot,
   Error: ErrorBody,
 };
@@ -67,7 +70,11 @@ function parameters(route: RouteDef): Json[] {
 
 /** Codes sharing a status (409 has several) are listed together. */
 function errorResponses(route: RouteDef): Json {
-  const refusals: ErrorCode[] = route.public ? [] : route.role === 'approver' ? ['UNAUTHORIZED'] : ['UNAUTHORIZED', 'FORBIDDEN'];
+  const refusals: ErrorCode[] = route.public
+    ? []
+    : route.role === 'approver' && !route.answers
+      ? ['UNAUTHORIZED']
+      : ['UNAUTHORIZED', 'FORBIDDEN'];
   const codes = new Set<ErrorCode>([...route.errors, ...refusals, 'INTERNAL']);
   const byStatus = new Map<number, ErrorCode[]>();
   for (const code of codes) byStatus.set(ERROR_STATUS[code], [...(byStatus.get(ERROR_STATUS[code]) ?? []), code]);
@@ -91,6 +98,7 @@ export function openApiDocument(routes: RouteDef[]): Json {
       ...(body ? { requestBody: { required: true, content: content(body) } } : {}),
       responses: {
         [String(route.status)]: { description: route.summary, content: content(route.response) },
+        ...(route.accepted ? { '202': { description: route.accepted.summary, content: content(route.response) } } : {}),
         ...errorResponses(route),
       },
     };
@@ -99,7 +107,14 @@ export function openApiDocument(routes: RouteDef[]): Json {
     openapi: '3.1.0',
     info: { title: 'Stasis API', version: '1' },
     components: {
-      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'A secret of STASIS_API_TOKENS; x-stasis-role of each operation is the least role that may call it' } },
+      securitySchemes: {
+        bearer: {
+          type: 'http',
+          scheme: 'bearer',
+          description:
+            'A secret of STASIS_API_TOKENS; x-stasis-role of each operation is the least role that may call it',
+        },
+      },
       schemas: componentSchemas(),
     },
     security: [{ bearer: [] }],

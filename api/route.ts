@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import type { StasisClient } from '../client';
 import { StasisError, type ErrorCode } from '../common/errors';
-import { allows, type Role } from '../common/roles';
+import { allows, mayAnswer, type Role } from '../common/roles';
 import type { Caller } from './auth';
 import { parseInput } from './validate';
 
@@ -43,12 +43,16 @@ export interface RouteSpec<P extends z.ZodObject, Q extends z.ZodObject, B exten
   body?: B;
   status: number;
   response: Payload;
+  /** Answered with 202 (and the same payload) instead of `status` when the work goes on after the answer. */
+  accepted?: { when: (result: unknown) => boolean; summary: string };
   /** The error codes this route answers with, for the document (401 and 403 are added for every /api route). */
   errors: ErrorCode[];
   /** The least role that may call it; `public`: outside `/api`, served without a token. */
   role: Role | 'public';
   /** The field of a request that needs `admin` (an active workspace on a host path), if any. */
   adminField?: (body: BodyOf<B>) => string | undefined;
+  /** It answers an interaction, which an `agent` token may not (see mayAnswer). */
+  answers?: boolean;
   handle(input: RouteInput<z.infer<P>, z.infer<Q>, BodyOf<B>>): Promise<unknown>;
 }
 
@@ -62,10 +66,13 @@ export interface RouteDef {
   body?: z.ZodType | 'bytes';
   status: number;
   response: Payload;
+  accepted?: { when: (result: unknown) => boolean; summary: string };
   errors: ErrorCode[];
   public: boolean;
   /** The least role that may call it (absent on a public route). */
   role?: Role;
+  /** It answers an interaction, which an `agent` token may not. */
+  answers?: boolean;
   /** Parses, authorizes and handles a request. */
   run(raw: RawInput): Promise<unknown>;
 }
@@ -79,7 +86,16 @@ function forbidden(caller: Caller, needed: Role, what: string): StasisError {
  * The refusal of `caller` on `route` by the route's role, if any. The server asks
  * before the request's body is read, so a refused request changes nothing.
  */
-export function refusal(route: Pick<RouteDef, 'method' | 'path' | 'role'>, caller: Caller): StasisError | undefined {
+export function refusal(
+  route: Pick<RouteDef, 'method' | 'path' | 'role' | 'answers'>,
+  caller: Caller,
+): StasisError | undefined {
+  if (route.answers && !mayAnswer(caller.role)) {
+    return new StasisError(
+      'FORBIDDEN',
+      `${route.method} ${route.path} answers an interaction, which the ${caller.role} role may not; token ${caller.name} is ${caller.role}`,
+    );
+  }
   return route.role && !allows(caller.role, route.role)
     ? forbidden(caller, route.role, `${route.method} ${route.path}`)
     : undefined;
@@ -104,16 +120,21 @@ export function defineRoute<
     body: spec.body ?? (spec.method === 'POST' ? EMPTY.optional() : undefined),
     status: spec.status,
     response: spec.response,
+    ...(spec.accepted ? { accepted: spec.accepted } : {}),
     errors: spec.errors,
     public: spec.role === 'public',
     ...(spec.role === 'public' ? {} : { role: spec.role }),
+    ...(spec.answers ? { answers: true } : {}),
     async run(raw) {
       const caller = raw.caller ?? { name: 'anonymous', role: 'approver' };
       // A PUT without content is an empty file.
       const bytes = Buffer.isBuffer(raw.body) ? raw.body : Buffer.alloc(0);
-      const body = (spec.body === 'bytes' ? bytes : parseInput(spec.body ?? EMPTY.optional(), raw.body, 'body')) as BodyOf<B>;
+      const body = (
+        spec.body === 'bytes' ? bytes : parseInput(spec.body ?? EMPTY.optional(), raw.body, 'body')
+      ) as BodyOf<B>;
       const adminField = spec.adminField?.(body);
-      if (adminField !== undefined && !allows(caller.role, 'admin')) throw forbidden(caller, 'admin', `body.${adminField}`);
+      if (adminField !== undefined && !allows(caller.role, 'admin'))
+        throw forbidden(caller, 'admin', `body.${adminField}`);
       return spec.handle({
         params: parseInput(spec.params ?? NONE, raw.params ?? {}, 'params') as z.infer<P>,
         query: parseInput(spec.query ?? NONE, raw.query ?? {}, 'query') as z.infer<Q>,

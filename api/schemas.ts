@@ -1,13 +1,33 @@
 import { z } from 'zod';
+import { decodeCursor } from '../client/cursor';
 import type { StasisError } from '../common/errors';
+import { MAX_ACTION_WAIT_MS } from '../common/external-actions';
 import { ROLES } from '../common/roles';
-import { Identifier, RunSnapshot, RunStatus, WorkspacePath } from '../common/schemas';
+import {
+  Identifier,
+  MAX_PAGE_SIZE,
+  PendingInteraction,
+  RunSnapshot,
+  RunStatus,
+  SandboxState,
+  WorkspacePath,
+} from '../common/schemas';
 
 // The REST API's own request and response shapes, built from the wire schemas.
 
 export const RunParams = z.object({ id: Identifier });
 export const InteractionParams = z.object({ id: Identifier, iid: Identifier });
 export const SandboxParams = z.object({ id: Identifier });
+export const ActionParams = z.object({ id: Identifier, actionId: Identifier });
+/** How long POST .../actions waits for the action before answering 202. */
+export const ActionWaitQuery = z.object({
+  waitMs: z
+    .string()
+    .regex(/^[0-9]+$/, 'must be a whole number of milliseconds')
+    .transform(Number)
+    .pipe(z.number().int().min(0).max(MAX_ACTION_WAIT_MS))
+    .optional(),
+});
 
 export const ListRunsQuery = z.object({
   status: RunStatus.optional(),
@@ -20,6 +40,35 @@ export const ListRunsQuery = z.object({
     .optional(),
 });
 export const FileQuery = z.object({ path: WorkspacePath });
+/** A page of the pending interactions: `after` is the `next` of the page before. */
+export const PendingInteractionsQuery = z.object({
+  limit: ListRunsQuery.shape.limit,
+  after: z
+    .string()
+    .max(2048)
+    .refine((a) => decodeCursor(a) !== null, 'not a page cursor this API gave')
+    .optional(),
+});
+export const PendingInteractionList = z.object({
+  interactions: z.array(PendingInteraction),
+  next: z.string().optional(),
+});
+
+/** GET /api/v1/sandboxes: an unknown filter is refused rather than ignored. */
+export const ListSandboxesQuery = z
+  .object({
+    state: SandboxState.optional(),
+    /** `key:value`; repeat it to require several labels. */
+    label: z.union([z.string(), z.array(z.string())]).optional(),
+    pageSize: z
+      .string()
+      .regex(/^[0-9]+$/, 'must be a whole number')
+      .transform(Number)
+      .pipe(z.number().int().min(1).max(MAX_PAGE_SIZE))
+      .optional(),
+    nextPageToken: z.string().optional(),
+  })
+  .strict();
 
 export const RunStarted = z.object({ runId: z.string() });
 export const RunList = z.object({ runs: z.array(RunSnapshot) });

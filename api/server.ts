@@ -5,7 +5,7 @@ import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
 import { duplicateKey, jsonValueProblem } from '../common/wire-json';
-import { FILE_LIMIT_BYTES } from '../workflows/definitions';
+import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
 import { httpFailure } from './errors';
@@ -31,7 +31,7 @@ export interface ApiOptions {
 }
 
 /** Largest JSON request body. */
-export const JSON_BODY_LIMIT = 1024 * 1024;
+export const JSON_BODY_LIMIT = JSON_INPUT_LIMIT_BYTES;
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -189,7 +189,7 @@ function register(app: FastifyInstance, route: RouteDef, clientOf: (caller: Call
         caller: request.caller,
         client: clientOf(request.caller),
       });
-      reply.code(route.status);
+      reply.code(route.accepted?.when(result) ? 202 : route.status);
       if (route.response === 'none') return reply.send();
       if (route.response === 'bytes') return reply.type('application/octet-stream').send(result);
       if (route.response === 'text') return reply.type(PROMETHEUS_CONTENT_TYPE).send(result);

@@ -2,52 +2,87 @@ import { spawn } from 'node:child_process';
 import { createReadStream, createWriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
-import { Readable } from 'node:stream';
+import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { DeleteObjectCommand, GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import {
+  DeleteObjectCommand,
+  GetObjectCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
+  S3Client,
+} from '@aws-sdk/client-s3';
 import type { Checkpoint } from '../common/schemas';
 import type { RequestContext, SandboxProvider } from '../providers/api';
 import { createLocalProvider } from '../providers/local';
 import { sandboxPaths } from '../providers/sandbox-state';
+import type { CheckpointStore } from '../stores/api';
 import type { BenchEnv } from './env';
 import { summarize, timed, type Summary } from './stats';
-import { fillWorkspace, MiB } from './workspace';
+import { fillNodeModules, fillWorkspace, MiB, type WorkspaceShape } from './workspace';
 
-// Figure 4: checkpoint speed of the local provider against the S3 store
-// (MinIO), against `tar | gzip -1` to a file and a plain PutObject of the
-// archive (and GetObject + `tar -xzf` the other way), in the same run.
+// Figure 4: the content-addressed checkpoints of the local provider against the
+// S3 store (MinIO), each row beside its baselines in the same run on the same
+// bytes and the same MinIO: `tar | zstd -1 -T0` + PutObject (GetObject +
+// `zstd -d | tar -x` back) and restic (backup, restore, incremental backup).
+
+/** A workspace the figure measures. */
+export interface CheckpointWorkspace {
+  name: string;
+  kind: 'mixed' | 'node_modules';
+  /** Mixed: total MiB; node_modules: the number of files. */
+  size: number;
+}
+
+/** One timed operation and the bytes it sent to the store (medians over the repetitions). */
+export interface Transfer {
+  ms: Summary;
+  bytes: number;
+}
+
+export interface IncrementalRow {
+  change: string;
+  /** Stasis: `release(SNAPSHOT_AND_TERMINATE)` right after a same-host resume and the change. */
+  stasis: Transfer;
+  /** Of `stasis.bytes`, the bytes of packs (file contents); the rest is the manifest. */
+  stasisPackBytes: number;
+  /** restic's incremental backup of the same change (bytes: how much its repository grew). */
+  restic?: Transfer;
+}
 
 export interface CheckpointResult {
-  sizeMiB: number;
+  workspace: string;
+  /** Bytes and files of the workspace. */
+  bytes: number;
   files: number;
-  archiveMiB: number;
-  /** release SNAPSHOT_AND_TERMINATE of a running sandbox: pack, gzip, hash and multipart upload. */
-  snapshotUploadMs: Summary;
-  /** Baseline: `tar -cf - | gzip -1 > file`, then one PutObject of that file. */
-  tarGzipMs: Summary;
+  /** First snapshot + upload of a running sandbox. */
+  first: Transfer;
+  /** Baseline: `tar -cf - | zstd -1 -T0 > file`, then one PutObject of it (bytes: the archive). */
+  tarZstd: Transfer;
   putObjectMs: Summary;
-  /** restore on another host: download, verify sha-256, validate every entry, extract. */
-  downloadRestoreMs: Summary;
-  /** Baseline: GetObject to a file, then `tar -xzf`. */
+  /** Baseline: the first `restic backup` of the same tree to a new repository in the same MinIO (bytes: the repository's size). */
+  resticFirst?: Transfer;
+  /** `restore` on another host (no local copy): download, verify, extract, start. */
+  crossHostRestoreMs: Summary;
+  /** Baseline: GetObject to a file, then `zstd -d | tar -x`. */
   getObjectMs: Summary;
-  tarExtractMs: Summary;
-  /** Second release of the same stopped sandbox, nothing changed: the checkpoint is reused (one HeadObject). */
-  secondSuspendReusedMs: Summary;
-  /** Same-host resume from the dormant copy (no download). */
-  localResumeMs: Summary;
-  /** Suspend right after that resume, files unchanged: compute ran, so the provider snapshots again. */
-  resuspendAfterResumeMs: Summary;
-  reused: boolean;
+  untarMs: Summary;
+  /** Baseline: `restic restore latest` into an empty directory (no cache). */
+  resticRestoreMs?: Summary;
+  incremental: IncrementalRow[];
   errors: string[];
 }
 
-function sh(command: string): Promise<void> {
+function sh(command: string, env?: NodeJS.ProcessEnv): Promise<string> {
   return new Promise((resolve, reject) => {
-    const child = spawn('/bin/sh', ['-c', command], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn('/bin/sh', ['-c', command], { stdio: ['ignore', 'pipe', 'pipe'], env: env ?? process.env });
+    let stdout = '';
     let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     child.on('error', reject);
-    child.on('close', (code) => (code === 0 ? resolve() : reject(new Error(`${command}: exit ${code}: ${stderr}`))));
+    child.on('close', (code) =>
+      code === 0 ? resolve(stdout) : reject(new Error(`${command}: exit ${code}: ${stderr.slice(-500)}`)),
+    );
   });
 }
 
@@ -65,66 +100,227 @@ function s3For(env: BenchEnv): S3Client {
   });
 }
 
-interface Rep {
-  snapshotUploadMs: number;
-  tarGzipMs: number;
-  putObjectMs: number;
-  downloadRestoreMs: number;
-  getObjectMs: number;
-  tarExtractMs: number;
-  secondSuspendReusedMs: number;
-  localResumeMs: number;
-  resuspendAfterResumeMs: number;
-  archiveBytes: number;
-  reused: boolean;
+/** The store the providers use, counting the bytes every `put` sends (packs apart from manifests). */
+function countingStore(store: CheckpointStore): { store: CheckpointStore; sent: { packs: number; other: number } } {
+  const sent = { packs: 0, other: 0 };
+  const counted: CheckpointStore = {
+    kind: store.kind,
+    put(key, body, labels, signal) {
+      const count = new Transform({
+        transform(chunk: Buffer, _encoding, callback) {
+          if (key.includes('/packs/')) sent.packs += chunk.length;
+          else sent.other += chunk.length;
+          callback(null, chunk);
+        },
+      });
+      body.on('error', (err) => count.destroy(err));
+      return store.put(key, body.pipe(count), labels, signal);
+    },
+    download: (c, file, signal) => store.download(c, file, signal),
+    delete: (uri) => store.delete(uri),
+    exists: (uri) => store.exists(uri),
+    deletePrefix: (prefix) => store.deletePrefix(prefix),
+    read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),
+    list: (prefix) => store.list(prefix),
+  };
+  return { store: counted, sent };
 }
+
+/** restic against a repository in the bench's MinIO; undefined when the `restic` command is missing. */
+async function resticFor(env: BenchEnv): Promise<((args: string) => Promise<string>) | undefined> {
+  try {
+    await sh('restic version');
+  } catch {
+    return undefined;
+  }
+  const resticEnv = {
+    ...process.env,
+    RESTIC_PASSWORD: 'stasis-bench',
+    RESTIC_CACHE_DIR: path.join(env.scratch, 'restic-cache'),
+    AWS_ACCESS_KEY_ID: env.minio.accessKeyId ?? '',
+    AWS_SECRET_ACCESS_KEY: env.minio.secretAccessKey ?? '',
+  };
+  return (args) => sh(`restic ${args}`, resticEnv);
+}
+
+type Restic = (args: string) => Promise<string>;
+
+/** Bytes of all objects under `prefix` in the bench's bucket. */
+async function bytesUnder(s3: S3Client, bucket: string, prefix: string): Promise<number> {
+  let bytes = 0;
+  let token: string | undefined;
+  do {
+    const page = await s3.send(new ListObjectsV2Command({ Bucket: bucket, Prefix: prefix, ContinuationToken: token }));
+    for (const o of page.Contents ?? []) bytes += o.Size ?? 0;
+    token = page.IsTruncated ? page.NextContinuationToken : undefined;
+  } while (token);
+  return bytes;
+}
+
+/**
+ * Runs `restic backup` of `dirs` in `cwd` into the repository at `prefix` of the bucket; its wall
+ * time and how much the repository grew (what restic uploaded, after its compression).
+ */
+async function resticBackup(
+  restic: Restic,
+  s3: S3Client,
+  env: BenchEnv,
+  prefix: string,
+  cwd: string,
+  dirs: string[],
+): Promise<{ ms: number; bytes: number }> {
+  const before = await bytesUnder(s3, env.minio.bucket, `${prefix}/`);
+  const run = await timed(() =>
+    restic(
+      `-r '${resticRepo(env, prefix)}' backup --quiet --host bench ${dirs.map((d) => `'${path.join(cwd, d)}'`).join(' ')}`,
+    ),
+  );
+  return { ms: run.ms, bytes: (await bytesUnder(s3, env.minio.bucket, `${prefix}/`)) - before };
+}
+
+const resticRepo = (env: BenchEnv, prefix: string): string => `s3:${env.minio.endpoint}/${env.minio.bucket}/${prefix}`;
+
+/** The files under `dir` smaller than 1 MiB, sorted (the "source" files a checkout rewrites). */
+async function smallFiles(dir: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const entry of await fs.readdir(dir, { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile()) continue;
+    const file = path.join(entry.parentPath, entry.name);
+    if ((await fs.stat(file)).size < MiB) out.push(file);
+  }
+  return out.sort();
+}
+
+interface Change {
+  name: string;
+  /** Makes the change in the workspace; undefined when the workspace has nothing it applies to. */
+  apply: (workspace: string, round: number) => Promise<void>;
+  applies: (kind: CheckpointWorkspace['kind']) => boolean;
+}
+
+const CHANGES: Change[] = [
+  { name: 'unchanged, after a resume', apply: async () => undefined, applies: () => true },
+  {
+    name: 'one small file changed',
+    applies: () => true,
+    apply: async (workspace, round) => {
+      const [first] = await smallFiles(workspace);
+      const old = await fs.readFile(first);
+      const stamp = Buffer.from(`// changed ${round}\n`);
+      await fs.writeFile(first, Buffer.concat([stamp, old.subarray(stamp.length)]));
+    },
+  },
+  {
+    name: '1 MiB appended to a large file',
+    applies: (kind) => kind === 'mixed',
+    apply: async (workspace) => {
+      const { randomBytes } = await import('node:crypto');
+      await fs.appendFile(path.join(workspace, 'blob-0.bin'), randomBytes(MiB));
+    },
+  },
+  {
+    // Like checking out another branch: 5% of the small files rewritten, 1% deleted, 1% added.
+    name: 'checkout of another branch (many small files)',
+    applies: () => true,
+    apply: async (workspace, round) => {
+      const files = await smallFiles(workspace);
+      for (let i = 0; i < files.length; i++) {
+        if (i % 20 === 3) {
+          const old = await fs.readFile(files[i]);
+          await fs.writeFile(
+            files[i],
+            Buffer.concat([Buffer.from(`// branch ${round} ${i}\n`), old.subarray(0, old.length / 2), old]),
+          );
+        } else if (i % 100 === 7) await fs.rm(files[i]);
+        else if (i % 100 === 11) {
+          const old = await fs.readFile(files[i]);
+          await fs.writeFile(`${files[i]}.new.js`, Buffer.concat([Buffer.from(`// added ${round} ${i}\n`), old]));
+        }
+      }
+    },
+  },
+];
+
+interface Rep {
+  first: { ms: number; bytes: number };
+  tarZstd: { ms: number; bytes: number };
+  putObjectMs: number;
+  resticFirst?: { ms: number; bytes: number };
+  crossHostRestoreMs: number;
+  getObjectMs: number;
+  untarMs: number;
+  resticRestoreMs?: number;
+  incremental: {
+    change: string;
+    ms: number;
+    bytes: number;
+    packBytes: number;
+    restic?: { ms: number; bytes: number };
+  }[];
+}
+
+const DIRS = ['workspace', 'home', 'envs'];
 
 async function oneRep(
   env: BenchEnv,
   s3: S3Client,
   a: SandboxProvider,
   b: SandboxProvider,
+  sent: { packs: number; other: number },
+  restic: Restic | undefined,
   source: string,
-  sizeMiB: number,
+  ws: CheckpointWorkspace,
   rep: number,
 ): Promise<Rep> {
-  const sandboxId = `ckpt-${sizeMiB}-${rep}`;
+  const sandboxId = `ckpt-${ws.kind}-${ws.size}-${rep}`;
   const ctxA: RequestContext = { ownerId: sandboxId, hostId: 'bench-ckpt-a' };
   const ctxB: RequestContext = { ownerId: sandboxId, hostId: 'bench-ckpt-b' };
   const pathsA = sandboxPaths(path.join(env.scratch, 'ckpt-a'), sandboxId);
+  const resticPrefix = `restic-${sandboxId}`;
+  const repo = resticRepo(env, resticPrefix);
   await a.provision({ sandboxId, fence: 1 }, ctxA);
   await fs.rm(pathsA.workspace, { recursive: true, force: true });
   await fs.cp(source, pathsA.workspace, { recursive: true });
   await a.start({ sandboxId, fence: 1 }, ctxA);
-  const key = (fence: number) => ({
-    sandboxId,
-    fence,
-    idempotencyKey: `${sandboxId}/${fence}/release`,
-    mode: 'SNAPSHOT_AND_TERMINATE' as const,
-    reason: 'bench',
-  });
+  let fence = 1;
+  const release = async () => {
+    const f = fence++;
+    const before = sent.packs + sent.other;
+    const packsBefore = sent.packs;
+    const r = await timed(() =>
+      a.release(
+        {
+          sandboxId,
+          fence: f,
+          idempotencyKey: `${sandboxId}/${f}/release`,
+          mode: 'SNAPSHOT_AND_TERMINATE',
+          reason: 'bench',
+        },
+        ctxA,
+      ),
+    );
+    if (!r.value.checkpoint) throw new Error('snapshot release returned no checkpoint');
+    return {
+      ms: r.ms,
+      bytes: sent.packs + sent.other - before,
+      packBytes: sent.packs - packsBefore,
+      checkpoint: r.value.checkpoint,
+    };
+  };
   const checkpoints: Checkpoint[] = [];
+  const scratch = path.join(env.scratch, `${sandboxId}-baseline`);
+  await fs.mkdir(scratch, { recursive: true });
   try {
-    const first = await timed(() => a.release(key(1), ctxA));
-    if (first.value.checkpoint) checkpoints.push(first.value.checkpoint);
-    const second = await timed(() => a.release(key(2), ctxA));
-    if (second.value.checkpoint) checkpoints.push(second.value.checkpoint);
-    const reused = second.value.checkpoint?.uri === first.value.checkpoint?.uri;
-    const checkpoint = first.value.checkpoint;
-    if (!checkpoint) throw new Error('snapshot release returned no checkpoint');
-    const local = await timed(() => a.restore({ sandboxId, fence: 3, checkpoint }, ctxA));
-    if (local.value.source !== 'local-copy')
-      throw new Error(`same-host resume used ${local.value.source}, not the local copy`);
-    const again = await timed(() => a.release(key(4), ctxA));
-    if (again.value.checkpoint) checkpoints.push(again.value.checkpoint);
-    const remote = await timed(() => b.restore({ sandboxId, fence: 5, checkpoint }, ctxB));
-    if (remote.value.source !== 'checkpoint') throw new Error(`cross-host restore used ${remote.value.source}`);
+    const first = await release();
+    checkpoints.push(first.checkpoint);
 
-    // Baselines on the same bytes (the directories the checkpoint holds).
-    const archive = path.join(env.scratch, `${sandboxId}.tar.gz`);
-    const tarGzip = await timed(() => sh(`tar -C '${pathsA.root}' -cf - workspace home envs | gzip -1 > '${archive}'`));
+    // Baselines of the first suspend on the same bytes (the directories the checkpoint holds).
+    const archive = path.join(scratch, 'archive.tar.zst');
+    const tarZstd = await timed(() =>
+      sh(`tar -C '${pathsA.volume}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`),
+    );
     const archiveBytes = (await fs.stat(archive)).size;
-    const objectKey = `baseline/${sandboxId}.tar.gz`;
+    const objectKey = `baseline/${sandboxId}.tar.zst`;
     const put = await timed(() =>
       s3.send(
         new PutObjectCommand({
@@ -136,91 +332,149 @@ async function oneRep(
       ),
     );
     await fs.rm(archive);
+    let resticFirst: { ms: number; bytes: number } | undefined;
+    if (restic) {
+      await restic(`-r '${repo}' init`);
+      resticFirst = await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS);
+    }
+
+    // Cross-host restore, and its baselines.
+    const remote = await timed(() => b.restore({ sandboxId, fence: fence++, checkpoint: first.checkpoint }, ctxB));
+    if (remote.value.source !== 'checkpoint') throw new Error(`cross-host restore used ${remote.value.source}`);
+    // Destroyed only at the end: destroying a sandbox deletes its checkpoints, which the re-suspends below build on.
     const get = await timed(async () => {
       const response = await s3.send(new GetObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
       if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
       await pipeline(response.Body, createWriteStream(archive));
     });
-    const extractDir = path.join(env.scratch, `${sandboxId}-extract`);
+    const extractDir = path.join(scratch, 'extract');
     await fs.mkdir(extractDir);
-    const extract = await timed(() => sh(`tar -C '${extractDir}' -xzf '${archive}'`));
+    const untar = await timed(() => sh(`zstd -q -d -c '${archive}' | tar -C '${extractDir}' -xf -`));
     await fs.rm(extractDir, { recursive: true, force: true });
     await fs.rm(archive, { force: true });
     await s3.send(new DeleteObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
+    let resticRestoreMs: number | undefined;
+    if (restic) {
+      await fs.mkdir(extractDir);
+      resticRestoreMs = (await timed(() => restic(`-r '${repo}' --no-cache restore latest --target '${extractDir}'`)))
+        .ms;
+      await fs.rm(extractDir, { recursive: true, force: true });
+    }
+
+    // Re-suspends after a same-host resume and a change, each beside restic's incremental backup of it.
+    const incremental: Rep['incremental'] = [];
+    let latest = first.checkpoint;
+    for (const change of CHANGES.filter((c) => c.applies(ws.kind))) {
+      const local = await a.restore({ sandboxId, fence: fence++, checkpoint: latest }, ctxA);
+      if (local.source !== 'local-copy') throw new Error(`same-host resume used ${local.source}, not the local copy`);
+      await change.apply(pathsA.workspace, rep);
+      const again = await release();
+      checkpoints.push(again.checkpoint);
+      latest = again.checkpoint;
+      const r = restic ? await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS) : undefined;
+      incremental.push({
+        change: change.name,
+        ms: again.ms,
+        bytes: again.bytes,
+        packBytes: again.packBytes,
+        ...(r ? { restic: r } : {}),
+      });
+    }
     return {
-      snapshotUploadMs: first.ms,
-      secondSuspendReusedMs: second.ms,
-      localResumeMs: local.ms,
-      resuspendAfterResumeMs: again.ms,
-      downloadRestoreMs: remote.ms,
-      tarGzipMs: tarGzip.ms,
+      first: { ms: first.ms, bytes: first.bytes },
+      tarZstd: { ms: tarZstd.ms, bytes: archiveBytes },
       putObjectMs: put.ms,
+      ...(resticFirst ? { resticFirst } : {}),
+      crossHostRestoreMs: remote.ms,
       getObjectMs: get.ms,
-      tarExtractMs: extract.ms,
-      archiveBytes,
-      reused,
+      untarMs: untar.ms,
+      ...(resticRestoreMs !== undefined ? { resticRestoreMs } : {}),
+      incremental,
     };
   } finally {
-    await a.destroy({ sandboxId, fence: 6 }, ctxA).catch(() => undefined);
-    await b.destroy({ sandboxId, fence: 6 }, ctxB).catch(() => undefined);
+    await a.destroy({ sandboxId, fence: fence + 1 }, ctxA).catch(() => undefined);
+    await b.destroy({ sandboxId, fence: fence + 1 }, ctxB).catch(() => undefined);
     for (const c of new Set(checkpoints.map((x) => x.uri))) await env.store.delete(c).catch(() => undefined);
+    await fs.rm(scratch, { recursive: true, force: true });
   }
 }
 
+const median = (xs: number[]): number => summarize(xs).median;
+const transfer = (xs: { ms: number; bytes: number }[]): Transfer => ({
+  ms: summarize(xs.map((x) => x.ms)),
+  bytes: median(xs.map((x) => x.bytes)),
+});
+
+function combine(ws: CheckpointWorkspace, shape: WorkspaceShape, reps: Rep[], errors: string[]): CheckpointResult {
+  const some = <T>(xs: (T | undefined)[]): T[] | undefined =>
+    xs.every((x) => x !== undefined) && xs.length ? (xs as T[]) : undefined;
+  const resticFirst = some(reps.map((r) => r.resticFirst));
+  const resticRestore = some(reps.map((r) => r.resticRestoreMs));
+  const changes = reps[0]?.incremental.map((i) => i.change) ?? [];
+  return {
+    workspace: ws.name,
+    bytes: shape.bytes,
+    files: shape.files,
+    first: transfer(reps.map((r) => r.first)),
+    tarZstd: transfer(reps.map((r) => r.tarZstd)),
+    putObjectMs: summarize(reps.map((r) => r.putObjectMs)),
+    ...(resticFirst ? { resticFirst: transfer(resticFirst) } : {}),
+    crossHostRestoreMs: summarize(reps.map((r) => r.crossHostRestoreMs)),
+    getObjectMs: summarize(reps.map((r) => r.getObjectMs)),
+    untarMs: summarize(reps.map((r) => r.untarMs)),
+    ...(resticRestore ? { resticRestoreMs: summarize(resticRestore) } : {}),
+    incremental: changes.map((change) => {
+      const rows = reps.map((r) => r.incremental.find((i) => i.change === change)!);
+      const restic = some(rows.map((x) => x.restic));
+      return {
+        change,
+        stasis: transfer(rows),
+        stasisPackBytes: median(rows.map((x) => x.packBytes)),
+        ...(restic ? { restic: transfer(restic) } : {}),
+      };
+    }),
+    errors,
+  };
+}
+
+/** The workspaces of the figure, and whether restic was found (its columns are left out when not). */
 export async function runCheckpointBench(
   env: BenchEnv,
-  sizesMiB: number[],
+  workspaces: CheckpointWorkspace[],
   reps: number,
   log: (line: string) => void,
-): Promise<CheckpointResult[]> {
-  const a = createLocalProvider({
-    hostId: 'bench-ckpt-a',
-    dataDir: path.join(env.scratch, 'ckpt-a'),
-    store: env.store,
-  });
-  const b = createLocalProvider({
-    hostId: 'bench-ckpt-b',
-    dataDir: path.join(env.scratch, 'ckpt-b'),
-    store: env.store,
-  });
+): Promise<{ results: CheckpointResult[]; restic: boolean }> {
+  const { store, sent } = countingStore(env.store);
+  const a = createLocalProvider({ hostId: 'bench-ckpt-a', dataDir: path.join(env.scratch, 'ckpt-a'), store });
+  const b = createLocalProvider({ hostId: 'bench-ckpt-b', dataDir: path.join(env.scratch, 'ckpt-b'), store });
   const s3 = s3For(env);
+  const restic = await resticFor(env);
+  if (!restic) log('checkpoint: the restic command is not installed: its columns are left out');
   const results: CheckpointResult[] = [];
   try {
-    for (const sizeMiB of sizesMiB) {
-      const source = path.join(env.scratch, `source-${sizeMiB}`);
-      const shape = await fillWorkspace(source, sizeMiB * MiB);
-      const reps_: Rep[] = [];
+    for (const ws of workspaces) {
+      const source = path.join(env.scratch, `source-${ws.kind}-${ws.size}`);
+      const shape =
+        ws.kind === 'mixed' ? await fillWorkspace(source, ws.size * MiB) : await fillNodeModules(source, ws.size);
+      const done: Rep[] = [];
       const errors: string[] = [];
       // A 512 MiB repetition takes minutes on 2 cores: one of them fits the budget.
-      const repsHere = sizeMiB >= 256 ? 1 : reps;
+      const repsHere = ws.kind === 'mixed' && ws.size >= 256 ? 1 : reps;
       for (let r = 0; r < repsHere; r++) {
         try {
-          reps_.push(await oneRep(env, s3, a, b, source, sizeMiB, r));
+          done.push(await oneRep(env, s3, a, b, sent, restic, source, ws, r));
         } catch (err) {
           errors.push(String(err));
         }
       }
       await fs.rm(source, { recursive: true, force: true });
-      const pick = (k: keyof Omit<Rep, 'reused' | 'archiveBytes'>) => summarize(reps_.map((x) => x[k]));
-      const result: CheckpointResult = {
-        sizeMiB,
-        files: shape.files,
-        archiveMiB: Math.round((reps_[0]?.archiveBytes ?? 0) / MiB),
-        snapshotUploadMs: pick('snapshotUploadMs'),
-        tarGzipMs: pick('tarGzipMs'),
-        putObjectMs: pick('putObjectMs'),
-        downloadRestoreMs: pick('downloadRestoreMs'),
-        getObjectMs: pick('getObjectMs'),
-        tarExtractMs: pick('tarExtractMs'),
-        secondSuspendReusedMs: pick('secondSuspendReusedMs'),
-        localResumeMs: pick('localResumeMs'),
-        resuspendAfterResumeMs: pick('resuspendAfterResumeMs'),
-        reused: reps_.length > 0 && reps_.every((x) => x.reused),
-        errors,
-      };
+      const result = combine(ws, shape, done, errors);
       log(
-        `checkpoint ${sizeMiB} MiB (${shape.files} files): snapshot+upload ${result.snapshotUploadMs.median} ms vs tar|gzip ${result.tarGzipMs.median} + PutObject ${result.putObjectMs.median}; ` +
-          `download+restore ${result.downloadRestoreMs.median} ms vs GetObject ${result.getObjectMs.median} + tar -x ${result.tarExtractMs.median}; second suspend ${result.secondSuspendReusedMs.median} ms` +
+        `checkpoint ${ws.name}: first ${result.first.ms.median} ms vs tar|zstd ${result.tarZstd.ms.median} + PutObject ${result.putObjectMs.median}` +
+          (result.resticFirst ? ` vs restic ${result.resticFirst.ms.median}` : '') +
+          `; cross-host restore ${result.crossHostRestoreMs.median} ms vs GetObject ${result.getObjectMs.median} + untar ${result.untarMs.median}` +
+          (result.resticRestoreMs ? ` vs restic ${result.resticRestoreMs.median}` : '') +
+          `; ${result.incremental.map((i) => `${i.change}: ${i.stasis.ms.median} ms ${i.stasis.bytes} B${i.restic ? ` (restic ${i.restic.ms.median} ms ${i.restic.bytes} B)` : ''}`).join('; ')}` +
           (errors.length ? `; errors: ${errors[0]}` : ''),
       );
       results.push(result);
@@ -230,5 +484,5 @@ export async function runCheckpointBench(
     await a.close();
     await b.close();
   }
-  return results;
+  return { results, restic: restic !== undefined };
 }

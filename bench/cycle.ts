@@ -13,7 +13,7 @@ import { fillCommand } from './workspace';
 
 export interface CycleSample {
   runId: string;
-  /** Agent's ask answered by the driver (agentStep completed) → workflow task that recorded RELEASED completed. */
+  /** Agent's ask answered by the driver (agentStep completed, or its local-activity marker) → workflow task that recorded RELEASED completed. */
   suspendMs: number;
   /** Respond update accepted → first job after resume started (execInSandbox started). */
   resumeMs: number;
@@ -60,8 +60,13 @@ export function analyseCycle(events: TimedEvent[]): Omit<CycleSample, 'runId' | 
   const releaseScheduled = find(events, (e) => e.type === 'ActivityTaskScheduled' && e.activity === 'releaseSandbox');
   const askAnswered = [...events]
     .reverse()
-    .find((e) => e.id < releaseScheduled.id && e.type === 'ActivityTaskCompleted' && e.activity === 'agentStep');
-  if (!askAnswered) throw new Error('no agentStep before the release');
+    .find(
+      (e) =>
+        e.id < releaseScheduled.id &&
+        ((e.type === 'ActivityTaskCompleted' && e.activity === 'agentStep') ||
+          (e.type === 'MarkerRecorded' && e.activity === 'local activity')),
+    );
+  if (!askAnswered) throw new Error('no agent step before the release');
   const releaseDone = find(events, (e) => e.type === 'ActivityTaskCompleted' && e.scheduledId === releaseScheduled.id);
   const recorded = find(events, (e) => e.type === 'WorkflowTaskCompleted', releaseDone.id);
   const accepted = find(events, (e) => e.type === 'WorkflowExecutionUpdateAccepted');

@@ -40,6 +40,8 @@ export async function timedHistory(temporal: Client, workflowId: string): Promis
     const id = Number(raw.eventId ?? 0);
     const type = eventType(raw);
     const event: TimedEvent = { id, type, timeMs: toMs(raw.eventTime) };
+    // A local activity (the scripted driver's step) is a marker, named after its type in its details.
+    if (raw.markerRecordedEventAttributes?.markerName === 'core_local_activity') event.activity = 'local activity';
     const scheduled = raw.activityTaskScheduledEventAttributes;
     if (scheduled) {
       event.activity = scheduled.activityType?.name ?? undefined;

@@ -3,7 +3,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { BINARIES } from '../platform/binaries';
 import { isAlive } from '../platform/servers';
-import { runCheckpointBench } from './checkpoint';
+import { runCheckpointBench, type CheckpointWorkspace } from './checkpoint';
 import { runCycleBench } from './cycle';
 import { processesMentioning, startEnv, HOST_ID, type BenchEnv } from './env';
 import { runHistoryCost } from './history-cost';
@@ -13,7 +13,7 @@ import { profiled } from './profile';
 import { renderMarkdown } from './report';
 import type { BenchResults } from './results';
 import { runThroughput } from './throughput';
-import { runWaiting } from './waiting';
+import { runWaiting, type WaitingResult } from './waiting';
 
 // `npm run bench [-- --quick]`: starts its own Temporal dev server and MinIO,
 // one Stasis worker in this process and the typed client, measures the five
@@ -27,13 +27,21 @@ interface Plan {
   cycleLargeMiB: number;
   historyReps: number;
   historyCycles: number;
-  checkpointSizesMiB: number[];
+  checkpointWorkspaces: CheckpointWorkspace[];
   checkpointReps: number;
   /** The first always runs; the others only when the time left allows. */
   throughput: number[];
-  waitingRuns: number;
+  /** Sizes of the scale-of-waiting phase: the first always runs, a larger one when the time left allows. */
+  waitingRuns: number[];
   budgetMs: number;
 }
+
+const MIXED_64: CheckpointWorkspace = { name: '64 MiB mixed', kind: 'mixed', size: 64 };
+const nodeModules = (files: number): CheckpointWorkspace => ({
+  name: `node_modules-like, ${files.toLocaleString('en-US')} files`,
+  kind: 'node_modules',
+  size: files,
+});
 
 const PLANS: Record<'quick' | 'full', Plan> = {
   quick: {
@@ -41,10 +49,10 @@ const PLANS: Record<'quick' | 'full', Plan> = {
     cycleLargeMiB: 16,
     historyReps: 1,
     historyCycles: 2,
-    checkpointSizesMiB: [8, 32],
+    checkpointWorkspaces: [MIXED_64, nodeModules(1000)],
     checkpointReps: 1,
     throughput: [10],
-    waitingRuns: 50,
+    waitingRuns: [1000],
     budgetMs: 3 * 60_000,
   },
   full: {
@@ -52,10 +60,10 @@ const PLANS: Record<'quick' | 'full', Plan> = {
     cycleLargeMiB: 64,
     historyReps: 2,
     historyCycles: 4,
-    checkpointSizesMiB: [64, 512],
+    checkpointWorkspaces: [MIXED_64, { name: '512 MiB mixed', kind: 'mixed', size: 512 }, nodeModules(20_000)],
     checkpointReps: 2,
     throughput: [50, 200, 500],
-    waitingRuns: 2000,
+    waitingRuns: [2000, 10_000],
     budgetMs: 20 * 60_000,
   },
 };
@@ -167,11 +175,14 @@ async function main(): Promise<void> {
         (await phase('3 history cost', results, () => runHistoryCost(e, plan.historyReps, plan.historyCycles, log))) ??
         [];
     save(results, started);
-    if (wanted(4))
-      results.checkpoint =
-        (await phase('4 checkpoint speed', results, () =>
-          runCheckpointBench(e, plan.checkpointSizesMiB, plan.checkpointReps, log),
-        )) ?? [];
+    if (wanted(4)) {
+      const ck = await phase('4 checkpoint speed', results, () =>
+        runCheckpointBench(e, plan.checkpointWorkspaces, plan.checkpointReps, log),
+      );
+      results.checkpoint = ck?.results ?? [];
+      if (ck && !ck.restic)
+        results.notMeasured.push('restic columns of figure 4: the `restic` command is not installed.');
+    }
     save(results, started);
     const first = !wanted(2)
       ? undefined
@@ -190,14 +201,16 @@ async function main(): Promise<void> {
     const rampMs = Math.max(20_000, (left() - 30_000) * 0.3);
     if (wanted(5))
       results.waiting = await phase('5 scale of waiting', results, () =>
-        runWaiting(e, plan.waitingRuns, rampMs, Math.max(60_000, left() - 20_000), log),
+        runWaiting(e, plan.waitingRuns[0], rampMs, Math.max(60_000, left() - 20_000), log),
       );
-    if (results.waiting && results.waiting.runs < results.waiting.target) {
-      results.notMeasured.push(
-        `Scale of waiting with ${results.waiting.target} Runs: ${results.waiting.runs} were suspended within the ${secs(rampMs)} ramp this budget allowed ` +
-          `(${secs(results.waiting.suspendAllMs)} for them); the figures are for ${results.waiting.runs}.`,
-      );
-    }
+    const short = (w: WaitingResult | undefined, ramp: number) => {
+      if (w && w.runs < w.target)
+        results.notMeasured.push(
+          `Scale of waiting with ${w.target} Runs: ${w.runs} were suspended within the ${secs(ramp)} ramp this budget allowed ` +
+            `(${secs(w.suspendAllMs)} for them); the figures are for ${w.runs}.`,
+        );
+    };
+    short(results.waiting, rampMs);
     save(results, started);
     for (const n of wanted(2) ? plan.throughput.slice(1) : []) {
       const last = results.throughput[results.throughput.length - 1];
@@ -215,10 +228,27 @@ async function main(): Promise<void> {
       if (r) results.throughput.push(r);
       save(results, started);
     }
+    for (const n of wanted(5) && results.waiting ? plan.waitingRuns.slice(1) : []) {
+      const last = results.waiting!;
+      // Suspending, answering and completing scale with the Runs: estimated from the first size.
+      const estimate = ((last.suspendAllMs + last.completeAllMs) * n) / Math.max(1, last.runs) + 30_000;
+      const remaining = left() - 30_000;
+      if (estimate > remaining) {
+        results.notMeasured.push(
+          `Scale of waiting with ${n} Runs: estimated ${secs(estimate)} at the ${last.runs}-Run rate, ${secs(Math.max(0, remaining))} left of the ${plan.budgetMs / 60_000}-minute budget.`,
+        );
+        continue;
+      }
+      const ramp = remaining * 0.45;
+      const w = await phase(`5 scale of waiting ${n}`, results, () => runWaiting(e, n, ramp, remaining, log));
+      if (w) (results.waitingMore ??= []).push(w);
+      short(w, ramp);
+      save(results, started);
+    }
     if (quick) {
       results.notMeasured.push(
-        `Quick mode: fewer repetitions, ${plan.cycleLargeMiB} MiB instead of 64 MiB in figure 1, ${plan.checkpointSizesMiB.join('/')} MiB checkpoints instead of 64/512 MiB, ` +
-          `${plan.throughput.join('/')} concurrent Runs instead of 50/200/500, ${plan.waitingRuns} waiting Runs instead of 2,000.`,
+        `Quick mode: fewer repetitions, ${plan.cycleLargeMiB} MiB instead of 64 MiB in figure 1, checkpoints of ${plan.checkpointWorkspaces.map((w) => w.name).join(' and ')} instead of 64/512 MiB mixed and 20,000 small files, ` +
+          `${plan.throughput.join('/')} concurrent Runs instead of 50/200/500, ${plan.waitingRuns.join('/')} waiting Runs instead of 2,000/10,000.`,
       );
     }
   } finally {

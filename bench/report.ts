@@ -101,7 +101,7 @@ function cycleSection(cycle: ModeResult[]): string {
     '',
     '**Baseline**: the same provider calls on a `createLocalProvider` instance with the same MinIO checkpoint store, called directly without Temporal, in the same run: `release` (DETACH / TERMINATE / SNAPSHOT_AND_TERMINATE) for suspend, and `attach` (DETACH), `restore` without a checkpoint (TERMINATE: re-provision on the host-persistent workspace) or `restore` with the checkpoint (SNAPSHOT_AND_TERMINATE, same host: the dormant local copy) for resume.',
     '',
-    '**Definitions** (from the Run\'s history, server timestamps): suspend = `agentStep` that raised the interaction completed → the workflow task that recorded the receipt (`RELEASED`) completed; resume = `respond` update accepted → the first `execInSandbox` after it started. "Respond call" is the client\'s `executeUpdate` round trip. Each cycle waits for RELEASED before answering.',
+    '**Definitions** (from the Run\'s history, server timestamps): suspend = the agent step that raised the interaction completed (`agentStep` activity, or its local-activity marker for the scripted driver) → the workflow task that recorded the receipt (`RELEASED`) completed; resume = `respond` update accepted → the first `execInSandbox` after it started. "Respond call" is the client\'s `executeUpdate` round trip. Each cycle waits for RELEASED before answering.',
     '',
     parts,
     '',
@@ -153,50 +153,113 @@ function historySection(r: BenchResults): string {
   ].join('\n');
 }
 
-function checkpointRow(c: CheckpointResult): string[] {
-  const base = c.tarGzipMs.median + c.putObjectMs.median;
-  const baseBack = c.getObjectMs.median + c.tarExtractMs.median;
+const mib = (bytes: number): string => (Number.isFinite(bytes) ? `${fmt(bytes / MIB)} MiB` : 'n/a');
+const MIB = 1024 * 1024;
+const ratio = (x: number, base: number): string => `${fmt(x / base)}×`;
+
+/** Entries of results.json written before figure 4 compared against zstd and restic have no `first`. */
+function currentCheckpoints(r: BenchResults): CheckpointResult[] {
+  return r.checkpoint.filter((c) => (c as Partial<CheckpointResult>).first !== undefined);
+}
+
+function firstRow(c: CheckpointResult, restic: boolean): string[] {
+  const base = c.tarZstd.ms.median + c.putObjectMs.median;
   return [
-    `${c.sizeMiB} MiB`,
+    c.workspace,
     String(c.files),
-    String(c.archiveMiB),
-    ms(c.snapshotUploadMs),
-    `${fmt(c.tarGzipMs.median)} + ${fmt(c.putObjectMs.median)} = ${fmt(base)}`,
-    `${fmt(c.snapshotUploadMs.median / base)}×`,
-    ms(c.downloadRestoreMs),
-    `${fmt(c.getObjectMs.median)} + ${fmt(c.tarExtractMs.median)} = ${fmt(baseBack)}`,
-    `${fmt(c.downloadRestoreMs.median / baseBack)}×`,
-    `${ms(c.secondSuspendReusedMs)}${c.reused ? ' (reused)' : ' (NOT reused)'}`,
-    ms(c.localResumeMs),
-    ms(c.resuspendAfterResumeMs),
+    `${ms(c.first.ms)} (${mib(c.first.bytes)})`,
+    `${fmt(c.tarZstd.ms.median)} + ${fmt(c.putObjectMs.median)} = ${fmt(base)} (${mib(c.tarZstd.bytes)})`,
+    ratio(c.first.ms.median, base),
+    ...(restic
+      ? c.resticFirst
+        ? [`${ms(c.resticFirst.ms)} (${mib(c.resticFirst.bytes)})`, ratio(c.first.ms.median, c.resticFirst.ms.median)]
+        : ['n/a', 'n/a']
+      : []),
   ];
 }
 
-function checkpointSection(r: BenchResults): string {
-  if (r.checkpoint.length === 0) return '_Not measured in this run._';
-  const errors = r.checkpoint.filter((c) => c.errors.length > 0).map((c) => `- ${c.sizeMiB} MiB: ${c.errors[0]}`);
+function restoreRow(c: CheckpointResult, restic: boolean): string[] {
+  const base = c.getObjectMs.median + c.untarMs.median;
   return [
+    c.workspace,
+    ms(c.crossHostRestoreMs),
+    `${fmt(c.getObjectMs.median)} + ${fmt(c.untarMs.median)} = ${fmt(base)}`,
+    ratio(c.crossHostRestoreMs.median, base),
+    ...(restic
+      ? c.resticRestoreMs
+        ? [ms(c.resticRestoreMs), ratio(c.crossHostRestoreMs.median, c.resticRestoreMs.median)]
+        : ['n/a', 'n/a']
+      : []),
+  ];
+}
+
+function incrementalRows(c: CheckpointResult, restic: boolean): string[][] {
+  return c.incremental.map((i) => [
+    c.workspace,
+    i.change,
+    ms(i.stasis.ms),
+    `${fmt(i.stasis.bytes / 1024)} KiB (packs ${fmt(i.stasisPackBytes / 1024)} KiB)`,
+    `${fmt((100 * i.stasis.ms.median) / c.first.ms.median)}%`,
+    ...(restic
+      ? i.restic
+        ? [ms(i.restic.ms), `${fmt(i.restic.bytes / 1024)} KiB`, ratio(i.stasis.ms.median, i.restic.ms.median)]
+        : ['n/a', 'n/a', 'n/a']
+      : []),
+  ]);
+}
+
+function checkpointSection(r: BenchResults): string {
+  const cks = currentCheckpoints(r);
+  if (cks.length === 0) return '_Not measured in this run._';
+  const restic = cks.some((c) => c.resticFirst !== undefined);
+  const resticCols = (...cols: string[]) => (restic ? cols : []);
+  const errors = cks.filter((c) => c.errors.length > 0).map((c) => `- ${c.workspace}: ${c.errors[0]}`);
+  return [
+    '**First snapshot + upload** of a running sandbox:',
+    '',
     table(
       [
         'workspace',
         'files',
-        'archive MiB',
-        'snapshot + upload (ms)',
-        'baseline `tar \\| gzip -1` + PutObject (ms)',
+        'snapshot + upload (ms, sent)',
+        'baseline `tar \\| zstd -1 -T0` + PutObject (ms, archive)',
         'ratio',
-        'download + restore (ms)',
-        'baseline GetObject + tar -xzf (ms)',
-        'ratio',
-        'second suspend, unchanged (ms)',
-        'same-host resume from dormant copy (ms)',
-        'suspend again right after that resume (ms)',
+        ...resticCols('baseline `restic backup`, new repository (ms, uploaded)', 'ratio'),
       ],
-      r.checkpoint.map(checkpointRow),
+      cks.map((c) => firstRow(c, restic)),
     ),
     '',
-    "Workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files. Snapshot + upload is the local provider's `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, node-tar + gzip level 1, sha-256, multipart upload to MinIO, kill); download + restore is `restore` on a second host (download, sha-256 check, validation of every entry, extraction, swap into place, start). **Baseline**, same bytes, same run: GNU `tar -cf - | gzip -1` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file and `tar -xzf`. Medians / p95 in ms.",
+    '**Cross-host restore** (no local copy on the second host):',
     '',
-    '"Second suspend, unchanged" is a second `release` of the already released sandbox (a new fence and key): the provider reuses the checkpoint after one HeadObject. A resume, even with no job run, starts compute, and the provider then treats the files as changed: the suspend after it packs and uploads everything again (last column).',
+    table(
+      [
+        'workspace',
+        'restore (ms)',
+        'baseline GetObject + `zstd -d \\| tar -x` (ms)',
+        'ratio',
+        ...resticCols('baseline `restic restore` (ms)', 'ratio'),
+      ],
+      cks.map((c) => restoreRow(c, restic)),
+    ),
+    '',
+    '**Re-suspend after a same-host resume** and a change (bytes sent to the store):',
+    '',
+    table(
+      [
+        'workspace',
+        'change',
+        'suspend (ms)',
+        'sent',
+        'of the first suspend',
+        ...resticCols('baseline `restic backup`, incremental (ms)', 'restic uploaded', 'ratio'),
+      ],
+      cks.flatMap((c) => incrementalRows(c, restic)),
+    ),
+    '',
+    "Mixed workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files; the `node_modules`-like tree is small text-like files of 200 B to 8 KiB, 40 to a package. Snapshot + upload is the local provider's `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, walk, content-defined chunking, hashing, zstd packs, upload to MinIO, manifest, kill); restore is `restore` on a second host (manifest, packs, verification, extraction, swap into place, start). \"Sent\" counts every byte the provider's store received (packs and manifest). **Baselines**, same bytes (the sandbox's `workspace`, `home` and `envs` directories), same run, same MinIO: GNU `tar -cf - | zstd -q -1 -T0` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file and `zstd -d | tar -x`; and restic " +
+      '(`restic backup` to a repository in the same bucket, `restic restore latest --no-cache` into an empty directory, and for every change an incremental `restic backup` of the same tree right after the suspend, the growth of its repository in the bucket as bytes). Medians / p95 in ms.',
+    '',
+    'Each re-suspend row follows a same-host resume from the dormant copy, then the change, then `release` again: "unchanged" changes nothing; "one small file" rewrites the first small file; "1 MiB appended" appends 1 MiB of random bytes to a 16 MiB file; "checkout" rewrites 5% of the small files, deletes 1% and adds 1%. The rows run in that order, each on the result of the one before.',
     ...(errors.length ? ['', ...errors] : []),
   ].join('\n');
 }
@@ -209,6 +272,8 @@ function throughputSection(r: BenchResults): string {
     `${t.completed} / ${t.failed}`,
     secs(t.wallMs),
     fmt(t.cyclesPerSecond),
+    t.bare ? fmt(t.bare.cyclesPerSecond) : 'n/a',
+    t.ratioToBare !== undefined ? `${fmt(t.ratioToBare)}×` : 'n/a',
     String(t.peakRssMiB),
     ms(t.suspendMs),
     ms(t.resumeMs),
@@ -228,6 +293,8 @@ function throughputSection(r: BenchResults): string {
         'completed / failed',
         'wall',
         'full cycles/s',
+        'bare Temporal cycles/s',
+        'Stasis ÷ bare',
         'worker peak RSS MiB',
         'suspend under load (ms, 10-Run sample)',
         'resume under load (ms)',
@@ -240,7 +307,7 @@ function throughputSection(r: BenchResults): string {
       rows,
     ),
     '',
-    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baseline**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
+    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baselines**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds; and bare Temporal, right after each size on the same server and connection with the same worker settings: a workflow (`bench/bare-workflow.ts`) with the same Update and the same number of activities on the shared and on a host queue, before and after the answer, as a Stasis Run of this phase had (counted from its history), each activity doing nothing, all N started at once and answered by their Update. Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
     ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
     ...r.throughput.flatMap((t) => cpuLines(`running ${t.concurrency} concurrent Runs`, t.cpu)),
@@ -249,7 +316,8 @@ function throughputSection(r: BenchResults): string {
 }
 
 function waitingSection(r: BenchResults): string {
-  const w = r.waiting;
+  const rows = [...(r.waiting ? [r.waiting] : []), ...(r.waitingMore ?? [])];
+  const w = rows[0];
   if (!w) return '_Not measured in this run._';
   return [
     table(
@@ -257,7 +325,8 @@ function waitingSection(r: BenchResults): string {
         'suspended Runs (planned)',
         'start → all suspended',
         'processes held',
-        'worker RSS while waiting MiB',
+        'worker RSS MiB: 0 Runs → all waiting → all completed',
+        'per waiting Run over 0 Runs, MiB',
         'peak RSS MiB',
         'dev-server database MiB (growth)',
         'answer all (respond calls)',
@@ -266,29 +335,32 @@ function waitingSection(r: BenchResults): string {
         'completed / failed',
         'leftover processes / sandbox dirs',
       ],
-      [
-        [
-          `${w.runs} (${w.target})`,
-          secs(w.suspendAllMs),
-          String(w.processesHeld),
-          String(w.rssWhileWaitingMiB),
-          String(w.peakRssMiB),
-          `${fmt(w.databaseMiB)} (+${fmt(w.databaseGrowthMiB)})`,
-          secs(w.answerAllMs),
-          fmt(w.answersPerSecond),
-          secs(w.completeAllMs),
-          `${w.completed} / ${w.failed}`,
-          `${w.leftovers.processes} / ${w.leftovers.workspaces}`,
-        ],
-      ],
+      rows.map((x) => [
+        `${x.runs} (${x.target})`,
+        secs(x.suspendAllMs),
+        String(x.processesHeld),
+        x.rssBaseMiB === undefined
+          ? String(x.rssWhileWaitingMiB)
+          : `${x.rssBaseMiB} → ${x.rssWhileWaitingMiB} → ${x.rssAfterMiB}`,
+        x.perRunMiB === undefined ? '' : fmt(x.perRunMiB),
+        String(x.peakRssMiB),
+        `${fmt(x.databaseMiB)} (+${fmt(x.databaseGrowthMiB)})`,
+        secs(x.answerAllMs),
+        fmt(x.answersPerSecond),
+        secs(x.completeAllMs),
+        `${x.completed} / ${x.failed}`,
+        `${x.leftovers.processes} / ${x.leftovers.workspaces}`,
+      ]),
     ),
     '',
-    "Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time. Answers are `respond` updates, 50 in flight. The database is the dev server's SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox's processes alive — one or more processes and their memory per waiting Run (here " +
+    'Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time. Answers are `respond` updates, 50 in flight. RSS is the bench process, which holds the worker (its workflow cache is `STASIS_MAX_CACHED_WORKFLOWS`, 1,000 by default: a Run evicted while it waits replays its history when answered); "0 Runs" is measured just before the phase starts its first Run. The database is the dev server\'s SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox\'s processes alive — one or more processes and their memory per waiting Run (here ' +
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
-    ...w.errors.map((e) => `- ${e}`),
-    ...failureLines(`${w.runs} waiting Runs`, w.failures),
-    ...cpuLines(`suspending ${w.runs} Runs`, w.cpuSuspending),
-    ...cpuLines(`answering and completing ${w.runs} Runs`, w.cpuAnswering),
+    ...rows.flatMap((x) => [
+      ...x.errors.map((e) => `- ${e}`),
+      ...failureLines(`${x.runs} waiting Runs`, x.failures),
+      ...cpuLines(`suspending ${x.runs} Runs`, x.cpuSuspending),
+      ...cpuLines(`answering and completing ${x.runs} Runs`, x.cpuAnswering),
+    ]),
   ].join('\n');
 }
 
@@ -427,7 +499,7 @@ function findings(r: BenchResults): string[] {
     out.push(
       `- **The fixed cost of orchestration** is what DETACH shows, where the provider does almost nothing (direct release ${fmt(detach.baselineSuspendMs.median)} ms): ` +
         `suspend ${fmt(detach.suspendMs.median)} ms and resume ${fmt(detach.resumeMs.median)} ms. It is a chain of workflow tasks and activity dispatches ` +
-        `(suspend: ${partsCell(detach.suspendParts)}; resume: ${partsCell(detach.resumeParts)}); resume also runs one agentStep before the first job.`,
+        `(suspend: ${partsCell(detach.suspendParts)}; resume: ${partsCell(detach.resumeParts)}); resume also runs one agent step before the first job.`,
     );
   }
   const big = r.cycle.filter((c) => c.mode === 'SNAPSHOT_AND_TERMINATE').sort((a, b) => b.bytes - a.bytes)[0];
@@ -437,18 +509,24 @@ function findings(r: BenchResults): string[] {
         `(ratio ${fmt(big.suspendRatio)}×). Same-host resume reuses the dormant copy, so it costs about what DETACH costs.`,
     );
   }
-  const ck = r.checkpoint[r.checkpoint.length - 1];
-  if (ck) {
+  for (const ck of currentCheckpoints(r)) {
+    const base = ck.tarZstd.ms.median + ck.putObjectMs.median;
+    const back = ck.getObjectMs.median + ck.untarMs.median;
+    const unchanged = ck.incremental.find((i) => i.change.startsWith('unchanged'));
+    const slower = ck.incremental
+      .filter((i) => i.restic && i.stasis.ms.median > i.restic.ms.median)
+      .map((i) => i.change);
     out.push(
-      `- **The checkpoint path is slower than the tools**: at ${ck.sizeMiB} MiB, snapshot + upload takes ${fmt(ck.snapshotUploadMs.median / (ck.tarGzipMs.median + ck.putObjectMs.median))}× ` +
-        `\`tar | gzip -1\` + PutObject, and download + restore ${fmt(ck.downloadRestoreMs.median / (ck.getObjectMs.median + ck.tarExtractMs.median))}× GetObject + \`tar -xzf\`. ` +
-        'Packing and gzip run in the worker process (node-tar + zlib) and restore validates the whole archive before extracting it (a second full read): the price of streaming, ' +
-        'hashing and the safety checks; the candidates are native tar/zstd and validating while extracting.',
-    );
-    out.push(
-      `- **Unchanged workspaces are only reused without compute in between**: a second release of a released sandbox takes ${fmt(ck.secondSuspendReusedMs.median)} ms (one HeadObject), ` +
-        `but a suspend right after a resume re-packs and re-uploads everything (${fmt(ck.resuspendAfterResumeMs.median)} ms at ${ck.sizeMiB} MiB) even when no job ran, ` +
-        'because starting compute marks the files changed. A manifest (size + mtime per file) compared at suspend would skip that upload.',
+      `- **Checkpoints of ${ck.workspace}**: first snapshot + upload ${ratio(ck.first.ms.median, base)} \`tar | zstd -1 -T0\` + PutObject (target ≤ 1.0×), ` +
+        `cross-host restore ${ratio(ck.crossHostRestoreMs.median, back)} GetObject + \`zstd -d | tar -x\` (target ≤ 1.2×)` +
+        (unchanged
+          ? `; an unchanged re-suspend after a resume sent ${fmt(unchanged.stasisPackBytes)} bytes of packs and ${fmt(unchanged.stasis.bytes - unchanged.stasisPackBytes)} of manifest in ${fmt((100 * unchanged.stasis.ms.median) / ck.first.ms.median)}% of the first suspend's time (target 0 and ≤ 5%)`
+          : '') +
+        (ck.incremental.some((i) => i.restic)
+          ? slower.length
+            ? `; slower than restic's incremental backup on: ${slower.join(', ')}.`
+            : "; at least as fast as restic's incremental backup on every change."
+          : '.'),
     );
   }
   const tp = r.throughput[r.throughput.length - 1];
@@ -481,7 +559,10 @@ function findings(r: BenchResults): string[] {
     const top = w.cpuAnswering?.parts[0];
     out.push(
       `- **Waiting Runs cost memory and database, not processes**: ${w.runs} suspended Runs held ${w.processesHeld} sandbox processes; the worker held ${w.rssWhileWaitingMiB} MiB ` +
-        `(its workflow cache; about ${fmt(w.rssWhileWaitingMiB / w.runs)} MiB per Run) and the dev server's database grew ${fmt(w.databaseGrowthMiB)} MiB ` +
+        (w.perRunMiB === undefined
+          ? `(its workflow cache; about ${fmt(w.rssWhileWaitingMiB / w.runs)} MiB per Run)`
+          : `(${w.rssBaseMiB} MiB with 0 Runs; about ${fmt(w.perRunMiB)} MiB per waiting Run over that)`) +
+        ` and the dev server's database grew ${fmt(w.databaseGrowthMiB)} MiB ` +
         `(about ${fmt((1024 * w.databaseGrowthMiB) / w.runs)} KiB per Run). Answering all of them ran at ${fmt(w.answersPerSecond)} answers/s` +
         (top ? `, and the largest share of the CPU went to ${partPhrase(top.part)}.` : '.'),
     );
@@ -534,9 +615,11 @@ const IMPROVEMENTS: string[] = [
     'the worker holds 2-3 GiB of workflow cache with a thousand waiting Runs. The helper is forked once and stays small. A 200-Run waiting phase (suspend, answer, complete) ' +
     "went from 122 to 56 CPU seconds in the worker (its SDK core threads from 40 to 9 s: after every fork the kernel copied each page the worker's threads wrote; the main thread from 37 to 21 s) " +
     'and from 135 to 105 s wall. In the full bench: 50 concurrent Runs 46.8 s → 28.3 s; waiting Runs suspended within the ramp 1,040 → 1,329, answered and completed at 1.9 → 2.7 Runs/s.',
-  "- **zod is loaded once per worker thread, not once per workflow** (`workers/worker.ts`, the SDK's `preloadModules`). The workflow thread's profile showed a workflow's start spending most " +
-    'of its time evaluating modules, a third of it loading zod. The same 200-Run phase: workflow-thread CPU 48 → 37 s, wall 173 → 135 s. (Our own schemas stay per workflow: the SDK freezes ' +
-    'what it preloads, and zod fills in schema members on first use.)',
+  "- **Workflow code loads no zod** (`common/wire-checks.ts`, `workers/worker.ts`). An earlier round preloaded zod with the SDK's `preloadModules` and reported it loaded once per worker " +
+    "thread; that was wrong: zod is marked side-effect-free, webpack compiles it into the workflow modules, and every Run's V8 context still built zod and our schemas " +
+    "(about 1 MiB of heap per Run, the same with and without the preload). What a waiting Run costs the worker now is figure 5's “per waiting Run” column. The workflow's update validators and signals now use hand-written checks that a property test holds to the zod schemas, and a test fails if zod is in the bundle.",
+  "- **A sized workflow cache** (`STASIS_MAX_CACHED_WORKFLOWS`, 1,000 by default). The SDK's default (about 2,300 here) kept every waiting Run cached; a Run evicted while it waits replays its history when answered.",
+  "- **Fewer history events per cycle** (behind `patched()`, so earlier histories replay): one search-attribute upsert per workflow task, none of what the Run was started with, and the scripted driver's steps as local activities (one marker instead of three events and a workflow task).",
   "- **The dev server's SQLite runs in WAL mode** (`platform/temporal-server.ts`, so `npm start`, the tests and the bench alike). The CPU accounting by process added in this round showed the " +
     'dev server as the largest user (0.7 core) while only 1.4 of the 2 cores were busy: it writes through one SQLite connection, and in the default rollback-journal mode each commit waited on ' +
     'several fsyncs. With `journal_mode=wal` and `synchronous=normal` (safe against a crash of the server, not of the machine) the same 200-Run phase went from 105 to 46 s wall and the ' +

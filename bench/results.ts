@@ -18,7 +18,9 @@ export interface BenchResults {
   history: HistoryCost[];
   checkpoint: CheckpointResult[];
   throughput: ThroughputResult[];
+  /** Scale of waiting at the plan's first size, and at the larger sizes the budget allowed. */
   waiting?: WaitingResult;
+  waitingMore?: WaitingResult[];
   /** Figures not measured in this run, and why. */
   notMeasured: string[];
   /** A phase that failed as a whole: its error. */

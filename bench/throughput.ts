@@ -1,3 +1,4 @@
+import { cycleShape, runBare, type BareResult } from './bare';
 import { CpuMeter, type CpuUse } from './cpu';
 import { analyseCycle } from './cycle';
 import type { BenchEnv } from './env';
@@ -31,6 +32,9 @@ export interface ThroughputResult {
   cpu: CpuUse;
   /** Where the worker's main thread spent this phase (the first size only). */
   profile?: ProfileSummary;
+  /** Bare Temporal at the same concurrency (bench/bare-workflow.ts), right after, and Stasis cycles/s ÷ bare cycles/s. */
+  bare?: BareResult;
+  ratioToBare?: number;
 }
 
 const CASE: ModeCase = { name: 'throughput', mode: 'SNAPSHOT_AND_TERMINATE', bytes: 4096 };
@@ -80,6 +84,16 @@ export async function runThroughput(
     }),
   );
   const ok = analysed.filter((a) => a !== undefined);
+  let bare: BareResult | undefined;
+  try {
+    const history = await env.temporal.workflow.getHandle(ids[0]).fetchHistory();
+    bare = await runBare(env, concurrency, cycleShape(history.events ?? []));
+    log(
+      `bare Temporal ${concurrency}: ${bare.completed} completed in ${bare.wallMs} ms = ${bare.cyclesPerSecond} cycles/s`,
+    );
+  } catch (err) {
+    errors.push(`bare-Temporal baseline: ${String(err)}`);
+  }
   const result: ThroughputResult = {
     concurrency,
     completed,
@@ -94,6 +108,9 @@ export async function runThroughput(
     leftovers: await leftovers(env),
     failures,
     errors: errors.slice(0, 5),
+    ...(bare
+      ? { bare, ratioToBare: round(completed / (wallMs / 1000) / Math.max(0.001, bare.cyclesPerSecond), 2) }
+      : {}),
   };
   log(
     `throughput ${concurrency}: ${completed} completed, ${failed} failed in ${result.wallMs} ms = ${result.cyclesPerSecond} cycles/s, peak RSS ${peakRssMiB} MiB, ` +

@@ -21,7 +21,12 @@ export interface WaitingResult {
   suspendAllMs: number;
   /** While all are suspended: sandbox processes of the worker's host (must be 0). */
   processesHeld: number;
+  /** The worker's RSS before the phase started a Run (0 Runs), while all waited, and after all completed. */
+  rssBaseMiB: number;
   rssWhileWaitingMiB: number;
+  rssAfterMiB: number;
+  /** (RSS while waiting − RSS with 0 Runs) / Runs: what one waiting Run costs the worker. */
+  perRunMiB: number;
   peakRssMiB: number;
   /** Dev server's SQLite file (+ WAL) while all are waiting, and its growth over the phase. */
   databaseMiB: number;
@@ -75,6 +80,7 @@ export async function runWaiting(
   log: (line: string) => void,
 ): Promise<WaitingResult> {
   const errors: string[] = [];
+  const rssBaseMiB = Math.round(rssMiB());
   const dbBefore = databaseMiB(env);
   const before = await scrapeSdk(env.sdkMetricsUrl);
   const rss = new PeakRss();
@@ -110,7 +116,7 @@ export async function runWaiting(
   const rssWhileWaitingMiB = Math.round(rssMiB());
   const dbWaiting = databaseMiB(env);
   log(
-    `waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`,
+    `waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssBaseMiB} → ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`,
   );
 
   const t1 = performance.now();
@@ -125,7 +131,10 @@ export async function runWaiting(
     runs,
     suspendAllMs: Math.round(suspendAllMs),
     processesHeld,
+    rssBaseMiB,
     rssWhileWaitingMiB,
+    rssAfterMiB: Math.round(rssMiB()),
+    perRunMiB: runs > 0 ? round((rssWhileWaitingMiB - rssBaseMiB) / runs, 3) : 0,
     peakRssMiB: rss.stop(),
     databaseMiB: round(dbWaiting),
     databaseGrowthMiB: round(dbWaiting - dbBefore),

@@ -74,3 +74,22 @@ export async function fillWorkspace(dir: string, bytes: number): Promise<Workspa
 export function fillCommand(bytes: number): string {
   return `head -c ${bytes} /dev/urandom > data.bin && mkdir -p src && for i in $(seq 1 32); do echo "export const v$i = $i;" > src/m$i.ts; done`;
 }
+
+/**
+ * Fills `dir` with a `node_modules`-like tree of `files` small files (200 B to 8 KiB,
+ * text-like, each different) in packages of 40 files under nested directories.
+ */
+export async function fillNodeModules(dir: string, files: number): Promise<WorkspaceShape> {
+  const template = textChunk(8 * 1024);
+  let bytes = 0;
+  for (let i = 0; i < files; i++) {
+    const sub = path.join(dir, 'node_modules', `pkg-${Math.floor(i / 40)}`, i % 40 < 20 ? 'lib' : 'dist');
+    if (i % 20 === 0) await fs.mkdir(sub, { recursive: true });
+    const header = Buffer.from(`// module ${i}\n`);
+    const size = 200 + ((i * 7919) % (8 * 1024 - 200));
+    const body = Buffer.concat([header, template.subarray(0, size - header.length)]);
+    await fs.writeFile(path.join(sub, `m${i}.js`), body);
+    bytes += body.length;
+  }
+  return { bytes, files };
+}

@@ -1,4 +1,5 @@
-import type { InteractionRequest, RunSnapshot, SandboxView } from '../common/schemas';
+import { resolveAccepts } from '../common/interactions';
+import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '../common/schemas';
 
 // Human renderings of the wire types, shared by the commands.
 
@@ -12,9 +13,20 @@ export function ago(iso: string): string {
 
 export function interactionLine(runId: string, i: InteractionRequest): string {
   const head = `  ${i.id}  ${i.status}  ${i.kind}  ${JSON.stringify(i.prompt)}  (asked ${ago(i.createdAt)})`;
-  if (i.status === 'pending')
-    return `${head}\n    answer: stasis approve ${runId} ${i.id}${i.kind === 'input' ? ' --input <text>' : ' [--deny]'}`;
+  if (i.status === 'pending') return `${head}\n    answer: stasis approve ${runId} ${i.id}${answerHint(i)}`;
   return i.respondedBy ? `${head} by ${i.respondedBy}: ${JSON.stringify(i.response)}` : head;
+}
+
+/** The options of `stasis approve` that give the answers an interaction accepts. */
+function answerHint(i: InteractionRequest): string {
+  const accepts = resolveAccepts(i);
+  const parts = [
+    accepts.includes('input') ? (accepts.length === 1 ? '--input <text>' : '[--input <text>]') : undefined,
+    accepts.includes('deny') ? '[--deny]' : undefined,
+    accepts.includes('edit') ? '[--edit-command <command>]' : undefined,
+    accepts.includes('option') ? `[--option ${(i.options ?? []).map((o) => JSON.stringify(o)).join('|')}]` : undefined,
+  ].filter((p) => p !== undefined);
+  return parts.map((p) => ` ${p}`).join('');
 }
 
 export function runText(run: RunSnapshot): string {
@@ -33,6 +45,17 @@ export function sandboxText(sandbox: SandboxView): string {
   if (sandbox.record.checkpoint)
     lines.push(`  checkpoint: ${sandbox.record.checkpoint.uri} (${bytes(sandbox.record.checkpoint.bytes)})`);
   if (sandbox.error) lines.push(`  error: ${sandbox.error.code}: ${sandbox.error.message}`);
+  return lines.join('\n');
+}
+
+export function sandboxListText(page: SandboxPage): string {
+  const lines = page.sandboxes.map((s) => {
+    const labels = Object.entries(s.labels).map(([key, value]) => `${key}:${value}`);
+    const where = s.hostId ? ` on ${s.hostId}` : '';
+    return `${s.sandboxId}  ${s.state}  (${s.provider ?? '?'}${where})${labels.length ? `  ${labels.join(' ')}` : ''}`;
+  });
+  if (lines.length === 0) lines.push('no sandboxes');
+  if (page.nextPageToken) lines.push(`more: --page-token ${page.nextPageToken}`);
   return lines.join('\n');
 }
 

@@ -1,6 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { ConfigError } from '../common/config';
-import { StasisError } from '../common/errors';
+import { toInternal } from '../common/errors';
 import { version } from '../package.json';
 import { apiCommand } from './commands/api';
 import { devCommand } from './commands/dev';
@@ -43,8 +43,7 @@ function report(ctx: CliContext, err: unknown): number {
     ctx.io.stderr.write(`stasis: configuration error\n${err.problems.map((p) => `  ${p}`).join('\n')}\n`);
     return 2;
   }
-  const failure =
-    err instanceof StasisError ? err : new StasisError('INTERNAL', err instanceof Error ? err.message : String(err));
+  const failure = toInternal(err);
   if (ctx.json)
     ctx.io.stdout.write(`${JSON.stringify({ error: { code: failure.code, message: failure.message } }, null, 2)}\n`);
   else ctx.io.stderr.write(`stasis: ${failure.code}: ${failure.message}\n`);

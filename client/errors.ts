@@ -1,19 +1,10 @@
 import { QueryRejectedError, WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ApplicationFailure, WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/common';
-import { isErrorCode, StasisError } from '../common/errors';
+import { END_REASON, findCause, GRPC_STATUS, isErrorCode, StasisError, toInternal } from '../common/errors';
 import type { RunSnapshot } from '../common/schemas';
 import { isTerminal as isTerminalStatus } from '../workflows/run-state';
 
 // Maps what Temporal answers into the one StasisError class with code and httpStatus.
-
-function applicationFailureOf(err: unknown): ApplicationFailure | undefined {
-  let e: unknown = err;
-  while (e instanceof Error) {
-    if (e instanceof ApplicationFailure) return e;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return undefined;
-}
 
 /**
  * An Update refused because the Run's workflow has closed or is closing, said in
@@ -26,7 +17,7 @@ export function refusedByClosedRun(
 ): StasisError {
   if (!isClosedWorkflow(err) || !snapshot || !isTerminalStatus(snapshot.status))
     return toStasisError(err, `run ${runId}`);
-  if (snapshot.status === 'EXPIRED' && snapshot.error?.code === 'SUSPEND_EXPIRED') {
+  if (snapshot.status === 'EXPIRED' && snapshot.error?.code === END_REASON.SUSPEND_EXPIRED) {
     return new StasisError('STALE_SANDBOX_ROUTE', `run ${runId} was suspended past retention`);
   }
   return new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${snapshot.status}`);
@@ -50,7 +41,7 @@ export function toStasisError(err: unknown, what: string): StasisError {
   if (err instanceof WorkflowNotFoundError) return new StasisError('NOT_FOUND', `${what} not found`);
   if (err instanceof WorkflowExecutionAlreadyStartedError)
     return new StasisError('ALREADY_EXISTS', `${what} already exists`);
-  const failure = applicationFailureOf(err);
+  const failure = findCause(err, (e) => e instanceof ApplicationFailure);
   if (failure) {
     const code = failure.type;
     return new StasisError(isErrorCode(code) ? code : 'INTERNAL', failure.message);
@@ -60,13 +51,13 @@ export function toStasisError(err: unknown, what: string): StasisError {
     err instanceof WorkflowFailedError ||
     err instanceof QueryRejectedError
   ) {
-    return new StasisError('INTERNAL', `${what}: ${err.message}`);
+    return toInternal(err, what);
   }
   const grpc = grpcErrorOf(err);
-  if (grpc?.code === 5) return new StasisError('NOT_FOUND', `${what} not found`);
-  if (grpc?.code === 14 || grpc?.code === 4)
+  if (grpc?.code === GRPC_STATUS.NOT_FOUND) return new StasisError('NOT_FOUND', `${what} not found`);
+  if (grpc && isTransientGrpc(grpc.code))
     return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${grpc.message}`);
-  return new StasisError('INTERNAL', `${what}: ${err instanceof Error ? err.message : String(err)}`);
+  return toInternal(err, what);
 }
 
 /**
@@ -74,11 +65,11 @@ export function toStasisError(err: unknown, what: string): StasisError {
  * "Failed to query Workflow" whose cause is the UNAVAILABLE status), so look past the top.
  */
 export function grpcErrorOf(err: unknown): { code: number; message: string } | undefined {
-  let e: unknown = err;
-  while (e instanceof Error) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === 'number') return { code, message: e.message };
-    e = (e as { cause?: unknown }).cause;
-  }
-  return undefined;
+  const e = findCause(err, (c): c is Error & { code: number } => typeof (c as { code?: unknown }).code === 'number');
+  return e && { code: e.code, message: e.message };
+}
+
+/** A gRPC status a retry may get past: the server unreachable (UNAVAILABLE) or too slow (DEADLINE_EXCEEDED). */
+export function isTransientGrpc(code: number): boolean {
+  return code === GRPC_STATUS.UNAVAILABLE || code === GRPC_STATUS.DEADLINE_EXCEEDED;
 }

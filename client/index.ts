@@ -1,13 +1,23 @@
 import { randomUUID } from 'node:crypto';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
-import { describeIssues, StasisError } from '../common/errors';
-import { activeWorkspacesOfRun, activeWorkspacesOfSandbox, checkHostPaths, type HostPathPolicy } from '../common/host-paths';
+import { parseOrInvalid, StasisError } from '../common/errors';
+import type { z } from 'zod';
+import {
+  activeWorkspacesOfRun,
+  activeWorkspacesOfSandbox,
+  checkHostPaths,
+  type HostPathPolicy,
+} from '../common/host-paths';
 import {
   DEFAULT_TEMPORAL_NAMESPACE,
   temporalConnectConfig,
   type TemporalConnectionOptions,
 } from '../common/temporal-connection';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { ACTION_WAIT_MS, actionBodyHash } from '../common/external-actions';
 import {
+  ActionRequest,
+  type ActionView,
   CreateSandboxInput,
   ExecInput,
   InteractionResponse,
@@ -15,19 +25,26 @@ import {
   type ExecResult,
   type InteractionRequest,
   type MetricsSnapshot,
+  type PendingInteraction,
   type ResourceView,
   type RunSnapshot,
   type RunStatus,
   type SandboxView,
+  SandboxListFilter as SandboxListFilterSchema,
+  type SandboxListFilter,
+  type SandboxPage,
 } from '../common/schemas';
-import type { z } from 'zod';
+import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
+import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import {
+  actionQuery,
+  actUpdate,
   destroySandboxUpdate,
   execSandboxUpdate,
-  FILE_LIMIT_BYTES,
   pauseSandboxUpdate,
   readFileUpdate,
   resourceQuery,
+  respondSignal,
   respondUpdate,
   resumeRunUpdate,
   resumeSandboxUpdate,
@@ -43,19 +60,45 @@ import {
 } from '../workflows/definitions';
 import type { runWorkflow, sandboxWorkflow } from '../workflows';
 import { isTerminal } from '../workflows/run-state';
-import { StasisKind, StasisProvider, StasisStatus, StasisResourceState } from '../workflows/search-attributes';
+import { labelKeywords } from '../common/labels';
+import {
+  StasisKind,
+  StasisLabels,
+  StasisPendingInteractions,
+  StasisProvider,
+  StasisStatus,
+  StasisResourceState,
+} from '../workflows/search-attributes';
+import { PENDING_MEMO } from '../common/interactions';
+import { compareCursors, decodeCursor, encodeCursor, type Cursor } from './cursor';
+import { listSandboxes } from './sandbox-list';
 import { isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
 
 export { StasisError } from '../common/errors';
 
+/**
+ * `value` parsed by `schema` (INVALID_ARGUMENT naming each bad field), and no larger than
+ * JSON_INPUT_LIMIT_BYTES as JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what
+ * Temporal can carry.
+ */
+function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
+  const valid = parseOrInvalid(schema, value, what);
+  const tooLarge = inputTooLarge(what, valid);
+  if (tooLarge) throw new StasisError('PAYLOAD_TOO_LARGE', tooLarge);
+  return valid;
+}
+
+/** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
 export interface StasisClientOptions {
   /** A connected Temporal client; otherwise one is made from address/namespace. */
   client?: Client;
   /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted. */
   connection?: TemporalConnectionOptions;
+  /** The Temporal namespace; the environment's (TEMPORAL_NAMESPACE, temporal.toml) or `default` when omitted. */
   namespace?: string;
+  /** The shared task queue the Stasis workers poll (STASIS_TASK_QUEUE); `stasis` when omitted. */
   taskQueue?: string;
   /** STASIS_SUSPENDED_RETENTION_SECONDS given to new standalone sandboxes. */
   suspendedRetentionSeconds?: number;
@@ -65,26 +108,37 @@ export interface StasisClientOptions {
   hostPaths?: HostPathPolicy;
 }
 
-function parse<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
-  const parsed = schema.safeParse(value);
-  if (!parsed.success) throw new StasisError('INVALID_ARGUMENT', `${what}: ${describeIssues(parsed.error.issues)}`);
-  return parsed.data;
-}
-
-/** The typed client: runs, sandboxes and metrics over the Temporal client. */
+/**
+ * The typed client: Runs, standalone sandboxes and metrics over the Temporal client.
+ * Every refusal is a {@link StasisError} with a `code` and the `httpStatus` the REST API answers.
+ *
+ * ```ts
+ * const stasis = await StasisClient.connect();
+ * const { runId } = await stasis.runs.start(spec);
+ * ```
+ */
 export class StasisClient {
+  /** Start, inspect, answer, suspend, resume and cancel Runs. */
   readonly runs: RunsApi;
+  /** Create and drive standalone sandboxes (no Run, no agent loop). */
   readonly sandboxes: SandboxesApi;
   private readonly identities = new Map<string, StasisClient>();
 
+  /** Wraps a connected Temporal client; {@link StasisClient.connect} makes one from the environment. */
   constructor(
+    /** The underlying Temporal client, for anything Stasis does not wrap. */
     readonly temporal: Client,
     private readonly options: StasisClientOptions = {},
   ) {
-    const taskQueue = options.taskQueue ?? 'stasis';
+    const taskQueue = options.taskQueue ?? DEFAULT_TASK_QUEUE;
     const hostPaths = options.hostPaths ?? { allowed: [] };
     this.runs = new RunsApi(temporal, taskQueue, hostPaths);
-    this.sandboxes = new SandboxesApi(temporal, taskQueue, options.suspendedRetentionSeconds ?? 2_592_000, hostPaths);
+    this.sandboxes = new SandboxesApi(
+      temporal,
+      taskQueue,
+      options.suspendedRetentionSeconds ?? DEFAULT_SUSPENDED_RETENTION_SECONDS,
+      hostPaths,
+    );
   }
 
   /**
@@ -96,13 +150,24 @@ export class StasisClient {
     let client = this.identities.get(identity);
     if (!client) {
       const { namespace, dataConverter, interceptors } = this.temporal.options;
-      const temporal = new Client({ connection: this.temporal.connection, namespace, dataConverter, interceptors, identity });
+      const temporal = new Client({
+        connection: this.temporal.connection,
+        namespace,
+        dataConverter,
+        interceptors,
+        identity,
+      });
       client = new StasisClient(temporal, this.options);
       this.identities.set(identity, client);
     }
     return client;
   }
 
+  /**
+   * Connects to Temporal: `options.client` if given, else `options.connection`, else the environment
+   * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
+   * `temporal.toml`, through `@temporalio/envconfig`).
+   */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
     const fromEnv = options.connection === undefined ? temporalConnectConfig() : undefined;
@@ -111,15 +176,18 @@ export class StasisClient {
     return new StasisClient(new Client({ connection, namespace }), options);
   }
 
+  /** Diagnostics: active, retained and blocked sandboxes, release failures, retries and latency. */
   async metricsSnapshot(): Promise<MetricsSnapshot> {
     return collectMetrics(this.temporal, this.options.workerMetrics);
   }
 
+  /** Closes the Temporal connection (also the one `connect` made). */
   async close(): Promise<void> {
     await this.temporal.connection.close();
   }
 }
 
+/** Runs: durable agent Runs, each a `runWorkflow` whose workflow id is the Run id. */
 export class RunsApi {
   constructor(
     private readonly temporal: Client,
@@ -131,9 +199,13 @@ export class RunsApi {
     return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
   }
 
-  /** `options.inputName` names the spec in errors (the REST API's `body`). */
+  /**
+   * Validates `spec` (a RunSpec) and starts its Run; the Run id is `spec.runId` or a new `run-<uuid>`.
+   * INVALID_ARGUMENT names the bad field (`options.inputName` prefixes it, e.g. the REST API's `body`);
+   * ALREADY_EXISTS when a Run with that id exists; FORBIDDEN for an active workspace outside the host paths.
+   */
   async start(spec: unknown, options: { inputName?: string } = {}): Promise<{ runId: string }> {
-    const valid = parse(RunSpec, spec, options.inputName ?? 'spec');
+    const valid = checkedInput(RunSpec, spec, options.inputName ?? 'spec');
     await checkHostPaths(activeWorkspacesOfRun(valid), this.hostPaths, `${options.inputName ?? 'spec'}.`);
     const runId = valid.runId ?? `run-${randomUUID()}`;
     try {
@@ -146,6 +218,8 @@ export class RunsApi {
           { key: StasisStatus, value: 'RUNNING' },
           { key: StasisProvider, value: valid.sandbox.provider },
           { key: StasisResourceState, value: 'PROVISIONING' },
+          { key: StasisPendingInteractions, value: 0 },
+          ...(labelKeywords(valid.labels).length ? [{ key: StasisLabels, value: labelKeywords(valid.labels) }] : []),
         ],
         staticSummary: `Stasis Run ${runId}: ${valid.agent.driver} agent on ${valid.sandbox.provider}`,
         staticDetails: valid.labels
@@ -160,6 +234,7 @@ export class RunsApi {
     return { runId };
   }
 
+  /** The user-visible snapshot: status, interactions, output or error, parent and children. NOT_FOUND if unknown. */
   async get(runId: string): Promise<RunSnapshot> {
     try {
       return await this.handle(runId).query(snapshotQuery);
@@ -211,13 +286,64 @@ export class RunsApi {
     return snapshots.filter((s): s is RunSnapshot => s !== undefined && (!filter.status || s.status === filter.status));
   }
 
+  /**
+   * Every pending interaction, oldest first, a page at a time, from one visibility
+   * listing: each waiting Run keeps its pending interactions in its memo (no query per
+   * Run, except a Run started before the memo existed). `after` is the `next` of the
+   * previous page.
+   */
+  async pendingInteractions(
+    page: { limit?: number; after?: string } = {},
+  ): Promise<{ interactions: PendingInteraction[]; next?: string }> {
+    const after = page.after === undefined ? undefined : decodeCursor(page.after);
+    if (after === null) throw new StasisError('INVALID_ARGUMENT', 'after: not a page cursor this API gave');
+    const items: PendingInteraction[] = [];
+    try {
+      const seen = new Set<string>();
+      for await (const wf of this.temporal.workflow.list({
+        query: `StasisKind = 'run' AND StasisPendingInteractions > 0`,
+      })) {
+        if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING') continue;
+        seen.add(wf.workflowId);
+        const memo = wf.memo?.[PENDING_MEMO] as (InteractionRequest & { diffTruncated?: true })[] | undefined;
+        const pending =
+          memo ??
+          (await this.get(wf.workflowId).catch(() => undefined))?.interactions.filter((i) => i.status === 'pending') ??
+          [];
+        for (const { diffTruncated, ...interaction } of pending as (InteractionRequest & { diffTruncated?: true })[]) {
+          items.push({
+            runId: wf.workflowId,
+            runStartedAt: wf.startTime.toISOString(),
+            interaction,
+            ...(diffTruncated ? { diffTruncated } : {}),
+          });
+        }
+      }
+    } catch (err) {
+      throw toStasisError(err, 'interactions');
+    }
+    const key = (p: PendingInteraction): Cursor => [p.interaction.createdAt, p.runId, p.interaction.id];
+    items.sort((a, b) => compareCursors(key(a), key(b)));
+    const from = after ? items.filter((p) => compareCursors(key(p), after) > 0) : items;
+    const limit = page.limit ?? 50;
+    const interactions = from.slice(0, limit);
+    const last = interactions[interactions.length - 1];
+    return { interactions, ...(from.length > limit && last ? { next: encodeCursor(key(last)) } : {}) };
+  }
+
+  /**
+   * Answers a pending interaction through the `respond` Update; resolves with the answered interaction.
+   * Refused before anything is recorded: NOT_FOUND (unknown interaction), ALREADY_ANSWERED (a different
+   * answer was given; the same answer with the same `updateId` is idempotent), INVALID_ARGUMENT (the
+   * answer's shape, or an answer the interaction does not accept), STALE_SANDBOX_ROUTE (the Run expired). `respondedBy` is recorded with the answer.
+   */
   async respond(
     runId: string,
     interactionId: string,
     response: unknown,
     options: { respondedBy?: string; updateId?: string } = {},
   ): Promise<InteractionRequest> {
-    const valid = parse(InteractionResponse, response, 'response');
+    const valid = checkedInput(InteractionResponse, response, 'response');
     try {
       return await sendUpdate(
         (updateId) =>
@@ -234,6 +360,31 @@ export class RunsApi {
     }
   }
 
+  /**
+   * Answers through the `respondSignal` signal instead of the `respond` Update: for a
+   * client that cannot wait for an Update's result. The answer is checked here for its
+   * shape only; the Run checks the rest and ignores (and logs) an answer it refuses,
+   * so read the Run afterwards to see whether it was taken.
+   */
+  async respondBySignal(
+    runId: string,
+    interactionId: string,
+    response: unknown,
+    options: { respondedBy?: string } = {},
+  ): Promise<void> {
+    const valid = parseOrInvalid(InteractionResponse, response, 'response');
+    try {
+      await this.handle(runId).signal(respondSignal, {
+        interactionId,
+        response: valid,
+        ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}),
+      });
+    } catch (err) {
+      throw await this.closedRunError(runId, err);
+    }
+  }
+
+  /** Releases the Run's sandbox now (a manual suspension); resolves once the release is admitted. */
   async suspend(runId: string): Promise<RunSnapshot> {
     try {
       return await sendUpdate((updateId) => this.handle(runId).executeUpdate(suspendRunUpdate, { updateId }));
@@ -242,6 +393,7 @@ export class RunsApi {
     }
   }
 
+  /** Brings back a manually suspended Run's sandbox (restoring it on any host if its own is gone). */
   async resume(runId: string): Promise<RunSnapshot> {
     try {
       return await sendUpdate((updateId) => this.handle(runId).executeUpdate(resumeRunUpdate, { updateId }));
@@ -250,6 +402,10 @@ export class RunsApi {
     }
   }
 
+  /**
+   * Cancels the Run: its compute is released, its children cancelled, and it ends CANCELLED.
+   * INVALID_STATE_TRANSITION if it already ended.
+   */
   async cancel(runId: string): Promise<RunSnapshot> {
     // Temporal accepts a cancel request for a closed workflow; the contract answers 409.
     const current = await this.get(runId);
@@ -263,6 +419,65 @@ export class RunsApi {
     return this.get(runId);
   }
 
+  /**
+   * Sends an external agent's action `{actionId, action}` to its Run and waits up to
+   * `waitMs` (default ACTION_WAIT_MS) for it to finish. The answer is the action's view:
+   * `succeeded`/`failed` with its result or error, or still `running` (or `waiting` on a
+   * person, for an ask) when the wait ran out; read it later with action(). The same
+   * actionId again returns the same outcome and never runs the action twice.
+   */
+  async act(
+    runId: string,
+    request: unknown,
+    options: { waitMs?: number; inputName?: string } = {},
+  ): Promise<ActionView> {
+    const name = options.inputName ?? 'request';
+    const valid = checkedInput(ActionRequest, request, name);
+    if (valid.action.type === 'spawn') {
+      await checkHostPaths(activeWorkspacesOfRun(valid.action.spec, 'action.spec.'), this.hostPaths, `${name}.`);
+    }
+    let view: ActionView;
+    try {
+      view = await sendUpdate((updateId) => this.handle(runId).executeUpdate(actUpdate, { args: [valid], updateId }));
+    } catch (err) {
+      // A retried action of a Run that has since ended: its outcome, if the Run kept it.
+      const known = isClosedWorkflow(err) ? await this.action(runId, valid.actionId).catch(() => undefined) : undefined;
+      if (known && known.bodyHash === actionBodyHash(valid.action)) return known;
+      if (known) {
+        throw new StasisError(
+          'IDEMPOTENCY_CONFLICT',
+          `action ${valid.actionId}: this actionId was already used with another body`,
+        );
+      }
+      throw await this.closedRunError(runId, err);
+    }
+    return this.awaitAction(runId, view, options.waitMs ?? ACTION_WAIT_MS);
+  }
+
+  /** An external agent's action by its actionId: its status, and its result or error once settled. */
+  async action(runId: string, actionId: string): Promise<ActionView> {
+    let view: ActionView | null;
+    try {
+      view = await this.handle(runId).query(actionQuery, actionId);
+    } catch (err) {
+      throw toStasisError(err, `run ${runId}`);
+    }
+    if (!view) throw new StasisError('NOT_FOUND', `action ${actionId} not found on run ${runId}`);
+    return view;
+  }
+
+  /** Reads the action's view until it settles, waits on a person, or `waitMs` runs out (never longer). */
+  private async awaitAction(runId: string, view: ActionView, waitMs: number): Promise<ActionView> {
+    const deadline = Date.now() + waitMs;
+    for (let delayMs = 50; view.status === 'running'; delayMs = Math.min(delayMs * 2, 1_000)) {
+      const left = deadline - Date.now();
+      if (left <= 0) break;
+      await sleep(Math.min(delayMs, left));
+      view = await this.action(runId, view.actionId);
+    }
+    return view;
+  }
+
   /** An update to a closed Run: say why in the contract's terms. */
   private async closedRunError(runId: string, err: unknown): Promise<StasisError> {
     if (!isClosedWorkflow(err)) return toStasisError(err, `run ${runId}`);
@@ -270,6 +485,7 @@ export class RunsApi {
   }
 }
 
+/** Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a Run's. */
 export class SandboxesApi {
   constructor(
     private readonly temporal: Client,
@@ -282,9 +498,12 @@ export class SandboxesApi {
     return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
   }
 
-  /** `options.inputName` names the input in errors (the REST API's `body`). */
+  /**
+   * Creates a sandbox and resolves once it is provisioned (state `created`). INVALID_ARGUMENT names the bad
+   * field (`options.inputName` prefixes it); FORBIDDEN for an active workspace outside the host paths.
+   */
   async create(input: unknown, options: { inputName?: string } = {}): Promise<SandboxView> {
-    const create = parse(CreateSandboxInput, input, options.inputName ?? 'sandbox');
+    const create = checkedInput(CreateSandboxInput, input, options.inputName ?? 'sandbox');
     await checkHostPaths(activeWorkspacesOfSandbox(create), this.hostPaths, `${options.inputName ?? 'sandbox'}.`);
     const sandboxId = `sbx-${randomUUID().slice(0, 12)}`;
     try {
@@ -296,6 +515,8 @@ export class SandboxesApi {
           { key: StasisKind, value: 'sandbox' },
           { key: StasisStatus, value: 'created' },
           { key: StasisProvider, value: create.provider },
+          { key: StasisResourceState, value: 'PROVISIONING' },
+          ...(create.labels ? [{ key: StasisLabels, value: labelKeywords(create.labels) }] : []),
         ],
         staticSummary: `Stasis sandbox ${sandboxId} (${create.provider})`,
       });
@@ -305,6 +526,15 @@ export class SandboxesApi {
     }
   }
 
+  /**
+   * Sandboxes as visibility sees them, newest first, one page at a time: pass the
+   * answer's `nextPageToken` for the next page (absent on the last one).
+   */
+  async list(filter: SandboxListFilter = {}, options: { inputName?: string } = {}): Promise<SandboxPage> {
+    return listSandboxes(this.temporal, parseOrInvalid(SandboxListFilterSchema, filter, options.inputName ?? 'filter'));
+  }
+
+  /** The sandbox's state and details. NOT_FOUND if unknown or destroyed. */
   async get(sandboxId: string): Promise<SandboxView> {
     let view: SandboxView;
     try {
@@ -316,20 +546,29 @@ export class SandboxesApi {
     return view;
   }
 
+  // State changes resolve with the sandbox after the change; an illegal one is INVALID_STATE_TRANSITION (409).
+  /** created/stopped → running. */
   start = (id: string) => this.change(id, startSandboxUpdate);
+  /** running → stopped: its processes end, its workspace stays. */
   stop = (id: string) => this.change(id, stopSandboxUpdate);
+  /** running → paused: processes frozen, memory and files kept. */
   pause = (id: string) => this.change(id, pauseSandboxUpdate);
+  /** paused or suspended → running (restored on any host if its own is gone); idempotent when running. */
   resume = (id: string) => this.change(id, resumeSandboxUpdate);
+  /** running → suspended: compute released, workspace kept. SANDBOX_SUSPEND_BUSY while a command runs; idempotent. */
   suspend = (id: string) => this.change(id, suspendSandboxUpdate);
+  /** Destroys the sandbox and deletes its workspace and every checkpoint. */
   destroy = (id: string) => this.change(id, destroySandboxUpdate);
 
+  /** Runs `{command, timeoutMs?, env?}` in the running sandbox; resolves with exit code and output (each stream's last 128 KiB). */
   async exec(sandboxId: string, input: unknown): Promise<ExecResult> {
-    const valid = parse(ExecInput, input, 'exec');
+    const valid = checkedInput(ExecInput, input, 'exec');
     return this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
     );
   }
 
+  /** A workspace file's bytes (up to FILE_LIMIT_BYTES); the path is relative to the workspace and never follows a symlink out. */
   async readFile(sandboxId: string, path: string): Promise<Buffer> {
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
     const out = await this.update(sandboxId, (updateId) =>
@@ -338,6 +577,7 @@ export class SandboxesApi {
     return Buffer.from(out.contentBase64, 'base64');
   }
 
+  /** Writes a workspace file atomically; PAYLOAD_TOO_LARGE over FILE_LIMIT_BYTES. */
   async writeFile(sandboxId: string, path: string, content: Buffer): Promise<void> {
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
     if (content.length > FILE_LIMIT_BYTES) {

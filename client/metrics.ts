@@ -1,6 +1,6 @@
 import type { Client } from '@temporalio/client';
 import type { MetricsSnapshot } from '../common/schemas';
-import { percentiles } from '../activities/metrics';
+import { percentiles } from '../common/percentiles';
 import type { FiguresStore, HostFigures } from '../stores/figures';
 import { StasisBlockedSince } from '../workflows/search-attributes';
 
@@ -19,7 +19,8 @@ export function storeMetricsSource(store: FiguresStore): WorkerMetricsSource {
 const running = (clause: string) => `ExecutionStatus = 'Running' AND ${clause}`;
 
 export async function collectMetrics(temporal: Client, source?: WorkerMetricsSource): Promise<MetricsSnapshot> {
-  const count = async (state: string) => (await temporal.workflow.count(running(`StasisResourceState = '${state}'`))).count;
+  const count = async (state: string) =>
+    (await temporal.workflow.count(running(`StasisResourceState = '${state}'`))).count;
   const [active, retained, pendingCleanup, releaseBlocked] = await Promise.all([
     count('ACTIVE'),
     count('RETAINED'),
@@ -29,7 +30,8 @@ export async function collectMetrics(temporal: Client, source?: WorkerMetricsSou
   let oldestBlockedMs: number | undefined;
   for await (const wf of temporal.workflow.list({ query: running(`StasisResourceState = 'RELEASE_BLOCKED'`) })) {
     const since = wf.typedSearchAttributes.get(StasisBlockedSince);
-    if (since && (oldestBlockedMs === undefined || since.getTime() < oldestBlockedMs)) oldestBlockedMs = since.getTime();
+    if (since && (oldestBlockedMs === undefined || since.getTime() < oldestBlockedMs))
+      oldestBlockedMs = since.getTime();
   }
   const hosts = source ? await source() : [];
   const latency = percentiles(hosts.flatMap((h) => h.releaseLatencyMs));
@@ -40,7 +42,8 @@ export async function collectMetrics(temporal: Client, source?: WorkerMetricsSou
     releaseBlocked,
     failures: hosts.reduce((n, h) => n + h.failures, 0),
     retries: hosts.reduce((n, h) => n + h.retries, 0),
-    oldestBlockedAgeSeconds: oldestBlockedMs === undefined ? 0 : Math.max(0, Math.round((Date.now() - oldestBlockedMs) / 1000)),
+    oldestBlockedAgeSeconds:
+      oldestBlockedMs === undefined ? 0 : Math.max(0, Math.round((Date.now() - oldestBlockedMs) / 1000)),
     // Every confirmed release counts; the percentiles cover each host's most recent ones.
     releaseLatencyMs: { ...latency, count: hosts.reduce((n, h) => n + h.releases, 0) },
   };

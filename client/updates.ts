@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
-import { grpcErrorOf } from './errors';
+import { findCause } from '../common/errors';
+import { grpcErrorOf, isTransientGrpc } from './errors';
 
 // Updates sent again while Temporal is unavailable or too slow to answer (under
 // load the server's own deadline passes: DEADLINE_EXCEEDED). Every attempt
@@ -26,11 +27,9 @@ export async function sendUpdate<T>(
   }
 }
 
-/** DEADLINE_EXCEEDED (4) or UNAVAILABLE (14) in the chain, or the SDK's own Update RPC timeout. */
+/** DEADLINE_EXCEEDED or UNAVAILABLE in the chain, or the SDK's own Update RPC timeout. */
 function isTransient(err: unknown): boolean {
-  for (let e: unknown = err; e instanceof Error; e = (e as { cause?: unknown }).cause) {
-    if (e instanceof WorkflowUpdateRPCTimeoutOrCancelledError) return true;
-  }
+  if (findCause(err, (e) => e instanceof WorkflowUpdateRPCTimeoutOrCancelledError)) return true;
   const code = grpcErrorOf(err)?.code;
-  return code === 4 || code === 14;
+  return code !== undefined && isTransientGrpc(code);
 }

@@ -1,5 +1,6 @@
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from './defaults';
 import { z } from 'zod';
 import { temporalConnectConfig, type TemporalConnectConfig } from './temporal-connection';
 import type { HostPathPolicy } from './host-paths';
@@ -15,14 +16,13 @@ const seconds = (fallback: number) =>
     .transform(Number)
     .default(fallback);
 
-const hostPort = z
-  .string()
-  .regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:port');
+const hostPort = z.string().regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:port');
 
 // An IPv6 address goes in brackets, [::1]:7233; the port defaults to 7233.
-const temporalAddress = z
-  .string()
-  .regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
+const temporalAddress = z.string().regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
+
+/** Cached Runs per worker: a few hundred MiB at most for the Runs answered soonest, however many wait. */
+export const DEFAULT_MAX_CACHED_WORKFLOWS = 1_000;
 
 export const Env = z.object({
   // Read again, with the temporal.toml profile and TEMPORAL_TLS_*, by temporalConnectConfig.
@@ -31,7 +31,7 @@ export const Env = z.object({
   STASIS_TASK_QUEUE: z
     .string()
     .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
-    .default('stasis'),
+    .default(DEFAULT_TASK_QUEUE),
   STASIS_HOST_ID: z
     .string()
     .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
@@ -43,10 +43,25 @@ export const Env = z.object({
   STASIS_S3_REGION: z.string().min(1).default('us-east-1'),
   AWS_ACCESS_KEY_ID: z.string().optional(),
   AWS_SECRET_ACCESS_KEY: z.string().optional(),
-  STASIS_SUSPENDED_RETENTION_SECONDS: seconds(2_592_000),
+  STASIS_SUSPENDED_RETENTION_SECONDS: seconds(DEFAULT_SUSPENDED_RETENTION_SECONDS),
   STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS: seconds(86_400),
   /** Below this much free disk, dormant copies that have a checkpoint are evicted, oldest first. */
-  STASIS_DISK_MIN_FREE_MB: z.string().regex(/^[0-9]+$/, 'must be a whole number of MiB').transform(Number).default(1024),
+  STASIS_DISK_MIN_FREE_MB: z
+    .string()
+    .regex(/^[0-9]+$/, 'must be a whole number of MiB')
+    .transform(Number)
+    .default(1024),
+  /** Each sandbox's files on their own size-limited volume: auto (where the host can), required, or off. */
+  STASIS_SANDBOX_VOLUMES: z.enum(['auto', 'required', 'off']).default('auto'),
+  /**
+   * Runs kept in the worker's workflow cache; a Run evicted from it replays its history when it is
+   * next answered. 0 disables the cache; 1 is refused (the SDK needs 2 to make progress).
+   */
+  STASIS_MAX_CACHED_WORKFLOWS: z
+    .string()
+    .regex(/^(0|[2-9]|[1-9][0-9]{1,6})$/, 'must be 0 (no cache) or a whole number of Runs from 2 to 9999999')
+    .transform(Number)
+    .default(DEFAULT_MAX_CACHED_WORKFLOWS),
   STASIS_HTTP_ADDR: hostPort.default('127.0.0.1:8080'),
   STASIS_API_TOKENS: z
     .string()
@@ -81,8 +96,16 @@ export const Env = z.object({
     .default('127.0.0.1:9465'),
   /** A workflow bundle built ahead (JSON `{code}` of bundleWorkflowCode), so a worker starts without bundling. */
   STASIS_WORKFLOW_BUNDLE: z.string().min(1).optional(),
+  /** Where the worker POSTs webhook notifications of interactions and Run ends (README, "Approvals"). */
+  STASIS_WEBHOOK_URL: z.url({ message: 'must be a URL such as https://hooks.example.com/stasis' }).optional(),
+  /** The key of the deliveries' HMAC-SHA256 signature (the stasis-signature header). */
+  STASIS_WEBHOOK_SECRET: z.string().min(16, 'must be at least 16 characters').optional(),
+  /** The approval page's public address, for the links in webhook deliveries; the API's own address when unset. */
+  STASIS_PUBLIC_URL: z.url({ message: 'must be a URL such as https://stasis.example.com' }).optional(),
   /** Extra provider modules to load by path, comma-separated. */
   STASIS_PROVIDERS: z.string().optional(),
+  /** Extra agent-driver modules to load by path, comma-separated. */
+  STASIS_DRIVERS: z.string().optional(),
 });
 
 export type Config = Omit<z.infer<typeof Env>, 'TEMPORAL_NAMESPACE'> & {
@@ -127,7 +150,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   const snapshotStore = config.STASIS_SNAPSHOT_STORE ?? (config.STASIS_S3_ENDPOINT ? 's3' : 'fs');
   if (snapshotStore === 's3' && !config.STASIS_S3_ENDPOINT && !env.AWS_REGION) {
-    throw new ConfigError(['STASIS_S3_ENDPOINT: must be set when STASIS_SNAPSHOT_STORE is s3 (or set AWS_REGION for AWS S3)']);
+    throw new ConfigError([
+      'STASIS_S3_ENDPOINT: must be set when STASIS_SNAPSHOT_STORE is s3 (or set AWS_REGION for AWS S3)',
+    ]);
   }
   return {
     ...config,
@@ -140,13 +165,28 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   };
 }
 
+/** Where webhook deliveries go, by this configuration; undefined when STASIS_WEBHOOK_URL is unset. */
+export function webhookTarget(config: Config): { url: string; secret?: string; publicUrl: string } | undefined {
+  if (!config.STASIS_WEBHOOK_URL) return undefined;
+  return {
+    url: config.STASIS_WEBHOOK_URL,
+    ...(config.STASIS_WEBHOOK_SECRET ? { secret: config.STASIS_WEBHOOK_SECRET } : {}),
+    publicUrl: config.STASIS_PUBLIC_URL ?? `http://${config.STASIS_HTTP_ADDR}`,
+  };
+}
+
 /** Where active workspaces may live, by this configuration. */
 export function hostPathPolicy(config: Config): HostPathPolicy {
   return { allowed: config.STASIS_HOST_PATHS ?? [], dataDir: config.STASIS_DATA_DIR };
 }
 
 /** Variables whose values are never printed, not even in a configuration error. */
-const SECRET_VARIABLES = new Set(['STASIS_API_TOKENS', 'STASIS_API_TOKEN', 'AWS_SECRET_ACCESS_KEY']);
+const SECRET_VARIABLES = new Set([
+  'STASIS_API_TOKENS',
+  'STASIS_API_TOKEN',
+  'AWS_SECRET_ACCESS_KEY',
+  'STASIS_WEBHOOK_SECRET',
+]);
 
 /** Shortest secret of STASIS_API_TOKENS. */
 export const MIN_SECRET_LENGTH = 16;
@@ -164,12 +204,14 @@ export function parseTokens(value: string): { tokens: ApiToken[]; problems: stri
     const at = `entry ${i + 1}`;
     const [name, secret, role = DEFAULT_ROLE, ...rest] = entry.trim().split(':');
     if (secret === undefined || rest.length > 0) problems.push(`${at}: must be name:secret or name:secret:role`);
-    else if (!TOKEN_NAME.test(name)) problems.push(`${at}: the name must be 1-64 letters, digits, ".", "_", "@" or "-"`);
+    else if (!TOKEN_NAME.test(name))
+      problems.push(`${at}: the name must be 1-64 letters, digits, ".", "_", "@" or "-"`);
     else if (secret.length < MIN_SECRET_LENGTH || !TOKEN_SECRET.test(secret))
       problems.push(`${at}: the secret must be at least ${MIN_SECRET_LENGTH} characters, without spaces, ":" or ","`);
     else if (!isRole(role)) problems.push(`${at}: the role must be one of ${ROLES.join(', ')}`);
     else if (tokens.some((t) => t.name === name)) problems.push(`${at}: its name is given by an earlier entry too`);
-    else if (tokens.some((t) => t.secret === secret)) problems.push(`${at}: the secret of an earlier entry is given again`);
+    else if (tokens.some((t) => t.secret === secret))
+      problems.push(`${at}: the secret of an earlier entry is given again`);
     else tokens.push({ name, secret, role });
   }
   return { tokens, problems };

@@ -22,7 +22,9 @@ export function activeWorkspacesOfRun(spec: RunSpec, at = ''): { field: string; 
   const steps = 'steps' in spec.agent ? spec.agent.steps : [];
   return [
     ...activeWorkspace(spec.sandbox.workspace, `${at}sandbox.workspace`),
-    ...steps.flatMap((step, i) => ('spawn' in step ? activeWorkspacesOfRun(step.spawn, `${at}agent.steps.${i}.spawn.`) : [])),
+    ...steps.flatMap((step, i) =>
+      'spawn' in step ? activeWorkspacesOfRun(step.spawn, `${at}agent.steps.${i}.spawn.`) : [],
+    ),
   ];
 }
 
@@ -71,8 +73,7 @@ export async function resolveOnHost(absolute: string): Promise<string> {
  * workspace under `policy`. Nothing is created.
  */
 export async function checkHostPath(hostPath: string, policy: HostPathPolicy, field: string): Promise<void> {
-  const refuse = (why: string) =>
-    new StasisError('INVALID_ARGUMENT', `${field}: ${JSON.stringify(hostPath)} ${why}`);
+  const refuse = (why: string) => new StasisError('INVALID_ARGUMENT', `${field}: ${JSON.stringify(hostPath)} ${why}`);
   if (!path.isAbsolute(hostPath) || hostPath.includes('\0')) throw refuse('must be an absolute path');
   // The kernel takes `..` after a symlink from the symlink's target, not from the
   // text before it: a path with `.` or `..` is refused rather than guessed at.
@@ -90,7 +91,8 @@ export async function checkHostPath(hostPath: string, policy: HostPathPolicy, fi
     const dataDirs = [path.resolve(policy.dataDir), await resolveOnHost(path.resolve(policy.dataDir)).catch(() => '')];
     for (const dataDir of dataDirs.filter(Boolean)) {
       for (const candidate of [written, real])
-        if (isWithin(candidate, dataDir) || isWithin(dataDir, candidate)) throw refuse("overlaps Stasis's data directory");
+        if (isWithin(candidate, dataDir) || isWithin(dataDir, candidate))
+          throw refuse("overlaps Stasis's data directory");
     }
   }
   if (policy.allowed.length === 0) throw refuse('is not allowed: STASIS_HOST_PATHS allows no active workspace here');

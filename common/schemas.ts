@@ -1,6 +1,10 @@
 import { z } from 'zod';
-import { Duration } from './duration';
+import { DURATION_RE } from './duration';
+import { RESOURCE_STATES, RUN_STATUSES, workspacePathProblem } from './wire-checks';
 import { findJsonProblem, hasLoneSurrogate } from './wire-json';
+import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
+import { ACTION_LIMITS, askProblem, EXTERNAL_DRIVER } from './external-actions';
+import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 
 // The wire types (docs/DESIGN.md). Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
@@ -10,6 +14,8 @@ export const Identifier = z
   .min(1)
   .max(128)
   .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, 'must be letters, digits, ".", "_" or "-"');
+
+export const Duration = z.string().regex(DURATION_RE, 'must be a duration such as 30s, 5m, 2h or 1d');
 
 export const PauseMode = z.enum(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']);
 export type PauseMode = z.infer<typeof PauseMode>;
@@ -61,19 +67,6 @@ export const RunPolicy = z
   .strict();
 export type RunPolicy = z.infer<typeof RunPolicy>;
 
-/** Longest file name, and longest path, a Linux file system takes (bytes of UTF-8). */
-const NAME_MAX_BYTES = 255;
-const PATH_MAX_BYTES = 4095;
-/** UTF-8 length, counted by hand: workflow code (which validates too) has no Buffer. */
-const utf8Bytes = (s: string): number => {
-  let bytes = 0;
-  for (const ch of s) {
-    const code = ch.codePointAt(0)!;
-    bytes += code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
-  }
-  return bytes;
-};
-
 /**
  * A path inside the sandbox workspace, in one spelling only: relative, names
  * separated by single `/`, no `.` or `..` name, no trailing `/`, no NUL, well-formed
@@ -83,19 +76,8 @@ export const WorkspacePath = z
   .string()
   .min(1)
   .superRefine((p, ctx) => {
-    const names = p.split('/');
-    const problem = p.startsWith('/')
-      ? 'must be relative to the workspace'
-      : names.includes('..')
-        ? 'must not contain ".."'
-        : names.includes('.') || names.includes('')
-          ? 'must not contain "." names, "//" or a trailing "/"'
-          : p.includes('\0') || hasLoneSurrogate(p)
-            ? 'must not contain NUL or a lone surrogate'
-            : utf8Bytes(p) > PATH_MAX_BYTES || names.some((n) => utf8Bytes(n) > NAME_MAX_BYTES)
-              ? `must be at most ${PATH_MAX_BYTES} bytes, each name at most ${NAME_MAX_BYTES}`
-              : undefined;
-    if (problem) ctx.addIssue({ code: 'custom', message: `${problem} (a relative path inside the workspace)` });
+    const problem = workspacePathProblem(p);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
   });
 
 /**
@@ -121,13 +103,56 @@ export const ExecStep = z
     background: z.boolean().optional(),
   })
   .strict();
+/** The action a person is asked to approve: the command, the files it touches, a diff. */
+export const ReviewedAction = z
+  .object({
+    command: ProcessText.max(1_000_000).optional(),
+    files: z.array(z.string().min(1).max(4096)).max(1000).optional(),
+    diff: z.string().max(1_000_000).optional(),
+  })
+  .strict();
+export type ReviewedAction = z.infer<typeof ReviewedAction>;
+
+export const AnswerKind = z.enum(ANSWER_KINDS);
+
+/** The choices of an interaction: 1..20 distinct, non-empty, at most 200 characters each. */
+export const InteractionOptions = z
+  .array(z.string().min(1).max(200))
+  .min(1)
+  .max(20)
+  .refine((o) => new Set(o).size === o.length, 'must be distinct');
+
+/** What an approver sees and may answer, besides the question (README, "Approvals"). */
+export const InteractionFields = {
+  title: z.string().max(200).optional(),
+  details: z.string().max(20_000).optional(),
+  action: ReviewedAction.optional(),
+  options: InteractionOptions.optional(),
+  accepts: z
+    .array(AnswerKind)
+    .min(1)
+    .refine((a) => new Set(a).size === a.length, 'must be distinct')
+    .optional(),
+};
+
+/** The cross-field rules of an interaction, as a zod check naming the field. */
+export const checkInteractionSpec = (
+  spec: { kind?: 'approval' | 'input'; options?: string[]; accepts?: z.infer<typeof AnswerKind>[] },
+  ctx: z.RefinementCtx,
+): void => {
+  const problem = interactionSpecProblem(spec);
+  if (problem) ctx.addIssue({ code: 'custom', message: problem.message, path: [problem.field] });
+};
+
 export const AskStep = z
   .object({
     ask: z.string().min(1),
     kind: z.enum(['approval', 'input']).optional(),
     onDeny: z.enum(['fail', 'continue']).optional(),
+    ...InteractionFields,
   })
-  .strict();
+  .strict()
+  .superRefine(checkInteractionSpec);
 export const HoldStep = z.object({ hold: z.string().min(1) }).strict();
 export const WriteFileStep = z
   .object({ writeFile: z.object({ path: WorkspacePath, content: z.string() }).strict() })
@@ -148,6 +173,8 @@ export const SandboxLimits = z
     cpus: z.number().min(0.01).max(1024).optional(),
     /** Largest file a process may write, in MiB. */
     fileMiB: z.number().int().min(1).max(16_777_216).optional(),
+    /** Room for the sandbox's files (workspace, home, envs), in MiB; fixed when its volume is made. */
+    diskMiB: z.number().int().min(16).max(16_777_216).optional(),
   })
   .strict();
 export type SandboxLimits = z.infer<typeof SandboxLimits>;
@@ -164,7 +191,10 @@ export const SandboxSpec = z
 
 export interface RunSpecShape {
   runId?: string;
-  agent: { driver: 'scripted'; steps: StepShape[] } | { driver: string; input?: unknown };
+  agent:
+    | { driver: 'scripted'; steps: StepShape[] }
+    | { driver: typeof EXTERNAL_DRIVER }
+    | { driver: string; input?: unknown };
   sandbox: z.infer<typeof SandboxSpec>;
   policy?: RunPolicy;
   labels?: Record<string, string>;
@@ -193,12 +223,16 @@ export const Step: z.ZodType<StepShape> = z.lazy(() =>
 const ScriptedAgent = z
   .object({ driver: z.literal('scripted'), steps: z.array(shallow(Step, { hold: 'too deep' })).min(1) })
   .strict();
+/** The agent is a program outside the worker that sends the Run its actions (POST /api/v1/runs/{id}/actions). */
+const ExternalAgent = z.object({ driver: z.literal(EXTERNAL_DRIVER) }).strict();
 const OtherAgent = z
   .object({
     driver: z
       .string()
       .min(1)
-      .refine((d) => d !== 'scripted', { message: 'the scripted driver needs steps' }),
+      // Aborting, so a scripted agent with a bad step is reported by its steps, not as this branch.
+      .refine((d) => d !== 'scripted', { message: 'the scripted driver needs steps', abort: true })
+      .refine((d) => d !== EXTERNAL_DRIVER, { message: 'the external driver takes no input' }),
     input: shallow(z.unknown(), null).optional(),
   })
   .strict();
@@ -207,7 +241,7 @@ export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
   z
     .object({
       runId: Identifier.optional(),
-      agent: z.union([ScriptedAgent, OtherAgent]),
+      agent: z.union([ScriptedAgent, ExternalAgent, OtherAgent]),
       sandbox: SandboxSpec,
       policy: RunPolicy.optional(),
       labels: z.record(z.string(), z.string()).optional(),
@@ -233,7 +267,14 @@ export const InteractionRequest = z.object({
   id: z.string(),
   kind: InteractionKind,
   prompt: z.string(),
+  title: z.string().optional(),
+  details: z.string().optional(),
+  action: ReviewedAction.optional(),
   options: z.array(z.string()).optional(),
+  /** The answers it accepts, resolved (absent only on interactions asked before this field existed). */
+  accepts: z.array(AnswerKind).optional(),
+  /** The Run's labels, copied when it was asked. */
+  labels: z.record(z.string(), z.string()).optional(),
   createdAt: z.string(),
   status: InteractionStatus,
   response: z.unknown().optional(),
@@ -242,13 +283,35 @@ export const InteractionRequest = z.object({
 });
 export type InteractionRequest = z.infer<typeof InteractionRequest>;
 
-/** An answer: an approval decision or free input. */
-export const ApprovalResponse = z
-  .object({ decision: z.enum(['approve', 'deny']), comment: z.string().max(10_000).optional() })
+/** An answer: an approval decision, an approval with edited arguments, free input, or a chosen option. */
+const Comment = z.string().max(10_000).optional();
+export const ApprovalResponse = z.object({ decision: z.enum(['approve', 'deny']), comment: Comment }).strict();
+export const EditResponse = z
+  .object({
+    decision: z.literal('edit'),
+    action: ReviewedAction.refine(
+      (a) => a.command !== undefined || a.files !== undefined || a.diff !== undefined,
+      'must change at least one of command, files, diff',
+    ),
+    comment: Comment,
+  })
   .strict();
 export const InputResponse = z.object({ input: z.string().max(1_000_000) }).strict();
-export const InteractionResponse = z.union([ApprovalResponse, InputResponse]);
+export const OptionResponse = z.object({ option: z.string().min(1).max(200), comment: Comment }).strict();
+export const InteractionResponse = z.union([ApprovalResponse, EditResponse, InputResponse, OptionResponse]);
 export type InteractionResponse = z.infer<typeof InteractionResponse>;
+
+/** What the agent receives once a person answered (the result of its ask). */
+export interface InteractionAnswer {
+  interactionId: string;
+  decision?: 'approve' | 'deny' | 'edit';
+  /** The edited action, for an `edit`. */
+  action?: ReviewedAction;
+  input?: string;
+  option?: string;
+  comment?: string;
+  respondedBy?: string;
+}
 
 export const RespondInput = z
   .object({
@@ -258,6 +321,17 @@ export const RespondInput = z
   })
   .strict();
 export type RespondInput = z.infer<typeof RespondInput>;
+
+/** A pending interaction with its Run, as the list of everything waiting on a person gives it. */
+export const PendingInteraction = z.object({
+  runId: z.string(),
+  /** When the Run started. */
+  runStartedAt: z.string().optional(),
+  interaction: InteractionRequest,
+  /** The diff under review was cut short here (common/interactions.ts, MEMO_DIFF_CHARS); the Run's snapshot has all of it. */
+  diffTruncated: z.boolean().optional(),
+});
+export type PendingInteraction = z.infer<typeof PendingInteraction>;
 
 export const Hashes = z.object({ run: z.string(), spec: z.string(), policy: z.string() });
 export type Hashes = z.infer<typeof Hashes>;
@@ -278,16 +352,7 @@ export type Suspension = z.infer<typeof Suspension>;
 export const Checkpoint = z.object({ uri: z.string(), sha256: z.string(), bytes: z.number().int().nonnegative() });
 export type Checkpoint = z.infer<typeof Checkpoint>;
 
-export const ResourceState = z.enum([
-  'PROVISIONING',
-  'ACTIVE',
-  'RELEASING',
-  'RELEASE_BLOCKED',
-  'RETAINED',
-  'RELEASED',
-  'RESTORING',
-  'DESTROYED',
-]);
+export const ResourceState = z.enum(RESOURCE_STATES);
 export type ResourceState = z.infer<typeof ResourceState>;
 
 export const ExecutionResourceRecord = z.object({
@@ -305,7 +370,7 @@ export const ExecutionResourceRecord = z.object({
 });
 export type ExecutionResourceRecord = z.infer<typeof ExecutionResourceRecord>;
 
-export const RunStatus = z.enum(['RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED']);
+export const RunStatus = z.enum(RUN_STATUSES);
 export type RunStatus = z.infer<typeof RunStatus>;
 /** The childState signal: a child Run reports its record state (and status) to its parent. */
 export const ChildStateInput = z
@@ -361,6 +426,26 @@ export type SandboxState = z.infer<typeof SandboxState>;
 
 export const SandboxLifecyclePolicy = z.object({ timeout: Duration.optional(), ttl: Duration.optional() }).strict();
 
+/** A label key: it names the label in `key:value` filters, so it holds no ":". */
+export const LabelKey = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'a label key is 1-63 letters, digits, ".", "_", "/" or "-"');
+export const LabelValue = z
+  .string()
+  .regex(
+    /^[A-Za-z0-9._/@+=:-]{0,256}$/,
+    'a label value is up to 256 letters, digits, ".", "_", "/", "@", "+", "=", ":" or "-"',
+  );
+export const MAX_LABELS = 32;
+/** Labels of a sandbox, searchable in Temporal Web as `key:value` (StasisLabels). */
+export const Labels = z
+  .record(LabelKey, LabelValue)
+  .refine((labels) => Object.keys(labels).length <= MAX_LABELS, { message: `at most ${MAX_LABELS} labels` })
+  .refine((labels) => labelKeywords(labels).length === Object.keys(labels).length, {
+    message: `labels take at most ${LABELS_MAX_CHARS} characters written as key:value`,
+  });
+export type Labels = z.infer<typeof Labels>;
+
 export const CreateSandboxInput = z
   .object({
     provider: ProviderName,
@@ -369,6 +454,7 @@ export const CreateSandboxInput = z
     workspace: Workspace.optional(),
     limits: SandboxLimits.optional(),
     policy: SandboxLifecyclePolicy.optional(),
+    labels: Labels.optional(),
   })
   .strict();
 export type CreateSandboxInput = z.infer<typeof CreateSandboxInput>;
@@ -408,8 +494,50 @@ export const SandboxView = z.object({
   policy: SandboxLifecyclePolicy.optional(),
   record: ExecutionResourceRecord,
   error: RunError.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
 });
 export type SandboxView = z.infer<typeof SandboxView>;
+
+/** A sandbox as visibility (Temporal's list index) last saw it: one entry of a sandbox list. */
+export const SandboxSummary = z.object({
+  sandboxId: z.string(),
+  state: z.string(),
+  provider: z.string().optional(),
+  hostId: z.string().optional(),
+  resourceState: z.string().optional(),
+  labels: z.record(z.string(), z.string()),
+  createdAt: z.string(),
+});
+export type SandboxSummary = z.infer<typeof SandboxSummary>;
+
+/** One page of a sandbox list; `nextPageToken` is absent on the last page. */
+export const SandboxPage = z.object({ sandboxes: z.array(SandboxSummary), nextPageToken: z.string().optional() });
+export type SandboxPage = z.infer<typeof SandboxPage>;
+
+export const MAX_PAGE_SIZE = 1000;
+/** Which sandboxes a list shows: by state (all but destroyed when absent) and by labels (`key:value`, all must match). */
+export const SandboxListFilter = z
+  .object({
+    state: SandboxState.optional(),
+    label: z
+      .array(
+        z
+          .string()
+          .regex(/^[^:]+:/, 'must be key:value')
+          .transform((entry) => [entry.slice(0, entry.indexOf(':')), entry.slice(entry.indexOf(':') + 1)])
+          .pipe(z.tuple([LabelKey, LabelValue])),
+      )
+      .max(MAX_LABELS)
+      .optional(),
+    pageSize: z.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
+    nextPageToken: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]+$/, 'must be a nextPageToken of an earlier page')
+      .max(16_384)
+      .optional(),
+  })
+  .strict();
+export type SandboxListFilter = z.input<typeof SandboxListFilter>;
 
 export const MetricsSnapshot = z.object({
   active: z.number(),
@@ -422,3 +550,79 @@ export const MetricsSnapshot = z.object({
   releaseLatencyMs: z.object({ count: z.number(), p50: z.number(), p95: z.number(), max: z.number() }),
 });
 export type MetricsSnapshot = z.infer<typeof MetricsSnapshot>;
+
+// External agents (README, "Bring your own agent"): the actions a program outside
+// the worker sends its Run, and what the Run answers about each.
+
+export const ExecAction = z
+  .object({
+    type: z.literal('exec'),
+    command: ShellCommand.max(ACTION_LIMITS.command),
+    pauseBehavior: PauseBehavior.optional(),
+    executionAffinity: ExecutionAffinity.optional(),
+    timeoutMs: z.number().int().positive().max(ACTION_LIMITS.timeoutMs).optional(),
+  })
+  .strict();
+export const WriteFileAction = z
+  .object({ type: z.literal('writeFile'), path: WorkspacePath, content: z.string().max(ACTION_LIMITS.content) })
+  .strict();
+export const ReadFileAction = z.object({ type: z.literal('readFile'), path: WorkspacePath }).strict();
+/** An interaction; the Run suspends until a person answers, and the answer is the result. */
+export const AskAction = z
+  .object({
+    type: z.literal('ask'),
+    ask: z.string().min(1).max(ACTION_LIMITS.ask),
+    kind: InteractionKind.optional(),
+    ...InteractionFields,
+  })
+  .strict()
+  .superRefine((ask, ctx) => {
+    const problem = askProblem(ask);
+    if (problem) ctx.addIssue({ code: 'custom', path: [problem.path], message: problem.message });
+  });
+export const SpawnAction = z.object({ type: z.literal('spawn'), spec: RunSpec }).strict();
+export const CompleteAction = z
+  .object({ type: z.literal('complete'), output: shallow(z.unknown(), null).optional() })
+  .strict();
+export const FailAction = z
+  .object({
+    type: z.literal('fail'),
+    code: z.string().min(1).max(128).optional(),
+    message: z.string().max(ACTION_LIMITS.message),
+  })
+  .strict();
+
+export const ExternalAction = z.discriminatedUnion('type', [
+  ExecAction,
+  WriteFileAction,
+  ReadFileAction,
+  AskAction,
+  SpawnAction,
+  CompleteAction,
+  FailAction,
+]);
+export type ExternalAction = z.infer<typeof ExternalAction>;
+
+/** One action with its idempotency key: the same key again returns the same result and never runs twice. */
+export const ActionRequest = z.object({ actionId: Identifier, action: ExternalAction }).strict();
+export type ActionRequest = z.infer<typeof ActionRequest>;
+
+/** running: under way; waiting: an ask waits for a person; succeeded/failed: its result or error is final. */
+export const ActionStatus = z.enum(['running', 'waiting', 'succeeded', 'failed']);
+export type ActionStatus = z.infer<typeof ActionStatus>;
+
+/** What the Run says about one action. */
+export const ActionView = z.object({
+  actionId: z.string(),
+  type: z.string(),
+  status: ActionStatus,
+  /** sha-256 of the action's canonical JSON. */
+  bodyHash: z.string(),
+  /** The interaction an `ask` opened. */
+  interactionId: z.string().optional(),
+  result: z.unknown().optional(),
+  error: RunError.optional(),
+  /** The action finished long ago: the Run keeps only its recent results (its outcome stays). */
+  resultForgotten: z.boolean().optional(),
+});
+export type ActionView = z.infer<typeof ActionView>;

@@ -1,5 +1,13 @@
 import { z } from 'zod';
-import { ExecutionAffinity, InteractionKind, PauseBehavior, RunSpec, WorkspacePath } from '../common/schemas';
+import {
+  checkInteractionSpec,
+  ExecutionAffinity,
+  InteractionFields,
+  InteractionKind,
+  PauseBehavior,
+  RunSpec,
+  WorkspacePath,
+} from '../common/schemas';
 
 // An agent driver is called once per step with its checkpoint and the last
 // result, and answers one action (docs/DESIGN.md, Runs).
@@ -12,12 +20,15 @@ export const AgentAction = z.discriminatedUnion('type', [
     executionAffinity: ExecutionAffinity.default('SANDBOX'),
     background: z.boolean().default(false),
   }),
-  z.object({
-    type: z.literal('interaction'),
-    kind: InteractionKind,
-    prompt: z.string().min(1),
-    options: z.array(z.string()).optional(),
-  }),
+  z
+    .object({
+      type: z.literal('interaction'),
+      kind: InteractionKind,
+      prompt: z.string().min(1),
+      // title, details, action, options, accepts (README, "Approvals")
+      ...InteractionFields,
+    })
+    .superRefine(checkInteractionSpec),
   z.object({ type: z.literal('spawn'), spec: RunSpec }),
   z.object({ type: z.literal('hold'), reason: z.string().min(1) }),
   z.object({ type: z.literal('writeFile'), path: WorkspacePath, content: z.string() }),

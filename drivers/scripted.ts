@@ -10,9 +10,16 @@ const State = z.object({
   awaiting: z
     .discriminatedUnion('kind', [
       z.object({ kind: z.literal('expect'), path: z.string(), content: z.string() }),
-      z.object({ kind: z.literal('ask'), onDeny: z.enum(['fail', 'continue']) }),
+      z.object({
+        kind: z.literal('ask'),
+        onDeny: z.enum(['fail', 'continue']),
+        /** The ask reviewed a command: an `edit` answer replaces the next exec step's command. */
+        gatesCommand: z.boolean().optional(),
+      }),
     ])
     .optional(),
+  /** The command a person edited, run in place of the next exec step's. */
+  editedCommand: z.string().optional(),
 });
 type State = z.infer<typeof State>;
 
@@ -25,9 +32,17 @@ export const scriptedDriver: AgentDriver = {
     const current: State = state === undefined ? { index: 0 } : State.parse(state);
     const check = checkAwaited(current, lastResult);
     if (check) return { action: check, state: { index: current.index } };
-    return next(steps, current.index, lastResult);
+    return next(steps, current.index, lastResult, editedCommand(current, lastResult) ?? current.editedCommand);
   },
 };
+
+/** The command of an `edit` answer to an ask that reviewed a command. */
+function editedCommand(state: State, lastResult: unknown): string | undefined {
+  if (state.awaiting?.kind !== 'ask' || !state.awaiting.gatesCommand) return undefined;
+  const answer = lastResult as { decision?: unknown; action?: { command?: unknown } } | undefined;
+  const command = answer?.decision === 'edit' ? answer.action?.command : undefined;
+  return typeof command === 'string' ? command : undefined;
+}
 
 function checkAwaited(state: State, lastResult: unknown): AgentAction | undefined {
   const awaiting = state.awaiting;
@@ -50,26 +65,37 @@ function checkAwaited(state: State, lastResult: unknown): AgentAction | undefine
   return undefined;
 }
 
-function next(steps: Step[], index: number, lastResult: unknown): AgentStepOutput {
+function next(steps: Step[], index: number, lastResult: unknown, edited: string | undefined): AgentStepOutput {
   const step = steps[index];
   const advance = (action: AgentAction, awaiting?: State['awaiting']): AgentStepOutput => ({
     action,
-    state: { index: index + 1, ...(awaiting ? { awaiting } : {}) },
+    // An edited command waits for the next exec step, which takes it.
+    state: {
+      index: index + 1,
+      ...(awaiting ? { awaiting } : {}),
+      ...(edited !== undefined && !(step && 'exec' in step) ? { editedCommand: edited } : {}),
+    },
   });
   if (!step) return advance({ type: 'complete', output: lastResult });
   if ('exec' in step) {
     return advance({
       type: 'job',
-      command: step.exec,
+      command: edited ?? step.exec,
       pauseBehavior: step.pauseBehavior ?? 'CANCEL',
       executionAffinity: step.executionAffinity ?? 'SANDBOX',
       background: step.background ?? false,
     });
   }
   if ('ask' in step) {
+    const { ask: prompt, kind, onDeny, ...fields } = step;
     return advance(
-      { type: 'interaction', kind: step.kind ?? 'approval', prompt: step.ask },
-      { kind: 'ask', onDeny: step.onDeny ?? 'continue' },
+      { type: 'interaction', kind: kind ?? 'approval', prompt, ...fields },
+      // A denied gate must not fall through silently: a denial fails the Run unless the step says continue.
+      {
+        kind: 'ask',
+        onDeny: onDeny ?? 'fail',
+        ...(fields.action?.command !== undefined ? { gatesCommand: true } : {}),
+      },
     );
   }
   if ('spawn' in step) return advance({ type: 'spawn', spec: step.spawn });

@@ -1,6 +1,13 @@
 import type { Me } from '../api/schemas';
 import { isErrorCode, StasisError } from '../common/errors';
-import type { ExecResult, InteractionRequest, RunSnapshot, SandboxView } from '../common/schemas';
+import type {
+  ActionView,
+  ExecResult,
+  InteractionRequest,
+  RunSnapshot,
+  SandboxPage,
+  SandboxView,
+} from '../common/schemas';
 
 // The REST API as the MCP server uses it: every call carries the server's one
 // token, so the API decides what the agent may do and records who did it.
@@ -27,6 +34,14 @@ export class ApiClient {
     get: (runId: string) => this.call<RunSnapshot>('GET', `/api/v1/runs/${enc(runId)}`),
     respond: (runId: string, interactionId: string, response: unknown) =>
       this.call<InteractionRequest>('POST', `/api/v1/runs/${enc(runId)}/interactions/${enc(interactionId)}`, response),
+    act: (runId: string, request: unknown, waitMs?: number) =>
+      this.call<ActionView>(
+        'POST',
+        `/api/v1/runs/${enc(runId)}/actions${waitMs !== undefined ? `?waitMs=${waitMs}` : ''}`,
+        request,
+      ),
+    action: (runId: string, actionId: string) =>
+      this.call<ActionView>('GET', `/api/v1/runs/${enc(runId)}/actions/${enc(actionId)}`),
   };
 
   sandboxes = {
@@ -36,6 +51,14 @@ export class ApiClient {
     exec: (sandboxId: string, input: unknown) =>
       this.call<ExecResult>('POST', `/api/v1/sandboxes/${enc(sandboxId)}/exec`, input),
     destroy: (sandboxId: string) => this.call<SandboxView>('DELETE', `/api/v1/sandboxes/${enc(sandboxId)}`),
+    list: (filter: { state?: string; label?: string[]; pageSize?: number; nextPageToken?: string }) => {
+      const query = new URLSearchParams();
+      if (filter.state !== undefined) query.set('state', filter.state);
+      for (const label of filter.label ?? []) query.append('label', label);
+      if (filter.pageSize !== undefined) query.set('pageSize', String(filter.pageSize));
+      if (filter.nextPageToken !== undefined) query.set('nextPageToken', filter.nextPageToken);
+      return this.call<SandboxPage>('GET', `/api/v1/sandboxes${query.size > 0 ? `?${query}` : ''}`);
+    },
   };
 
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
@@ -50,7 +73,10 @@ export class ApiClient {
         ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
       });
     } catch (err) {
-      throw new StasisError('UNAVAILABLE', `the Stasis API at ${this.base} is not reachable (${(err as Error).message})`);
+      throw new StasisError(
+        'UNAVAILABLE',
+        `the Stasis API at ${this.base} is not reachable (${(err as Error).message})`,
+      );
     }
     const text = await response.text();
     let json: unknown;

@@ -4,9 +4,18 @@ import { z } from 'zod';
 import type { Method } from '../api/route';
 import { apiRoutes } from '../api/routes';
 import { errorBody, type Me } from '../api/schemas';
-import { describeIssues, StasisError } from '../common/errors';
-import { allows, type Role } from '../common/roles';
-import { CreateSandboxInput, ExecInput, Identifier, InteractionResponse, RunSpec } from '../common/schemas';
+import { describeIssues, StasisError, toInternal } from '../common/errors';
+import { allows, mayAnswer, type Role } from '../common/roles';
+import { MAX_ACTION_WAIT_MS } from '../common/external-actions';
+import {
+  CreateSandboxInput,
+  ExecInput,
+  ExternalAction,
+  Identifier,
+  InteractionResponse,
+  RunSpec,
+  SandboxListFilter,
+} from '../common/schemas';
 import { version } from '../package.json';
 import type { ApiClient } from './api-client';
 
@@ -26,9 +35,7 @@ async function result(run: () => Promise<unknown>): Promise<CallToolResult> {
   try {
     return text(await run());
   } catch (err) {
-    return refusal(
-      err instanceof StasisError ? err : new StasisError('INTERNAL', err instanceof Error ? err.message : String(err)),
-    );
+    return refusal(toInternal(err));
   }
 }
 
@@ -41,6 +48,11 @@ function roleFor(calls: [Method, string][]): Role {
     return route.role;
   });
   return roles.reduce((most, role) => (allows(most, role) ? most : role));
+}
+
+/** Whether one of these API calls answers an interaction (what an agent's token may not). */
+function answersIn(calls: [Method, string][]): boolean {
+  return apiRoutes().some((r) => r.answers && calls.some(([method, path]) => r.method === method && r.path === path));
 }
 
 /**
@@ -66,7 +78,7 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     config: { description: string; inputSchema: S },
     run: (input: z.infer<S>) => Promise<unknown>,
   ) => {
-    if (!allows(me.role, roleFor(calls))) return;
+    if (!allows(me.role, roleFor(calls)) || (!mayAnswer(me.role) && answersIn(calls))) return;
     tools.set(name, { input: config.inputSchema, run });
     // The SDK's callback type is conditional on the schema: TypeScript cannot see through it for a generic S.
     const callback = ((input: z.infer<S>) => result(() => run(input))) as ToolCallback<S>;
@@ -92,10 +104,39 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
     'interaction_respond',
     [['POST', '/api/v1/runs/{id}/interactions/{iid}']],
     {
-      description: `Answer a Run's pending interaction, as ${me.name}: {decision: 'approve'|'deny', comment?} or {input}.`,
+      description: `Answer a Run's pending interaction, as ${me.name}: {decision: 'approve'|'deny', comment?}, {decision: 'edit', action: {command?, files?, diff?}, comment?} (approve with edited arguments), {input}, or {option, comment?}; the interaction's \`accepts\` lists which.`,
       inputSchema: z.object({ runId: Identifier, interactionId: Identifier, response: InteractionResponse }).strict(),
     },
     ({ runId, interactionId, response }) => api.runs.respond(runId, interactionId, response),
+  );
+  tool(
+    'run_action',
+    [['POST', '/api/v1/runs/{id}/actions']],
+    {
+      description:
+        "Send a Run whose agent is {driver: 'external'} its next action: exec, writeFile, readFile, ask, spawn, complete or fail. " +
+        'Returns the action with status succeeded/failed and its result, or running/waiting (an ask waits for a person) when ' +
+        'waitMs (default 20000) ran out: then call run_action_result. Reusing an actionId returns the same outcome, never runs it twice.',
+      inputSchema: z
+        .object({
+          runId: Identifier,
+          actionId: Identifier,
+          action: ExternalAction,
+          waitMs: z.number().int().min(0).max(MAX_ACTION_WAIT_MS).optional(),
+        })
+        .strict(),
+    },
+    ({ runId, actionId, action, waitMs }) => api.runs.act(runId, { actionId, action }, waitMs),
+  );
+  tool(
+    'run_action_result',
+    [['GET', '/api/v1/runs/{id}/actions/{actionId}']],
+    {
+      description:
+        "An action's status, and its result or error once finished (an ask's result is the person's answer).",
+      inputSchema: z.object({ runId: Identifier, actionId: Identifier }).strict(),
+    },
+    ({ runId, actionId }) => api.runs.action(runId, actionId),
   );
   tool(
     'sandbox_create',
@@ -108,6 +149,17 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
       inputSchema: CreateSandboxInput,
     },
     async (input) => api.sandboxes.change((await api.sandboxes.create(input)).sandboxId, 'start'),
+  );
+  tool(
+    'sandbox_list',
+    [['GET', '/api/v1/sandboxes']],
+    {
+      description:
+        'List sandboxes, newest first: filter by state (all but destroyed when absent) and labels ("key:value", all must match). ' +
+        'Returns {sandboxes, nextPageToken?}: call again with nextPageToken for the next page.',
+      inputSchema: SandboxListFilter.extend({ label: z.array(z.string()).optional() }).strict(),
+    },
+    (filter) => api.sandboxes.list(filter),
   );
   tool(
     'sandbox_exec',

@@ -107,7 +107,9 @@ export async function ensureBinaries(options: EnsureOptions = {}): Promise<Binar
 }
 
 /** The Temporal server and its schema tool, for the cluster test. */
-export async function ensureClusterBinaries(options: EnsureOptions = {}): Promise<Record<'server' | 'sqlTool', string>> {
+export async function ensureClusterBinaries(
+  options: EnsureOptions = {},
+): Promise<Record<'server' | 'sqlTool', string>> {
   const server = await ensureBinary('temporal-server', options);
   const sqlTool = await ensureBinary('temporal-sql-tool', options);
   return { server, sqlTool };

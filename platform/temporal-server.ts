@@ -145,7 +145,7 @@ export async function waitForTemporal(
         try {
           await connection.operatorService.addSearchAttributes({
             namespace,
-            searchAttributes: Object.fromEntries(problems.missing.map((name) => [name, expectedType(name)])),
+            searchAttributes: Object.fromEntries(problems.missing.map((name) => [name, searchAttributeType(name)])),
           });
         } catch (error) {
           // E.g. Temporal Cloud, where attributes are added in the Cloud UI or with tcld, not the operator API.
@@ -174,8 +174,12 @@ function encodeType(name: (typeof TYPE_NAMES)[number]): number {
   return type;
 }
 
-function expectedType(name: string): number {
-  return encodeType(SEARCH_ATTRIBUTE_TYPES[name].toUpperCase() as 'KEYWORD' | 'INT' | 'DATETIME');
+/** The API's indexed-value type of a Stasis search attribute. */
+export function searchAttributeType(name: string): number {
+  // KeywordList (the CLI's spelling) is KEYWORD_LIST in the API.
+  return encodeType(
+    SEARCH_ATTRIBUTE_TYPES[name].replace(/(?<=.)([A-Z])/g, '_$1').toUpperCase() as (typeof TYPE_NAMES)[number],
+  );
 }
 
 function typeName(type: number): string {
@@ -192,7 +196,7 @@ async function searchAttributeProblems(
   const wrongType: string[] = [];
   for (const name of Object.keys(SEARCH_ATTRIBUTE_TYPES)) {
     if (!(name in registered)) missing.push(name);
-    else if (registered[name] !== expectedType(name)) {
+    else if (registered[name] !== searchAttributeType(name)) {
       wrongType.push(
         `${name} is registered as ${typeName(registered[name])}, Stasis needs ${SEARCH_ATTRIBUTE_TYPES[name]}`,
       );

@@ -2,6 +2,7 @@ import { z } from 'zod';
 import {
   Checkpoint,
   EnvMap,
+  type ExecResult,
   PauseMode,
   SandboxLimits,
   SandboxTemplate,
@@ -104,11 +105,14 @@ export const FileRequest = z.object({
 });
 export type FileRequest = z.infer<typeof FileRequest>;
 
-export interface ExecOutcome {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
-}
+/** What a provider's exec answers: the wire's ExecResult, under the plugin API's own name. */
+export type ExecOutcome = ExecResult;
+
+/**
+ * The provider calls that take only a fenced request and answer nothing: the `sandboxOp`
+ * activity makes them by name. (A sandbox's state transitions are another list: SandboxOp.)
+ */
+export type ProviderOp = 'start' | 'stop' | 'pause' | 'resume' | 'destroy' | 'attach';
 
 export interface SandboxProvider {
   apiVersion: 3;
@@ -167,6 +171,8 @@ export interface ProviderDeps {
   /** This host's data directory; a provider keeps its sandboxes below it. */
   dataDir: string;
   store: import('../stores/api').CheckpointStore;
+  /** Whether each sandbox's files get their own size-limited volume; `off` unless given. */
+  volumes?: import('./volume').VolumeMode;
 }
 
 /**

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { accessSync, constants, lstatSync, readlinkSync } from 'node:fs';
+import { accessSync, constants, existsSync, lstatSync, readdirSync, readlinkSync, type Stats } from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { StasisError } from '../common/errors';
@@ -32,7 +32,57 @@ function systemMounts(): string[] {
     if (isLink) args.push('--symlink', readlinkSync(dir), dir);
     else args.push('--ro-bind', dir, dir);
   }
-  return args;
+  return [...args, ...privateMasks('/etc')];
+}
+
+/**
+ * The sandbox's own /proc still reaches the host's kernel: root (even with no capability) may write
+ * every sysctl (kernel.core_pattern runs a program as host root on the next crash) and
+ * /proc/sysrq-trigger (reboots the host). /proc/sys is bound read-only, and the files that only
+ * expose or poke the host's kernel are covered where the host has them (as container runtimes do).
+ */
+function procfsCovers(): string[] {
+  const hidden = ['sysrq-trigger', 'kcore', 'keys', 'timer_list', 'sched_debug', 'latency_stats']
+    .map((name) => `/proc/${name}`)
+    .filter((file) => existsSync(file));
+  return ['--ro-bind', '/proc/sys', '/proc/sys', ...hidden.flatMap((file) => ['--ro-bind', '/dev/null', file])];
+}
+
+/**
+ * Covers every entry under `root` that an unprivileged user could not read (/etc/shadow,
+ * /etc/ssl/private, ...): a sandbox's processes run as the worker's user, which may be root,
+ * and root keeps its owner rights on root's files even with no capability. Files are covered
+ * by /dev/null (on bubblewrap's nodev mounts, not even openable), directories by an empty
+ * read-only tmpfs. /etc is where a host keeps its secrets; the other system directories hold
+ * software, readable by everyone.
+ */
+export function privateMasks(root: string): string[] {
+  const masks: string[] = [];
+  const walk = (dir: string) => {
+    let names: string[];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      return;
+    }
+    for (const name of names) {
+      const entry = path.join(dir, name);
+      let stat: Stats;
+      try {
+        stat = lstatSync(entry);
+      } catch {
+        continue; // gone meanwhile
+      }
+      if (stat.isDirectory()) {
+        if ((stat.mode & 0o005) !== 0o005) masks.push('--tmpfs', entry, '--remount-ro', entry);
+        else walk(entry);
+      } else if (!stat.isSymbolicLink() && (stat.mode & 0o004) === 0) {
+        masks.push('--ro-bind', '/dev/null', entry);
+      }
+    }
+  };
+  walk(root);
+  return masks;
 }
 
 /**
@@ -66,10 +116,12 @@ function findBwrap(configured: string | undefined): string {
  * Commands inside bubblewrap. The launcher itself runs on the host, so nothing of the
  * sandbox reaches it: it is started by absolute path, in `/`, with a fixed environment
  * (PATH and the sandbox's marker only); the sandbox's environment is set inside with
- * --clearenv/--setenv.
+ * --clearenv/--setenv. `network: true` keeps the host's network (for EXTERNAL jobs, whose work is
+ * calling services); everything else stays as closed.
  */
-export function bubblewrapCommands(bwrapPath?: string): CommandWrapper {
+export function bubblewrapCommands(bwrapPath?: string, options: { network?: boolean } = {}): CommandWrapper {
   const mounts = systemMounts();
+  const procCovers = procfsCovers();
   let file: string | undefined;
   const resolve = () => (file ??= findBwrap(bwrapPath));
   let available: Promise<void> | undefined;
@@ -100,7 +152,7 @@ export function bubblewrapCommands(bwrapPath?: string): CommandWrapper {
       ]);
       const args = [
         '--unshare-pid',
-        '--unshare-net',
+        ...(options.network ? [] : ['--unshare-net']),
         '--unshare-ipc',
         '--unshare-uts',
         // Root inside keeps no capability: it cannot mount a cgroup fs to leave its group, nor raise its limits.
@@ -109,6 +161,7 @@ export function bubblewrapCommands(bwrapPath?: string): CommandWrapper {
         ...mounts,
         '--proc',
         '/proc',
+        ...procCovers,
         '--dev',
         '/dev',
         '--tmpfs',

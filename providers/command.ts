@@ -115,6 +115,8 @@ export async function waitForOutcome(child: StartedProcess, options: WaitOptions
           killGroup();
         }, options.timeoutMs);
   options.signal?.addEventListener('abort', killGroup, { once: true });
+  // Aborted while the command was starting: no 'abort' event comes any more.
+  if (options.signal?.aborted) killGroup();
   try {
     const { code, signal, stdout, stderr } = await child.exited;
     if (options.signal?.aborted) throw abortReason(options.signal, 'exec');

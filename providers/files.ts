@@ -3,31 +3,18 @@ import { constants, type Stats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from '../stores/atomic-file';
+import { at, magic, O_PATH, openBeneath, procReady, type Opened } from '../stores/descriptors';
 
 // File access to a sandbox's workspace from outside it, for anyone (REST, MCP,
 // a Run's readFile/writeFile steps). Every name in the workspace belongs to the
 // sandbox, whose processes may rename and relink them while we look: so no path
 // inside it is ever resolved by the kernel on the host. We walk it one name at a
-// time from a descriptor of the directory before, never following a symlink,
-// and touch only regular files.
-//
-// Why this way: Node has no openat(), so each step opens
-// `/proc/self/fd/<dirfd>/<name>`. The kernel jumps from that magic link straight
-// to the directory the descriptor holds (whatever its path has become since)
-// and then looks up one name, which we make sure is neither `..` nor `.` and
-// has no `/`; O_NOFOLLOW refuses it if it is a symlink. Every step opens with
-// O_PATH, which opens nothing (a FIFO cannot block, a device sees no open) and
-// lets us fstat what we got before deciding. Only a verified regular file is
-// then reopened for reading, through its own descriptor's magic link. This is
-// race-free in pure Node on any Linux; openat2(RESOLVE_BENEATH|
-// RESOLVE_NO_SYMLINKS) would need a native helper and a build step for the same.
+// time from a descriptor of the directory before, never following a symlink
+// (stores/descriptors.ts says how), and touch only regular files.
 
 /** Largest file readFile hands back in one piece. */
 export const MAX_FILE_BYTES = 64 * 1024 * 1024;
 
-/** Linux's O_PATH (the same on x86-64 and arm64); Node does not export it. */
-const O_PATH = 0o10000000;
-const STEP = O_PATH | constants.O_NOFOLLOW;
 /** Prefix of the temp file a write renames into place (in the same directory). */
 const TEMP_PREFIX = '.stasis-write-';
 const LINK = 'is a symlink, which file access never follows';
@@ -205,23 +192,11 @@ async function emptyDirectory(dir: fs.FileHandle): Promise<void> {
 }
 
 /** Opens `name` in `dir` without following it or opening what it is; undefined if there is none. */
-async function step(
-  dir: fs.FileHandle,
-  name: string,
-  requested: string,
-): Promise<{ handle: fs.FileHandle; stat: Stats } | undefined> {
-  let handle: fs.FileHandle;
+async function step(dir: fs.FileHandle, name: string, requested: string): Promise<Opened | undefined> {
   try {
-    handle = await fs.open(at(dir, name), STEP);
+    return await openBeneath(dir, name);
   } catch (err) {
-    if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw fileError(err, requested);
-  }
-  try {
-    return { handle, stat: await handle.stat() };
-  } catch (err) {
-    await handle.close();
-    throw err;
   }
 }
 
@@ -249,28 +224,6 @@ async function readBounded(file: fs.FileHandle, size: number, requested: string)
   }
 }
 
-/** The path that looks `name` up in the directory `dir` holds, whatever its path is now. */
-function at(dir: fs.FileHandle, name: string): string {
-  return `${magic(dir)}/${name}`;
-}
-
-function magic(handle: fs.FileHandle): string {
-  return `/proc/self/fd/${handle.fd}`;
-}
-
-let procChecked: Promise<void> | undefined;
-/** File access relies on /proc's descriptor links; without them it refuses rather than guess. */
-function procReady(): Promise<void> {
-  procChecked ??= fs.stat('/proc/self/fd').then(
-    () => undefined,
-    () => {
-      procChecked = undefined;
-      throw new StasisError('NOT_SUPPORTED', 'file access to a workspace needs /proc mounted on the worker’s host');
-    },
-  );
-  return procChecked;
-}
-
 function invalid(requested: string, why: string): StasisError {
   return new StasisError('INVALID_ARGUMENT', `path ${JSON.stringify(requested)}: ${why}`);
 }
@@ -291,5 +244,11 @@ function fileError(err: unknown, requested: string): Error {
   if (hasErrorCode(err, 'ENOENT')) return notFound(requested);
   if (hasErrorCode(err, 'EISDIR')) return invalid(requested, 'is a directory');
   if (hasErrorCode(err, 'ENAMETOOLONG')) return invalid(requested, 'a name in it is too long');
+  if (hasErrorCode(err, 'ENOSPC') || hasErrorCode(err, 'EDQUOT')) {
+    return new StasisError(
+      'PAYLOAD_TOO_LARGE',
+      `${requested}: no room left for it in the sandbox's disk limit (diskMiB)`,
+    );
+  }
   return err instanceof Error ? err : new Error(String(err));
 }

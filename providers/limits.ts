@@ -3,7 +3,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { SandboxLimits } from '../common/schemas';
 import { prepareGroups, type JoinFiles } from './cgroups';
 
-// Per-sandbox limits: how many processes, how much memory and CPU, how large a file.
+// Per-sandbox limits: how many processes, how much memory and CPU, how large a file, how much disk
+// (the size of the sandbox's volume, volume.ts).
 // Each is enforced by the sandbox's control group where the host delegates one
 // (cgroups.ts), otherwise by a resource limit (prlimit) on every process the sandbox
 // starts. What is enforced where on which host is in the README ("Sandbox processes and limits").
@@ -11,7 +12,13 @@ import { prepareGroups, type JoinFiles } from './cgroups';
 export type ResolvedLimits = Required<SandboxLimits>;
 
 /** What a sandbox gets unless its RunSpec or create request says otherwise. */
-export const DEFAULT_LIMITS: ResolvedLimits = { processes: 1024, memoryMiB: 8192, cpus: 1, fileMiB: 10_240 };
+export const DEFAULT_LIMITS: ResolvedLimits = {
+  processes: 1024,
+  memoryMiB: 8192,
+  cpus: 1,
+  fileMiB: 10_240,
+  diskMiB: 10_240,
+};
 
 export function resolveLimits(override: SandboxLimits | undefined): ResolvedLimits {
   return { ...DEFAULT_LIMITS, ...override };

@@ -1,6 +1,5 @@
 import * as fs from 'node:fs/promises';
-import type { z } from 'zod';
-import { describeIssues, StasisError } from '../common/errors';
+import { parseOrInvalid, StasisError } from '../common/errors';
 import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
 import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
@@ -20,7 +19,7 @@ import {
   type SandboxReleaseReceipt,
 } from './api';
 import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
-import { readWorkspaceFile, removeTree, writeWorkspaceFile } from './files';
+import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
   freezeSandbox,
@@ -40,10 +39,11 @@ import {
   sandboxPaths,
   writeState,
   type SandboxPaths,
-  type SandboxState,
+  type HostSandboxState,
 } from './sandbox-state';
 import { JobJournal } from './jobs';
 import { resolveLimits } from './limits';
+import { mountVolume, prepareVolume, removeSandboxDir, unmountVolume } from './volume';
 import { checkpointPrefix, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
 
 // The `local` provider: a sandbox is a set of directories on the worker's host
@@ -77,13 +77,16 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   const maxOutputBytes = options.maxOutputBytes ?? 1024 * 1024;
   const markerOf = (sandboxId: string): SandboxMarker => ({ sandboxId, hostId: deps.hostId });
   const pathsOf = (sandboxId: string) => sandboxPaths(deps.dataDir, sandboxId);
+  const volumes = deps.volumes ?? 'off';
   /** Exec jobs this process is running, by `<sandboxId>/<jobId>`. */
   const runningJobs = new Map<string, Promise<ExecOutcome>>();
 
-  async function load(sandboxId: string): Promise<{ paths: SandboxPaths; state: SandboxState }> {
+  async function load(sandboxId: string): Promise<{ paths: SandboxPaths; state: HostSandboxState }> {
     const paths = pathsOf(sandboxId);
     const state = await readState(paths);
     if (!state) throw new StasisError('NOT_FOUND', `sandbox ${sandboxId} does not exist on host ${deps.hostId}`);
+    // Before anything touches the trees: written to an unmounted mount point, files would vanish under the mount.
+    await mountVolume(paths);
     return { paths, state };
   }
 
@@ -95,7 +98,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   async function fenced<T>(
     request: FencedRequest,
     operation: string,
-    fn: (state: SandboxState, paths: SandboxPaths) => Promise<T>,
+    fn: (state: HostSandboxState, paths: SandboxPaths) => Promise<T>,
   ): Promise<T> {
     return withLifecycleLock(request.sandboxId, async () => {
       const { paths, state } = await load(request.sandboxId);
@@ -113,7 +116,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
    * destroy: refused for a superseded owner (its fence) and once compute was released with a
    * snapshot (the files are then a copy of the checkpoint; a write there would be lost).
    */
-  async function withFiles<T>(request: FileRequest, operation: string, fn: (paths: SandboxPaths) => Promise<T>): Promise<T> {
+  async function withFiles<T>(
+    request: FileRequest,
+    operation: string,
+    fn: (paths: SandboxPaths) => Promise<T>,
+  ): Promise<T> {
     return withLifecycleLock(request.sandboxId, async () => {
       const { paths, state } = await load(request.sandboxId);
       if (request.fence !== undefined && request.fence < state.maxFence) {
@@ -132,17 +139,17 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     });
   }
 
-  function envOf(state: SandboxState, extra: Record<string, string> = {}): Record<string, string> {
+  function envOf(state: HostSandboxState, extra: Record<string, string> = {}): Record<string, string> {
     return { ...state.env, ...extra, ...markerEnv(markerOf(state.sandboxId)) };
   }
 
   /** Every process of the sandbox joins its groups and takes its limits. */
-  function confinementOf(state: SandboxState) {
+  function confinementOf(state: HostSandboxState) {
     return { marker: markerOf(state.sandboxId), limits: resolveLimits(state.limits) };
   }
 
   /** Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived). */
-  async function ensureCompute(state: SandboxState, paths: SandboxPaths): Promise<void> {
+  async function ensureCompute(state: HostSandboxState, paths: SandboxPaths): Promise<void> {
     const marker = markerOf(state.sandboxId);
     if ((await sandboxProcesses(marker)).length > 0) {
       if (state.status === 'paused') await thawSandbox(marker);
@@ -159,20 +166,23 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     delete state.dormant;
   }
 
-  async function terminate(state: SandboxState): Promise<void> {
+  async function terminate(state: HostSandboxState): Promise<void> {
     await killSandbox(markerOf(state.sandboxId));
     if (state.status === 'running' || state.status === 'paused') rotateGrant(state);
     state.status = 'stopped';
+    // A released sandbox holds no mount while it waits; its files are mounted again when next needed.
+    await unmountVolume(pathsOf(state.sandboxId));
   }
 
   async function snapshotAndTerminate(
-    state: SandboxState,
+    state: HostSandboxState,
     paths: SandboxPaths,
     request: SandboxReleaseRequest,
     context: RequestContext,
   ): Promise<Checkpoint> {
     // Nothing ran since the last snapshot: its checkpoint still describes the files exactly.
     if (state.dormant && state.status === 'stopped' && (await deps.store.exists(state.dormant.checkpoint.uri))) {
+      await unmountVolume(paths);
       return state.dormant.checkpoint;
     }
     const marker = markerOf(state.sandboxId);
@@ -211,7 +221,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   }
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
-  async function layOut(paths: SandboxPaths, workspace: Workspace): Promise<void> {
+  async function layOut(paths: SandboxPaths, workspace: Workspace, limits: SandboxLimits | undefined): Promise<void> {
+    await prepareVolume(paths, resolveLimits(limits).diskMiB, volumes);
     for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
     await makeDirDurable(paths.receipts);
     if (workspace.kind === 'isolated') {
@@ -230,7 +241,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     workspace: Workspace,
     env: Record<string, string>,
     limits: SandboxLimits | undefined,
-  ): SandboxState {
+  ): HostSandboxState {
     const now = new Date().toISOString();
     return {
       sandboxId,
@@ -251,6 +262,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     const paths = pathsOf(request.sandboxId);
     let state = await readState(paths);
     if (state) admitFence(state, request.fence, 'restore');
+    if (state) await mountVolume(paths);
     const { checkpoint } = request;
     let result: RestoreResult;
     if (!checkpoint) {
@@ -273,7 +285,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const restoring =
         existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
       try {
-        await layOut(paths, workspace);
+        await layOut(paths, workspace, restoring.limits);
         const progress: Progress = { phase: 'restoring', bytes: 0 };
         const labels = await withHeartbeat(context, progress, () =>
           restoreSnapshot({
@@ -297,7 +309,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       } catch (err) {
         // A sandbox that was only being brought here leaves nothing behind; an existing one keeps its raised fence.
         if (existing) await writeState(paths, existing);
-        else await removeTree(paths.root);
+        else await removeSandboxDir(paths);
         throw err;
       }
       state = restoring;
@@ -315,7 +327,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     capabilities: CAPABILITIES,
 
     async provision(raw) {
-      const request = parse(ProvisionRequest, raw, 'provision request');
+      const request = parseOrInvalid(ProvisionRequest, raw, 'provision request');
       await commands.check();
       await withLifecycleLock(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
@@ -331,21 +343,23 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             request.limits,
           );
         if (request.template) state.template = request.template;
-        await layOut(paths, state.workspace);
+        await layOut(paths, state.workspace, state.limits);
         await writeState(paths, state);
       });
     },
 
     async attach(raw) {
-      await fenced(parse(FencedRequest, raw, 'attach request'), 'attach', async () => {});
+      await fenced(parseOrInvalid(FencedRequest, raw, 'attach request'), 'attach', async () => {});
     },
 
     async start(raw) {
-      await fenced(parse(FencedRequest, raw, 'start request'), 'start', (state, paths) => ensureCompute(state, paths));
+      await fenced(parseOrInvalid(FencedRequest, raw, 'start request'), 'start', (state, paths) =>
+        ensureCompute(state, paths),
+      );
     },
 
     async exec(raw, context) {
-      const request = parse(ProviderExecRequest, raw, 'exec request');
+      const request = parseOrInvalid(ProviderExecRequest, raw, 'exec request');
       const key = `${request.sandboxId}/${request.jobId}`;
       // The outcome is wrapped: returned bare, the lock would be held until the command ends.
       const { outcome } = await fenced(
@@ -409,11 +423,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async stop(raw) {
-      await fenced(parse(FencedRequest, raw, 'stop request'), 'stop', (state) => terminate(state));
+      await fenced(parseOrInvalid(FencedRequest, raw, 'stop request'), 'stop', (state) => terminate(state));
     },
 
     async pause(raw) {
-      await fenced(parse(FencedRequest, raw, 'pause request'), 'pause', async (state) => {
+      await fenced(parseOrInvalid(FencedRequest, raw, 'pause request'), 'pause', async (state) => {
         if (state.status !== 'running' && state.status !== 'paused') {
           throw new StasisError(
             'INVALID_STATE_TRANSITION',
@@ -426,7 +440,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async resume(raw) {
-      await fenced(parse(FencedRequest, raw, 'resume request'), 'resume', async (state) => {
+      await fenced(parseOrInvalid(FencedRequest, raw, 'resume request'), 'resume', async (state) => {
         if (state.status !== 'running' && state.status !== 'paused') {
           throw new StasisError(
             'INVALID_STATE_TRANSITION',
@@ -439,12 +453,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async restore(raw, context) {
-      const request = parse(RestoreRequest, raw, 'restore request');
+      const request = parseOrInvalid(RestoreRequest, raw, 'restore request');
       return withLifecycleLock(request.sandboxId, () => restoreLocked(request, context));
     },
 
     async destroy(raw) {
-      const request = parse(FencedRequest, raw, 'destroy request');
+      const request = parseOrInvalid(FencedRequest, raw, 'destroy request');
       await withLifecycleLock(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const state = await readState(paths);
@@ -454,7 +468,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           await killSandbox(markerOf(request.sandboxId));
           // An active workspace is only a link here: removing it leaves the host's files alone. A process that
           // outlived the kill may still swap a directory for a link to the host: nothing inside is followed.
-          await removeTree(paths.root);
+          await removeSandboxDir(paths);
         }
         // A destroyed sandbox is never restored: every checkpoint it had is garbage now.
         await deps.store.deletePrefix(checkpointPrefix(request.sandboxId));
@@ -462,17 +476,17 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async readFile(raw) {
-      const request = parse(FileRequest, raw, 'file request');
+      const request = parseOrInvalid(FileRequest, raw, 'file request');
       return withFiles(request, 'read', (paths) => readWorkspaceFile(paths.workspace, request.path));
     },
 
     async writeFile(raw) {
-      const request = parse(FileRequest, raw, 'file request');
+      const request = parseOrInvalid(FileRequest, raw, 'file request');
       await withFiles(request, 'write', (paths) => writeWorkspaceFile(paths.workspace, request.path, raw.content));
     },
 
     async release(raw, context) {
-      const request = parse(SandboxReleaseRequest, raw, 'release request');
+      const request = parseOrInvalid(SandboxReleaseRequest, raw, 'release request');
       return withLifecycleLock(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const receipts = new ReceiptStore(paths.receipts);
@@ -542,7 +556,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 }
 
 /** Refuses a call whose fence is below the highest seen for the sandbox; a higher one becomes the new highest. */
-function admitFence(state: SandboxState, fence: number, operation: string): void {
+function admitFence(state: HostSandboxState, fence: number, operation: string): void {
   if (fence < state.maxFence) {
     throw new StasisError(
       'STALE_FENCE',
@@ -550,12 +564,6 @@ function admitFence(state: SandboxState, fence: number, operation: string): void
     );
   }
   state.maxFence = fence;
-}
-
-function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.infer<T> {
-  const parsed = schema.safeParse(value);
-  if (!parsed.success) throw new StasisError('INVALID_ARGUMENT', `${what}: ${describeIssues(parsed.error.issues)}`);
-  return parsed.data;
 }
 
 /** Heartbeats with `progress` while `fn` runs, so Temporal sees a long call is alive. */

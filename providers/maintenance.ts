@@ -2,9 +2,9 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { z } from 'zod';
 import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
-import { removeTree } from './files';
 import { withLifecycleLock } from './lock';
 import { readState, sandboxPathsIn, type Dormant, type SandboxPaths } from './sandbox-state';
+import { removeSandboxDir } from './volume';
 
 export { withLifecycleLock } from './lock';
 
@@ -150,7 +150,7 @@ async function deleteDormantCopy(copy: DormantCopy, stillDeletable: () => Promis
     if (state?.dormant?.checkpoint.uri !== copy.dormant.checkpoint.uri || state.status !== 'stopped') return false;
     if (!(await stillDeletable())) return false;
     // An active workspace is only a link in the copy: its host files are not touched.
-    await removeTree(copy.paths.root);
+    await removeSandboxDir(copy.paths);
     return true;
   });
 }

@@ -7,11 +7,16 @@ import { Checkpoint, EnvMap, Identifier, SandboxLimits, Workspace } from '../com
 import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
 
 // A sandbox on this host is the directory `<dataDir>/sandboxes/<sandboxId>/`:
-// `workspace/` (a symlink to the host path for an active workspace), `home/`,
+// `volume/` (the mount point of the sandbox's own volume, volume.ts) holding its trees
+// `workspace/` (a symlink to the host path for an active workspace), `home/` and
 // `envs/`, and the provider-private `meta/` with `state.json` `receipts/` and `jobs/`.
 
 export interface SandboxPaths {
   root: string;
+  /** Where the sandbox's trees live: its volume's mount point. */
+  volume: string;
+  /** The image of the volume, when the host mounts one. */
+  volumeImage: string;
   workspace: string;
   home: string;
   envs: string;
@@ -40,11 +45,14 @@ export function sandboxPathsIn(dir: string, sandboxId: string): SandboxPaths {
   }
   const root = path.join(dir, sandboxId);
   const meta = path.join(root, 'meta');
+  const volume = path.join(root, 'volume');
   return {
     root,
-    workspace: path.join(root, 'workspace'),
-    home: path.join(root, 'home'),
-    envs: path.join(root, 'envs'),
+    volume,
+    volumeImage: path.join(root, 'volume.img'),
+    workspace: path.join(volume, 'workspace'),
+    home: path.join(volume, 'home'),
+    envs: path.join(volume, 'envs'),
     meta,
     stateFile: path.join(meta, 'state.json'),
     receipts: path.join(meta, 'receipts'),
@@ -63,7 +71,8 @@ export const Dormant = z.object({
 });
 export type Dormant = z.infer<typeof Dormant>;
 
-export const SandboxState = z.object({
+/** One sandbox as its host stores it (state.json); not the user-visible SandboxState of common/schemas. */
+export const HostSandboxState = z.object({
   sandboxId: z.string(),
   hostId: z.string(),
   /** The highest fence any call has carried; lower ones are refused. */
@@ -84,9 +93,9 @@ export const SandboxState = z.object({
   createdAt: z.string(),
   updatedAt: z.string(),
 });
-export type SandboxState = z.infer<typeof SandboxState>;
+export type HostSandboxState = z.infer<typeof HostSandboxState>;
 
-export async function readState(paths: SandboxPaths): Promise<SandboxState | undefined> {
+export async function readState(paths: SandboxPaths): Promise<HostSandboxState | undefined> {
   let text: string;
   try {
     text = await fs.readFile(paths.stateFile, 'utf8');
@@ -94,10 +103,10 @@ export async function readState(paths: SandboxPaths): Promise<SandboxState | und
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;
   }
-  return SandboxState.parse(JSON.parse(text));
+  return HostSandboxState.parse(JSON.parse(text));
 }
 
-export async function writeState(paths: SandboxPaths, state: SandboxState): Promise<void> {
+export async function writeState(paths: SandboxPaths, state: HostSandboxState): Promise<void> {
   await writeFileAtomic(paths.stateFile, JSON.stringify({ ...state, updatedAt: new Date().toISOString() }, null, 2));
 }
 
@@ -106,7 +115,7 @@ export function newGrant(): string {
 }
 
 /** Ends the current compute generation: grants issued for it stop being valid. */
-export function rotateGrant(state: SandboxState): void {
+export function rotateGrant(state: HostSandboxState): void {
   state.generation += 1;
   state.grant = newGrant();
 }

@@ -7,7 +7,13 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode } from '../stores/atomic-file';
+import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
+import { collectGarbage } from '../stores/cas/gc';
+import { isManifestUri } from '../stores/cas/manifest';
+import { restoreCheckpoint } from '../stores/cas/restore';
+import { takeCheckpoint } from '../stores/cas/upload';
+import { zstdAvailable } from '../stores/cas/zstd';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
 
@@ -29,13 +35,71 @@ export async function uploadSnapshot(input: {
   labels: Record<string, string>;
   limits: ArchiveLimits;
   progress: Progress;
+  /**
+   * `cas` (the default where the `zstd` command exists): content-addressed and incremental;
+   * `tar`: one tar.gz, as earlier versions wrote (the default without `zstd`).
+   */
+  format?: CheckpointFormat;
   signal?: AbortSignal;
 }): Promise<Checkpoint> {
-  // One key per release request: a retry after a killed attempt replaces what that attempt left
+  // One name per release request: a retry after a killed attempt replaces what that attempt left
   // (its object, its unfinished upload) instead of leaving it beside the new one. Attempts of
   // one request never overlap: they run under the sandbox's lifecycle lock.
-  const key = `${checkpointPrefix(input.sandboxId)}${input.fence}-${sha256Hex(input.idempotencyKey).slice(0, 16)}.tar.gz`;
+  const name = `${input.fence}-${sha256Hex(input.idempotencyKey).slice(0, 16)}`;
   input.progress.phase = 'uploading checkpoint';
+  const format = input.format ?? ((await zstdAvailable()) ? 'cas' : 'tar');
+  if (format === 'tar') return uploadTarGz(input, `${checkpointPrefix(input.sandboxId)}${name}.tar.gz`);
+  const baselineFile = path.join(input.paths.meta, BASELINE_FILE);
+  const attemptFile = path.join(input.paths.meta, ATTEMPT_FILE);
+  // The baseline's chunks are reused only while its checkpoint (whose manifest keeps its packs) exists.
+  let baseline = await readBaseline(baselineFile);
+  if (baseline && !(await input.store.exists(baseline.uri))) baseline = undefined;
+  const unfinished = await fs.stat(attemptFile).then(
+    () => true,
+    () => false,
+  );
+  await writeFileAtomic(attemptFile, name);
+  const taken = await takeCheckpoint({
+    store: input.store,
+    rootDir: input.paths.volume,
+    names: CHECKPOINT_DIRS,
+    prefix: checkpointPrefix(input.sandboxId),
+    name,
+    labels: input.labels,
+    limits: input.limits,
+    ...(baseline ? { baseline } : {}),
+    progress: input.progress,
+    ...(input.signal ? { signal: input.signal } : {}),
+  });
+  await writeBaseline(baselineFile, taken.baseline);
+  await fs.rm(attemptFile, { force: true });
+  // An earlier attempt was killed part-way: its packs are named by no manifest. Collected with no grace, as
+  // no other release of this sandbox can be in flight (they run under its lifecycle lock, on its one host).
+  if (unfinished) {
+    await collectGarbage(input.store, checkpointPrefix(input.sandboxId), { graceMs: 0 }).catch(() => undefined);
+  }
+  return taken.checkpoint;
+}
+
+/** The format of new checkpoints. */
+export type CheckpointFormat = 'cas' | 'tar';
+
+/** Beside the sandbox's state: the last checkpoint as this host saw it (stores/cas/baseline.ts). */
+const BASELINE_FILE = 'checkpoint-baseline.json';
+/** Present while a checkpoint upload is under way: a release that finds it knows an earlier one was killed. */
+const ATTEMPT_FILE = 'checkpoint-attempt';
+
+async function uploadTarGz(
+  input: {
+    store: CheckpointStore;
+    paths: SandboxPaths;
+    labels: Record<string, string>;
+    limits: ArchiveLimits;
+    progress: Progress;
+    signal?: AbortSignal;
+  },
+  key: string,
+): Promise<Checkpoint> {
   // Counted in the pipe (not with a 'data' listener, which would start the flow before the store reads it).
   const counted = new Transform({
     transform(chunk: Buffer, _encoding, callback) {
@@ -48,7 +112,7 @@ export async function uploadSnapshot(input: {
   const checked = checkingStream(input.limits).on('error', (err) => {
     if (err instanceof StasisError) refused = err;
   });
-  pipeline(packSandbox(input.paths.root, CHECKPOINT_DIRS), checked, counted, () => {}); // errors reach the store through `counted`
+  pipeline(packSandbox(input.paths.volume, CHECKPOINT_DIRS), checked, counted, () => {}); // errors reach the store through `counted`
   try {
     return await input.store.put(key, counted, input.labels, input.signal);
   } catch (err) {
@@ -63,7 +127,7 @@ export function checkpointPrefix(sandboxId: string): string {
 
 /**
  * Downloads and verifies `checkpoint`, unpacks it into a staging directory
- * inside the sandbox root, then swaps the directories into place. Returns the
+ * on the sandbox's volume, then swaps the directories into place. Returns the
  * checkpoint's labels. An active workspace is host-persistent: its host path is
  * only filled from the checkpoint when it is empty (a restore on another host).
  * A restore interrupted anywhere (a full disk, a killed worker) can simply be
@@ -83,22 +147,47 @@ export async function restoreSnapshot(input: {
 }): Promise<Record<string, string>> {
   const { paths } = input;
   // Restores of one sandbox never overlap (they run under its lifecycle lock): whatever matches is an earlier attempt's.
-  await removeEntries(paths.root, (name) => name.startsWith(STAGING) || SWAPPED_OUT.test(name));
-  const staging = path.join(paths.root, `${STAGING}${randomBytes(6).toString('hex')}`);
-  const archive = `${staging}.tar.gz`;
+  await removeEntries(paths.volume, (name) => name.startsWith(STAGING) || SWAPPED_OUT.test(name));
+  await removeEntries(paths.root, (name) => name.startsWith(STAGING));
+  // Staged on the sandbox's volume (the swap is a rename there), downloaded beside it (the archive is not its files).
+  const name = `${STAGING}${randomBytes(6).toString('hex')}`;
+  const staging = path.join(paths.volume, name);
+  const downloads = path.join(paths.root, name);
+  const archive = `${downloads}.tar.gz`;
+  const baselineFile = path.join(paths.meta, BASELINE_FILE);
   await fs.mkdir(staging);
   try {
-    input.progress.phase = 'downloading checkpoint';
-    const { labels } = await input.store.download(input.checkpoint, archive, input.signal);
-    input.progress.phase = 'unpacking checkpoint';
-    await unpackCheckpoint(archive, staging, input.limits);
+    let labels: Record<string, string>;
+    let baseline: Baseline | undefined;
+    if (isManifestUri(input.checkpoint.uri)) {
+      input.progress.phase = 'restoring checkpoint';
+      ({ labels, baseline } = await restoreCheckpoint({
+        store: input.store,
+        checkpoint: input.checkpoint,
+        targetDir: staging,
+        tempPrefix: downloads,
+        limits: input.limits,
+        progress: input.progress,
+        ...(input.signal ? { signal: input.signal } : {}),
+      }));
+    } else {
+      // A tar.gz checkpoint of an earlier version.
+      input.progress.phase = 'downloading checkpoint';
+      ({ labels } = await input.store.download(input.checkpoint, archive, input.signal));
+      input.progress.phase = 'unpacking checkpoint';
+      await unpackCheckpoint(archive, staging, input.limits);
+    }
     input.signal?.throwIfAborted();
     for (const dir of CHECKPOINT_DIRS) await fs.mkdir(path.join(staging, dir), { recursive: true });
     await input.beforeSwap();
+    // From here the files are no longer what the old baseline describes.
+    await removeBaseline(baselineFile);
     await swapInto(path.join(staging, 'home'), paths.home);
     await swapInto(path.join(staging, 'envs'), paths.envs);
     if (input.workspace.kind === 'isolated') await swapInto(path.join(staging, 'workspace'), paths.workspace);
     else await fillIfEmpty(path.join(staging, 'workspace'), input.workspace.hostPath);
+    // The files as just written are the next suspend's baseline: a resume does not make everything dirty.
+    if (baseline) await writeBaseline(baselineFile, baseline);
     return labels;
   } finally {
     await fs.rm(staging, { recursive: true, force: true });
@@ -106,7 +195,7 @@ export async function restoreSnapshot(input: {
   }
 }
 
-/** A restore's staging directory (and `<staging>.tar.gz`, its download) in the sandbox root. */
+/** A restore's staging directory on the sandbox's volume (and `<staging>.tar.gz`, its download, in the sandbox root). */
 const STAGING = '.restore-';
 /** A tree a swap moved aside (`home.old-<hex>`), removed once the new one is in place. */
 const SWAPPED_OUT = new RegExp(`^(${CHECKPOINT_DIRS.join('|')})\\.old-[0-9a-f]+$`);

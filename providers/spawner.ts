@@ -107,7 +107,7 @@ class Spawner {
     if (this.helper && this.helper.exitCode === null && this.helper.connected) return this.helper;
     const main = require.resolve('./spawner-main');
     // Run from the TypeScript sources (as the tests do), the helper compiles its files as jest does.
-    const execArgv = main.endsWith('.ts') ? ['-r', path.resolve(__dirname, '..', 'test', 'cli', 'register-ts.js')] : [];
+    const execArgv = main.endsWith('.ts') ? ['-r', path.resolve(__dirname, '..', 'scripts', 'register-ts.js')] : [];
     const helper = fork(main, [], {
       execArgv,
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],

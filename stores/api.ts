@@ -20,4 +20,18 @@ export interface CheckpointStore {
    * Returns how many objects it deleted.
    */
   deletePrefix(prefix: string): Promise<number>;
+  /**
+   * The bytes of a small object (a manifest) whose hash is not known beforehand,
+   * at most `maxBytes`; NOT_FOUND if there is none. The caller checks what it reads.
+   */
+  read(uri: string, maxBytes: number, signal?: AbortSignal): Promise<Buffer>;
+  /** The objects under `prefix` (`checkpoints/<name>/`), each with its uri and when it was written. */
+  list(prefix: string): Promise<StoredObject[]>;
+}
+
+export interface StoredObject {
+  /** The key, as given to put. */
+  key: string;
+  uri: string;
+  modified: Date;
 }

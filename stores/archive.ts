@@ -1,10 +1,12 @@
-import { createReadStream, lstatSync, statSync, type Stats } from 'node:fs';
+import { createReadStream, type BigIntStats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
-import { PassThrough, Readable, Transform, type TransformCallback } from 'node:stream';
-import { create, Parser, type ReadEntry } from 'tar';
+import { PassThrough, pipeline, Readable, Transform, type TransformCallback } from 'node:stream';
+import { createGzip } from 'node:zlib';
+import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
 import { writeAll } from './atomic-file';
+import { walkSandbox, readExactly } from './walk';
 
 // Checkpoint archives: a gzipped tar of a sandbox's top directories. A checkpoint
 // reproduces the workspace as packed: files with their modes (setuid and setgid
@@ -32,34 +34,92 @@ const MAX_PATH_BYTES = 3072;
 const MAX_LINK_BYTES = 4095;
 
 /**
- * A tar.gz stream of `names` (directories under `rootDir`): empty directories,
- * symlinks (as links), hardlinks, modes and mtimes preserved. A top-level name
- * that is a symlink to a directory (an active workspace pointing at its host
- * path) is archived as that directory.
+ * A tar.gz stream of `names` (directories under `rootDir`, walked by
+ * {@link walkSandbox}): empty directories, symlinks (as links), hardlinks, modes
+ * and mtimes preserved; FIFOs, sockets and devices left out.
  */
 export function packSandbox(rootDir: string, names: readonly string[]): Readable {
-  // Seeding node-tar's stat cache with the followed stat makes it walk a linked
-  // top directory as a directory, while every link inside stays a link.
-  const statCache = new Map<string, Stats>();
-  const present: string[] = [];
-  for (const name of names) {
-    const absolute = path.resolve(rootDir, name);
-    const own = lstatSafe(absolute);
-    if (!own) continue;
-    if (own.isSymbolicLink()) statCache.set(absolute, statSync(absolute));
-    present.push(name);
-  }
   // Level 1: suspend latency matters more than a few percent of object size.
-  const pack = create({ cwd: rootDir, gzip: { level: 1 }, strict: true, statCache }, present);
-  return Readable.from(pack);
+  const gzip = createGzip({ level: 1 });
+  // A failed walk destroys the gzip stream with its error, which is what the reader sees.
+  pipeline(Readable.from(tarBlocks(rootDir, names)), gzip, () => {});
+  return gzip;
 }
 
-function lstatSafe(file: string): Stats | undefined {
-  try {
-    return lstatSync(file);
-  } catch {
-    return undefined;
+async function* tarBlocks(rootDir: string, names: readonly string[]): AsyncGenerator<Buffer> {
+  for await (const entry of walkSandbox(rootDir, names)) {
+    switch (entry.kind) {
+      case 'directory':
+        yield header({ path: `${entry.path}/`, type: 'Directory', stat: entry.stat, size: 0 });
+        break;
+      case 'symlink':
+      case 'hardlink':
+        yield header({
+          path: entry.path,
+          type: entry.kind === 'symlink' ? 'SymbolicLink' : 'Link',
+          stat: entry.stat,
+          size: 0,
+          ...(entry.linkpath !== undefined ? { linkpath: entry.linkpath } : {}),
+        });
+        break;
+      case 'file': {
+        const size = Number(entry.stat.size);
+        yield header({ path: entry.path, type: 'File', stat: entry.stat, size });
+        if (entry.file) yield* readExactly(entry.file, size, entry.path);
+        const padding = (512 - (size % 512)) % 512;
+        if (padding > 0) yield Buffer.alloc(padding);
+        break;
+      }
+    }
   }
+  yield Buffer.alloc(1024);
+}
+
+/** One entry's header block (after a pax header when a field does not fit the ustar header). */
+function header(entry: {
+  path: string;
+  type: 'File' | 'Directory' | 'SymbolicLink' | 'Link';
+  stat: BigIntStats;
+  size: number;
+  linkpath?: string;
+}): Buffer {
+  const { stat } = entry;
+  const data = {
+    path: entry.path,
+    type: entry.type,
+    mode: tarMode(Number(stat.mode), entry.type === 'Directory'),
+    uid: Number(stat.uid),
+    gid: Number(stat.gid),
+    size: entry.size,
+    // Whole milliseconds, rounded down: rounding up would bring a file of the last half
+    // millisecond of a second back one second later.
+    mtime: new Date(Number(stat.mtimeNs / 1_000_000n)),
+    ...(entry.linkpath !== undefined ? { linkpath: entry.linkpath } : {}),
+  };
+  const head = new Header(data);
+  const needPax = head.encode();
+  if (!head.block) throw new Error(`${entry.path}: could not encode its tar header`);
+  if (!needPax) return head.block;
+  const pax = new Pax({
+    path: data.path,
+    size: data.size,
+    mtime: data.mtime,
+    uid: data.uid,
+    gid: data.gid,
+    ...(data.linkpath !== undefined ? { linkpath: data.linkpath } : {}),
+  });
+  return Buffer.concat([pax.encode(), head.block]);
+}
+
+/** Permission bits as node-tar writes them: a readable directory is also listable. */
+function tarMode(mode: number, isDirectory: boolean): number {
+  let bits = mode & 0o7777;
+  if (isDirectory) {
+    if (bits & 0o400) bits |= 0o100;
+    if (bits & 0o40) bits |= 0o10;
+    if (bits & 0o4) bits |= 0o1;
+  }
+  return bits;
 }
 
 type EntryKind = 'file' | 'directory' | 'symlink' | 'hardlink';
@@ -334,8 +394,8 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
 }
 
 /**
- * Feeds `source` through a tar parser and hands each entry to `onEntry`, one at
- * a time (the next entry waits until `onEntry` settles). A malformed archive is
+ * Feeds `source` through a tar parser and hands each entry to `onEntry`, in
+ * order, and settles once every `onEntry` has. A malformed archive is
  * CHECKPOINT_INVALID; an error reading `source` or from `onEntry` is thrown as it is.
  */
 function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<void>): Promise<void> {
@@ -349,14 +409,15 @@ function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<vo
       source.destroy();
       reject(err);
     };
-    // The parser ends once it has handed out the last entry's data, which may be before `onEntry` is done with it.
+    // The parser hands out the next entry (and ends) once an entry's data is read, which may be before
+    // `onEntry` is done with it (a file's last write): the end waits for every entry, not only the last.
     let current: Promise<void> = Promise.resolve();
     parser.on('entry', (entry: ReadEntry) => {
       if (failed) {
         entry.resume();
         return;
       }
-      current = onEntry(entry).then(
+      const settled = onEntry(entry).then(
         () => {
           entry.resume();
         },
@@ -365,6 +426,7 @@ function readEntries(source: Readable, onEntry: (entry: ReadEntry) => Promise<vo
           entry.resume();
         },
       );
+      current = current.then(() => settled);
     });
     parser.on('ignoredEntry', (entry: ReadEntry) => {
       fail(invalid(entry.path, `has an unsupported type ${entry.type}`));

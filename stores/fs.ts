@@ -7,7 +7,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
-import type { CheckpointStore } from './api';
+import type { CheckpointStore, StoredObject } from './api';
 import { abortReason } from './abort';
 import { hasErrorCode, isTempFile, makeDirDurable, removeStaleTemps, writeFileAtomic } from './atomic-file';
 import { HashingStream, verifyDownload } from './hashing';
@@ -91,6 +91,43 @@ export class FsCheckpointStore implements CheckpointStore {
     const deleted = entries.filter((e) => e.isFile() && !e.name.endsWith(SIDECAR) && !isTempFile(e.name)).length;
     await fs.rm(dir, { recursive: true, force: true });
     return deleted;
+  }
+
+  async read(uri: string, maxBytes: number): Promise<Buffer> {
+    const file = this.fileOf(uri);
+    try {
+      if ((await fs.stat(file)).size > maxBytes) {
+        throw new StasisError('CHECKPOINT_INVALID', `checkpoint object ${uri} is larger than ${maxBytes} bytes`);
+      }
+      return await fs.readFile(file);
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) throw notFound(uri);
+      throw err;
+    }
+  }
+
+  async list(prefix: string): Promise<StoredObject[]> {
+    const dir = path.join(this.dir, checkPrefix(prefix));
+    let entries: Dirent[];
+    try {
+      entries = await fs.readdir(dir, { recursive: true, withFileTypes: true });
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return [];
+      throw err;
+    }
+    const objects: StoredObject[] = [];
+    for (const entry of entries) {
+      if (!entry.isFile() || entry.name.endsWith(SIDECAR) || isTempFile(entry.name)) continue;
+      const file = path.join(entry.parentPath, entry.name);
+      const stat = await fs.stat(file).catch((err: unknown) => {
+        if (hasErrorCode(err, 'ENOENT')) return undefined; // deleted meanwhile
+        throw err;
+      });
+      if (!stat) continue;
+      const key = path.relative(this.dir, file).split(path.sep).join('/');
+      objects.push({ key, uri: pathToFileURL(file).href, modified: stat.mtime });
+    }
+    return objects;
   }
 
   async exists(uri: string): Promise<boolean> {

@@ -16,7 +16,7 @@ import { pipeline } from 'node:stream/promises';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
-import type { CheckpointStore } from './api';
+import type { CheckpointStore, StoredObject } from './api';
 import { abortReason } from './abort';
 import { HashingStream, verifyDownload } from './hashing';
 import { checkKey, checkPrefix } from './keys';
@@ -153,6 +153,42 @@ export class S3CheckpointStore implements CheckpointStore {
     // AWS S3 lists uploads by prefix; MinIO only by exact key (it expires stale uploads itself, after 24 h by default).
     await this.abortUploads(prefix, (key) => key.startsWith(prefix));
     return deleted;
+  }
+
+  async read(uri: string, maxBytes: number, signal?: AbortSignal): Promise<Buffer> {
+    const { bucket, key } = parseUri(uri);
+    try {
+      const response = await this.client.send(
+        new GetObjectCommand({ Bucket: bucket, Key: key }),
+        signal ? { abortSignal: signal } : {},
+      );
+      if (!(response.Body instanceof Readable)) throw new Error(`GetObject for ${uri} returned no stream`);
+      if ((response.ContentLength ?? 0) > maxBytes) {
+        response.Body.destroy();
+        throw new StasisError('CHECKPOINT_INVALID', `checkpoint object ${uri} is larger than ${maxBytes} bytes`);
+      }
+      const parts: Buffer[] = [];
+      for await (const part of response.Body) parts.push(part as Buffer);
+      return Buffer.concat(parts);
+    } catch (err) {
+      if (isNotFound(err)) throw new StasisError('NOT_FOUND', `checkpoint ${uri} does not exist in the store`);
+      throw err;
+    }
+  }
+
+  async list(prefix: string): Promise<StoredObject[]> {
+    checkPrefix(prefix);
+    const objects: StoredObject[] = [];
+    for await (const page of paginateListObjectsV2(
+      { client: this.client },
+      { Bucket: this.options.bucket, Prefix: prefix },
+    )) {
+      for (const { Key, LastModified } of page.Contents ?? []) {
+        if (Key)
+          objects.push({ key: Key, uri: `s3://${this.options.bucket}/${Key}`, modified: LastModified ?? new Date(0) });
+      }
+    }
+    return objects;
   }
 
   /** Aborts the unfinished multipart uploads listed under `prefix` whose key `matches`. */

@@ -40,6 +40,9 @@ export default async function globalSetup(): Promise<void> {
     // Only a MinIO we started can be stopped and restarted by a fault test.
     STASIS_TEST_MINIO_STATE: minio.value.started ? servers.minioStateFile : undefined,
     STASIS_TEST_DATA_DIR: dataDir,
+    // Tests leave their sandboxes behind in temporary directories, where each volume would stay mounted:
+    // only the tests of volumes turn them on, and destroy what they made.
+    STASIS_SANDBOX_VOLUMES: process.env.STASIS_SANDBOX_VOLUMES ?? 'off',
   };
   for (const [name, value] of Object.entries(exported)) {
     if (value === undefined) continue;

@@ -1,5 +1,7 @@
+import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import { minioFromState } from '../platform/servers';
+import { mountsUnder } from './providers/helpers';
 import { takeTestServers } from './servers-state';
 
 // Stops what the global setup started, including a MinIO that a fault test
@@ -21,6 +23,8 @@ export default async function globalTeardown(): Promise<void> {
   if (process.env.STASIS_TEST_KEEP_DATA === '1') {
     process.stderr.write(`stasis: test servers' data and logs kept in ${servers.dataDir}\n`);
   } else {
+    // A sandbox volume a failed test left mounted would make the removal fail (EBUSY).
+    for (const point of mountsUnder(servers.dataDir).reverse()) execFileSync('umount', ['--lazy', point]);
     fs.rmSync(servers.dataDir, { recursive: true, force: true });
   }
   const failed = results.filter((result): result is PromiseRejectedResult => result.status === 'rejected');

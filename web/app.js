@@ -1,15 +1,25 @@
-/* global document, window, sessionStorage, fetch, history, URL, setTimeout, clearTimeout */
-// The approval page: the Runs waiting on a person and their pending
-// interactions, refreshed by polling the REST API. Plain DOM, no build step;
-// every value from the server goes in through textContent.
+/* global document, window, sessionStorage, fetch, history, URL, URLSearchParams, setTimeout, clearTimeout */
+// The approval page: every pending interaction, oldest first, a page at a time,
+// from one list request per refresh (GET /api/v1/interactions), or one
+// interaction by its deep link #/runs/<runId>/interactions/<id>. Plain DOM, no
+// build step; every value from the server goes in through textContent (details
+// through the safe Markdown renderer, markdown.js).
 'use strict';
 
 (() => {
   const POLL_MS = 1500;
   const TOKEN_KEY = 'stasis.token';
+  const ANSWERED_KEY = 'stasis.answered';
+  const ANSWERED_KEEP = 20;
+  const PAGE_SIZE = Number(new URLSearchParams(window.location.search).get('per')) || 25;
   const $ = (id) => document.getElementById(id);
   let pollTimer;
-  let generation = 0; // bumped on sign-in/out so a stale poll does not render
+  let generation = 0; // bumped on sign-in/out and navigation so a stale poll does not render
+  /** Cursors of the pages before this one (`after` of each), and this page's. */
+  let pages = [undefined];
+  let nextCursor;
+  /** Answers given from this page: a list that lags a moment behind does not offer them again. */
+  const answeredHere = new Set();
 
   /** A `?token=` link (printed by `stasis dev`) signs in and is removed from the address bar. */
   function takeTokenFromUrl() {
@@ -45,8 +55,8 @@
     return payload;
   }
 
-  function age(createdAt) {
-    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(createdAt)) / 1000));
+  function age(iso) {
+    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
     if (seconds < 5) return 'just now';
     if (seconds < 60) return `${seconds} s ago`;
     if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
@@ -60,6 +70,15 @@
     el.className = kind;
   }
 
+  /** The interaction a deep link names, or undefined for the list. */
+  function deepLink() {
+    const match = /^#\/runs\/([^/]+)\/interactions\/([^/]+)$/.exec(window.location.hash);
+    return match ? { runId: decodeURIComponent(match[1]), id: decodeURIComponent(match[2]) } : undefined;
+  }
+
+  const linkTo = (runId, id) => `#/runs/${encodeURIComponent(runId)}/interactions/${encodeURIComponent(id)}`;
+  const keyOf = (runId, id) => `${runId}/${id}`;
+
   function showSignedIn(signedIn, message) {
     generation += 1;
     clearTimeout(pollTimer);
@@ -68,13 +87,24 @@
     $('sign-out').hidden = !signedIn;
     $('sign-in-error').textContent = message || '';
     if (signedIn) {
+      renderAnswered();
       void poll(generation);
     } else {
       sessionStorage.removeItem(TOKEN_KEY);
-      $('runs').replaceChildren();
+      sessionStorage.removeItem(ANSWERED_KEY);
+      $('interactions').replaceChildren();
       notice('', '');
       $('token').focus();
     }
+  }
+
+  /** Starts over (a new page or a deep link): the list is rebuilt from the next response. */
+  function restart() {
+    if (!sessionStorage.getItem(TOKEN_KEY)) return;
+    generation += 1;
+    clearTimeout(pollTimer);
+    $('interactions').replaceChildren();
+    void poll(generation);
   }
 
   async function poll(gen) {
@@ -83,95 +113,223 @@
   }
 
   async function refresh(gen) {
+    const link = deepLink();
     try {
-      const { runs } = await api('GET', '/api/v1/runs?status=WAITING');
-      if (gen !== generation) return;
-      $('connection').textContent = '';
-      render(runs);
+      if (link) {
+        const run = await api('GET', `/api/v1/runs/${encodeURIComponent(link.runId)}`);
+        if (gen !== generation) return;
+        const interaction = run.interactions.find((i) => i.id === link.id);
+        if (!interaction) throw new ApiError(404, 'NOT_FOUND', `interaction ${link.id} not found`);
+        $('connection').textContent = '';
+        render([{ runId: run.runId, interaction }], { single: true });
+      } else {
+        const after = pages[pages.length - 1];
+        const query = `limit=${PAGE_SIZE}${after ? `&after=${encodeURIComponent(after)}` : ''}`;
+        const { interactions, next } = await api('GET', `/api/v1/interactions?${query}`);
+        if (gen !== generation) return;
+        $('connection').textContent = '';
+        nextCursor = next;
+        render(interactions, { single: false });
+      }
     } catch (error) {
       if (gen !== generation) return;
       if (error instanceof ApiError && error.status === 401)
         showSignedIn(false, 'The token was refused. Sign in again.');
-      else $('connection').textContent = `Cannot load the waiting runs (${error.message}); retrying…`;
+      else if (link) $('connection').textContent = `Cannot load this interaction (${error.message}).`;
+      else $('connection').textContent = `Cannot load the waiting interactions (${error.message}); retrying…`;
     }
   }
 
-  /** Updates the list in place, so a half-typed answer survives a refresh. */
-  function render(runs) {
-    const list = $('runs');
-    const waiting = runs
-      .map((run) => ({ run, pending: run.interactions.filter((i) => i.status === 'pending') }))
-      .filter(({ pending }) => pending.length > 0);
-    const keep = new Set(waiting.map(({ run }) => run.runId));
-    for (const item of [...list.children]) if (!keep.has(item.dataset.runId)) item.remove();
-    for (const { run, pending } of waiting) {
-      let runItem = [...list.children].find((item) => item.dataset.runId === run.runId);
-      if (!runItem) {
-        runItem = $('run-template').content.firstElementChild.cloneNode(true);
-        runItem.dataset.runId = run.runId;
-        runItem.querySelector('.run-id').textContent = run.runId;
-        list.append(runItem);
+  /** Updates the list in place, in the order given, so a half-typed answer survives a refresh. */
+  function render(entries, { single }) {
+    const list = $('interactions');
+    const shown = single ? entries : entries.filter((e) => !answeredHere.has(keyOf(e.runId, e.interaction.id)));
+    const keep = new Set(shown.map((e) => keyOf(e.runId, e.interaction.id)));
+    for (const item of [...list.children]) if (!keep.has(item.dataset.key)) item.remove();
+    let previous;
+    for (const entry of shown) {
+      const key = keyOf(entry.runId, entry.interaction.id);
+      let item = [...list.children].find((el) => el.dataset.key === key);
+      if (!item) item = interactionItem(entry);
+      // Oldest first: place it right after the one before it.
+      if (previous ? previous.nextElementSibling !== item : list.firstElementChild !== item) {
+        if (previous) previous.after(item);
+        else list.prepend(item);
       }
-      renderInteractions(runItem.querySelector('.interactions'), run.runId, pending);
+      previous = item;
+      item.querySelector('.age').textContent = age(entry.interaction.createdAt);
+      item.querySelector('.run-age').textContent = entry.runStartedAt ? age(entry.runStartedAt) : 'earlier';
+      if (single) showStatus(item, entry.interaction);
     }
-    $('empty').hidden = waiting.length > 0;
+    $('empty').hidden = shown.length > 0 || single;
+    $('single-nav').hidden = !single;
+    $('pager').hidden = single || (pages.length === 1 && !nextCursor);
+    $('prev-page').disabled = pages.length === 1;
+    $('next-page').disabled = !nextCursor;
+    $('page-info').textContent = `Page ${pages.length}`;
   }
 
-  function renderInteractions(list, runId, pending) {
-    const keep = new Set(pending.map((i) => i.id));
-    for (const item of [...list.children]) if (!keep.has(item.dataset.interactionId)) item.remove();
-    for (const interaction of pending) {
-      let item = [...list.children].find((el) => el.dataset.interactionId === interaction.id);
-      if (!item) {
-        item = interactionItem(runId, interaction);
-        list.append(item);
-      }
-      item.querySelector('.age').textContent = age(interaction.createdAt);
-    }
+  /** On a deep link, an interaction no longer pending says what became of it. */
+  function showStatus(item, interaction) {
+    const status = item.querySelector('.status');
+    if (interaction.status === 'pending') return;
+    status.hidden = false;
+    status.textContent =
+      interaction.status === 'answered'
+        ? `Answered${interaction.respondedBy ? ` by ${interaction.respondedBy}` : ''}: ${JSON.stringify(interaction.response)}`
+        : `This interaction is ${interaction.status}.`;
+    item.querySelector('.answer').hidden = true;
   }
 
-  function interactionItem(runId, interaction) {
+  function interactionItem({ runId, interaction, diffTruncated }) {
     const item = $('interaction-template').content.firstElementChild.cloneNode(true);
+    item.dataset.runId = runId;
     item.dataset.interactionId = interaction.id;
+    item.dataset.key = keyOf(runId, interaction.id);
+    const runLink = item.querySelector('.run-id');
+    runLink.textContent = `${runId} · ${interaction.id}`;
+    runLink.href = linkTo(runId, interaction.id);
+    const labels = item.querySelector('.labels');
+    for (const [name, value] of Object.entries(interaction.labels || {})) {
+      const chip = document.createElement('span');
+      chip.className = 'label';
+      chip.textContent = `${name}: ${value}`;
+      labels.append(chip);
+    }
+    const title = item.querySelector('.title');
+    if (interaction.title) title.textContent = interaction.title;
+    else title.remove();
     item.querySelector('.prompt').textContent = interaction.prompt;
     item.querySelector('.kind').textContent = interaction.kind === 'input' ? 'asks for input' : 'asks for approval';
-    const isInput = interaction.kind === 'input';
-    item.querySelector(isInput ? '.approval-answer' : '.input-answer').remove();
-    const form = item.querySelector('.answer');
-    form.addEventListener('submit', (event) => {
-      event.preventDefault();
-      const response = isInput
-        ? { input: form.querySelector('.input').value }
-        : {
-            decision: event.submitter.value,
-            ...(form.querySelector('.comment').value ? { comment: form.querySelector('.comment').value } : {}),
-          };
-      void answer(runId, interaction, response, form);
-    });
+    const details = item.querySelector('.details');
+    if (interaction.details) details.append(window.stasisMarkdown.render(interaction.details));
+    else details.remove();
+    showAction(item, runId, interaction, diffTruncated);
+    wireAnswers(item, runId, interaction);
     return item;
   }
 
-  function setBusy(form, busy) {
-    for (const control of form.querySelectorAll('input, button')) control.disabled = busy;
+  function showAction(item, runId, interaction, diffTruncated) {
+    const action = interaction.action;
+    if (!action) return;
+    const section = item.querySelector('.action');
+    section.hidden = false;
+    const command = section.querySelector('.command');
+    if (action.command !== undefined) command.textContent = action.command;
+    else command.remove();
+    const files = section.querySelector('.files');
+    for (const file of action.files || []) {
+      const li = document.createElement('li');
+      li.textContent = file;
+      files.append(li);
+    }
+    const diff = section.querySelector('.diff');
+    if (action.diff !== undefined) {
+      for (const line of action.diff.split('\n')) {
+        const span = document.createElement('span');
+        span.className = line.startsWith('+') ? 'added' : line.startsWith('-') ? 'removed' : '';
+        span.textContent = `${line}\n`;
+        diff.append(span);
+      }
+    } else diff.remove();
+    if (diffTruncated) {
+      section.querySelector('.diff-note').hidden = false;
+      section.querySelector('.full-link').href = linkTo(runId, interaction.id);
+    }
   }
 
-  async function answer(runId, interaction, response, form) {
-    setBusy(form, true);
-    const what = `“${interaction.prompt}” (${runId})`;
+  /** The controls of the answers the interaction accepts; the rest are removed. */
+  function wireAnswers(item, runId, interaction) {
+    const accepts = interaction.accepts || (interaction.kind === 'input' ? ['input'] : ['approve', 'deny']);
+    const has = (kind) => accepts.includes(kind);
+    const comment = item.querySelector('.comment');
+    const withComment = (response) => (comment.value ? { ...response, comment: comment.value } : response);
+    const send = (response, verb) => void answer(item, runId, interaction, response, verb);
+    // Enter in the comment field never answers: an approval takes a click or a key on its button.
+    comment.addEventListener('keydown', (event) => {
+      if (event.key === 'Enter') event.preventDefault();
+    });
+    if (!has('approve') && !has('deny') && !has('edit') && !has('option')) comment.remove();
+
+    const input = item.querySelector('.input');
+    if (has('input')) {
+      const sendInput = () => send({ input: input.value }, 'Answered');
+      item.querySelector('.send').addEventListener('click', sendInput);
+      input.addEventListener('keydown', (event) => {
+        if (event.key === 'Enter') {
+          event.preventDefault();
+          sendInput();
+        }
+      });
+    } else item.querySelector('.input-answer').remove();
+
+    const options = item.querySelector('.options');
+    if (has('option')) {
+      for (const option of interaction.options || []) {
+        const button = document.createElement('button');
+        button.type = 'button';
+        button.className = 'option';
+        button.textContent = option;
+        button.addEventListener('click', () => send(withComment({ option }), `Chose “${option}” for`));
+        options.append(button);
+      }
+    } else options.remove();
+
+    const decisions = item.querySelector('.decisions');
+    const approve = item.querySelector('.approve');
+    const deny = item.querySelector('.deny');
+    const editOpen = item.querySelector('.edit-open');
+    const edit = item.querySelector('.edit');
+    if (has('approve')) approve.addEventListener('click', () => send(withComment({ decision: 'approve' }), 'Approved'));
+    else approve.remove();
+    if (has('deny')) deny.addEventListener('click', () => send(withComment({ decision: 'deny' }), 'Denied'));
+    else deny.remove();
+    if (has('edit')) {
+      const text = item.querySelector('.edit-command');
+      editOpen.addEventListener('click', () => {
+        text.value = (interaction.action && interaction.action.command) || '';
+        edit.hidden = false;
+        decisions.hidden = true;
+        text.focus();
+      });
+      item.querySelector('.cancel-edit').addEventListener('click', () => {
+        edit.hidden = true;
+        decisions.hidden = false;
+      });
+      item.querySelector('.approve-edited').addEventListener('click', () => {
+        if (!text.value.trim()) return notice('The edited command is empty: write one, or cancel the edit.', 'refused');
+        send(withComment({ decision: 'edit', action: { command: text.value } }), 'Approved (edited)');
+      });
+    } else {
+      editOpen.remove();
+      edit.remove();
+    }
+    if (!decisions.querySelector('button')) decisions.remove();
+  }
+
+  function setBusy(item, busy) {
+    for (const control of item.querySelectorAll('input, textarea, button')) control.disabled = busy;
+  }
+
+  async function answer(item, runId, interaction, response, verb) {
+    setBusy(item, true);
+    const what = `“${interaction.title || interaction.prompt}” (${runId})`;
     try {
       await api(
         'POST',
         `/api/v1/runs/${encodeURIComponent(runId)}/interactions/${encodeURIComponent(interaction.id)}`,
         response,
       );
-      const verb = response.decision === 'approve' ? 'Approved' : response.decision === 'deny' ? 'Denied' : 'Answered';
+      answeredHere.add(keyOf(runId, interaction.id));
       notice(`${verb}: ${what}`, 'ok');
+      remember({ runId, id: interaction.id, what, verb, at: new Date().toISOString() });
     } catch (error) {
       if (error instanceof ApiError && error.status === 401)
         return showSignedIn(false, 'The token was refused. Sign in again.');
       notice(refusal(error, what), 'refused');
-      // An answer someone else gave, or a Run that moved on, cannot be retried.
-      if (!(error instanceof ApiError && error.status === 409)) setBusy(form, false);
+      // An answer someone else gave, or a Run that moved on, cannot be retried: the list drops it.
+      if (error instanceof ApiError && error.status === 409) answeredHere.add(keyOf(runId, interaction.id));
+      else setBusy(item, false);
     }
     void refresh(generation);
   }
@@ -188,6 +346,39 @@
     return `Your answer to ${what} was refused: ${error.message}`;
   }
 
+  function answeredList() {
+    try {
+      const list = JSON.parse(sessionStorage.getItem(ANSWERED_KEY) || '[]');
+      return Array.isArray(list) ? list : [];
+    } catch {
+      return [];
+    }
+  }
+
+  function remember(entry) {
+    const list = [entry, ...answeredList()].slice(0, ANSWERED_KEEP);
+    sessionStorage.setItem(ANSWERED_KEY, JSON.stringify(list));
+    renderAnswered();
+  }
+
+  function renderAnswered() {
+    const list = answeredList();
+    $('answered-empty').hidden = list.length > 0;
+    $('answered-list').replaceChildren(
+      ...list.map((entry) => {
+        const li = document.createElement('li');
+        const link = document.createElement('a');
+        link.href = linkTo(entry.runId, entry.id);
+        link.textContent = `${entry.verb}: ${entry.what}`;
+        const when = document.createElement('span');
+        when.className = 'when';
+        when.textContent = ` · ${age(entry.at)}`;
+        li.append(link, when);
+        return li;
+      }),
+    );
+  }
+
   $('sign-in').addEventListener('submit', (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $('token').value.trim());
@@ -195,6 +386,21 @@
     showSignedIn(true);
   });
   $('sign-out').addEventListener('click', () => showSignedIn(false));
+  $('next-page').addEventListener('click', () => {
+    if (!nextCursor) return;
+    pages.push(nextCursor);
+    nextCursor = undefined;
+    restart();
+  });
+  $('prev-page').addEventListener('click', () => {
+    if (pages.length > 1) pages.pop();
+    restart();
+  });
+  window.addEventListener('hashchange', () => {
+    pages = [undefined];
+    nextCursor = undefined;
+    restart();
+  });
 
   takeTokenFromUrl();
   showSignedIn(Boolean(sessionStorage.getItem(TOKEN_KEY)));

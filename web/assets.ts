@@ -9,6 +9,7 @@ import type { FastifyInstance } from 'fastify';
 const FILES = [
   { url: '/', file: 'index.html', type: 'text/html; charset=utf-8' },
   { url: '/app.js', file: 'app.js', type: 'text/javascript; charset=utf-8' },
+  { url: '/markdown.js', file: 'markdown.js', type: 'text/javascript; charset=utf-8' },
   { url: '/style.css', file: 'style.css', type: 'text/css; charset=utf-8' },
 ] as const;
 

@@ -1,6 +1,7 @@
 import { mkdir } from 'node:fs/promises';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../common/config';
+import { END_REASON } from '../common/errors';
 import { evictUnderPressure, orphanSweep } from '../providers/maintenance';
 import type { ProviderRegistry } from '../providers/registry';
 import { sandboxesDir } from '../providers/sandbox-state';
@@ -48,21 +49,32 @@ export async function isLiveHere(client: Client, hostId: string, sandboxId: stri
     if (description.status.name !== 'RUNNING') return false;
     if (owner.kind === 'run') return (await handle.query(resourceQuery)).record.hostId === hostId;
     const view = await handle.query(sandboxQuery);
-    return view.record.hostId === hostId && view.error?.code !== 'SUSPEND_EXPIRED';
+    return view.record.hostId === hostId && view.error?.code !== END_REASON.SUSPEND_EXPIRED;
   } catch (err) {
     // Unknown workflow: nothing names it. Anything else (Temporal down): keep the directory.
     return !(err instanceof Error && err.name === 'WorkflowNotFoundError');
   }
 }
 
-/** The record of the sandbox's owner if that owner has ended and its record says DESTROYED. */
+/**
+ * The record of the sandbox's owner if that owner is done with it and its record says DESTROYED:
+ * the owner has ended, or it is a standalone sandbox past retention (it stays only to answer stale).
+ */
 async function destroyedRecord(client: Client, sandboxId: string): Promise<ExecutionResourceRecord | undefined> {
   const owner = ownerOf(sandboxId);
   const handle = client.workflow.getHandle(owner.workflowId);
   try {
     // A running owner still acts on its sandbox itself.
-    if ((await handle.describe()).status.name === 'RUNNING') return undefined;
-    const record = owner.kind === 'run' ? (await handle.query(resourceQuery)).record : (await handle.query(sandboxQuery)).record;
+    const running = (await handle.describe()).status.name === 'RUNNING';
+    let record: ExecutionResourceRecord;
+    if (owner.kind === 'run') {
+      if (running) return undefined;
+      record = (await handle.query(resourceQuery)).record;
+    } else {
+      const view = await handle.query(sandboxQuery);
+      if (running && view.error?.code !== END_REASON.SUSPEND_EXPIRED) return undefined;
+      record = view.record;
+    }
     return record.state === 'DESTROYED' && record.sandboxId === sandboxId ? record : undefined;
   } catch {
     return undefined; // unknown owner or Temporal unreachable: keep the sandbox

@@ -2,16 +2,17 @@ import { mkdir, readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { hostPathPolicy, type Config } from '../common/config';
+import { hostPathPolicy, webhookTarget, type Config } from '../common/config';
+import { sweepExternalJobs } from '../providers/external-jobs';
 import { createActivities } from '../activities';
 import { WorkerMetrics } from '../activities/metrics';
 import type { AgentDriver } from '../drivers/api';
-import { scriptedDriver } from '../drivers/scripted';
 import type { ProviderModuleExport } from '../providers/api';
 import { createDefaultRegistry, type ProviderRegistry } from '../providers/registry';
 import { createCheckpointStore } from '../stores';
 import { createFiguresStore } from '../stores/figures';
 import type { CheckpointStore } from '../stores/api';
+import { loadDrivers, modulePathList } from './drivers';
 import { reconcileHost, startMaintenance } from './maintenance';
 
 // One Stasis worker per host: the shared task queue (workflows and any-host
@@ -23,6 +24,7 @@ export interface StasisWorkerOptions {
   connection?: NativeConnection;
   /** Extra providers given in code; STASIS_PROVIDERS adds more by module path. */
   providers?: ProviderModuleExport[];
+  /** Extra agent drivers given in code (`scripted` is built in); STASIS_DRIVERS adds more by module path. */
   drivers?: AgentDriver[];
   /** A pre-built workflow bundle, so tests with several workers bundle once. */
   workflowBundle?: WorkflowBundleWithSourceMap;
@@ -35,6 +37,8 @@ export interface StasisWorker {
   metrics: WorkerMetrics;
   /** Resolves when both workers have stopped. */
   run(): Promise<void>;
+  /** Runs and sandboxes held in the workflow cache now (at most STASIS_MAX_CACHED_WORKFLOWS). */
+  cachedWorkflows(): number;
   shutdown(): Promise<void>;
 }
 
@@ -43,11 +47,12 @@ let cachedBundle: Promise<WorkflowBundleWithSourceMap> | undefined;
 /** The workflow bundle, built once per process. */
 export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
   cachedBundle ??= bundleWorkflowCode({
+    // Workflow code loads no zod (common/wire-checks validates there): every Run's context would
+    // build the schemas again (BENCHMARKS.md). test/workers/workflow-bundle.test.ts keeps it out.
     workflowsPath: require.resolve('../workflows'),
-    // Evaluated once per V8 context instead of once per workflow (the SDK deep-freezes it): zod
-    // holds no per-workflow state, and loading it was a third of a workflow's start-up (BENCHMARKS.md).
-    // Not our schemas: zod fills in schema members on first use, which a frozen schema refuses.
-    preloadModules: ['zod'],
+    // Merges the search-attribute upserts of an activation (workflows/visibility.ts, PATCH_ONE_UPSERT):
+    // every bundle that runs or replays Stasis workflows must carry it.
+    workflowInterceptorModules: [require.resolve('../workflows/upsert-merge')],
     logger: quietBundlerLogger,
   });
   return cachedBundle;
@@ -64,22 +69,29 @@ const quietBundlerLogger = {
 
 export async function createStasisWorker(options: StasisWorkerOptions): Promise<StasisWorker> {
   const { config } = options;
+  // Validates every driver now: a bad module stops the start with its path.
+  const drivers = loadDrivers(options.drivers ?? [], modulePathList(config.STASIS_DRIVERS));
   const hostId = config.STASIS_HOST_ID;
   const dataDir = path.join(config.STASIS_DATA_DIR, 'hosts', hostId);
   await mkdir(dataDir, { recursive: true });
   const store = options.store ?? createCheckpointStore(config);
   // Validates every provider now: a v2 provider stops the start with its name.
-  const registry = createDefaultRegistry({ hostId, dataDir, store }, (config.STASIS_PROVIDERS ?? '').split(',').filter(Boolean));
+  const registry = createDefaultRegistry(
+    { hostId, dataDir, store, volumes: config.STASIS_SANDBOX_VOLUMES },
+    modulePathList(config.STASIS_PROVIDERS),
+  );
   for (const provider of options.providers ?? []) registry.register(provider, 'given in code');
   const metrics = await WorkerMetrics.load(hostId, createFiguresStore(config));
-  const drivers = new Map<string, AgentDriver>([[scriptedDriver.name, scriptedDriver], ...(options.drivers ?? []).map((d) => [d.name, d] as const)]);
+  await sweepExternalJobs({ hostId, dataDir });
   const activities = createActivities({
     hostId,
     provider: (name) => registry.get(name),
     metrics,
     drivers,
     store,
+    dataDir,
     hostPaths: hostPathPolicy(config),
+    webhook: webhookTarget(config),
   });
 
   const ownConnection = options.connection === undefined;
@@ -98,6 +110,8 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
     identity: `stasis@${hostId}`,
     // Cancellation reaches an activity with its next heartbeat: keep that prompt.
     maxHeartbeatThrottleInterval: '1s',
+    // Waiting Runs need no cache slot: one evicted replays its history when answered (BENCHMARKS.md).
+    maxCachedWorkflows: config.STASIS_MAX_CACHED_WORKFLOWS,
   });
   const host = await Worker.create({
     connection,
@@ -112,15 +126,25 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
   const stopMaintenance = startMaintenance({ config, dataDir, registry, client, hostId, store });
 
   let running: Promise<void> | undefined;
+  // A shutdown asked for before the workers run (run() reconciles first) stops them as they start:
+  // a worker still INITIALIZED cannot be shut down, and would otherwise poll on forever.
+  let stopRequested = false;
+  const stopWorkers = () => {
+    for (const w of [shared, host]) if (w.getState() === 'RUNNING') w.shutdown();
+  };
   return {
     hostId,
     registry,
     metrics,
     run() {
       running ??= (async () => {
-        await reconcileHost({ registry, client, hostId }).catch((err: unknown) => console.warn(`reconcile failed: ${String(err)}`));
+        await reconcileHost({ registry, client, hostId }).catch((err: unknown) =>
+          console.warn(`reconcile failed: ${String(err)}`),
+        );
         try {
-          await Promise.all([shared.run(), host.run()]);
+          const both = Promise.all([shared.run(), host.run()]);
+          if (stopRequested) stopWorkers();
+          await both;
         } finally {
           stopMaintenance();
           await metrics.flushed();
@@ -131,8 +155,10 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
       })();
       return running;
     },
+    cachedWorkflows: () => shared.getStatus().numCachedWorkflows,
     async shutdown() {
-      for (const w of [shared, host]) if (w.getState() === 'RUNNING') w.shutdown();
+      stopRequested = true;
+      stopWorkers();
       await running;
     },
   };

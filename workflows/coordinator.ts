@@ -17,25 +17,15 @@ import type { FileEncoding } from '../activities/provider';
 import type { ExecOutcome } from '../providers/api';
 import type { EnvMap, ExecutionResourceRecord, PauseMode, SandboxLimits, Workspace } from '../common/schemas';
 import type { z } from 'zod';
-import type { Capabilities, RestoreResult } from '../providers/api';
-import { planResume, RELEASE_RETRY, releaseIdempotencyKey, type ResumePlan } from './lifecycle';
+import type { Capabilities, ProviderOp, RestoreResult } from '../providers/api';
+import { nonRetryableErrorTypes } from '../common/errors';
+import { destroyingState, planResume, RELEASE_RETRY, releaseIdempotencyKey, type ResumePlan } from './lifecycle';
+import { failureMessage } from './failures';
 import { nowIso } from './clock';
 
 // ExecutionBindingLifecycleCoordinator: the workflow-side owner of one
 // ExecutionResourceRecord. It provisions, attaches, restores and releases the
 // sandbox by calling provider activities on the host's own task queue.
-
-const NON_RETRYABLE = [
-  'STALE_FENCE',
-  'IDEMPOTENCY_CONFLICT',
-  'NOT_SUPPORTED',
-  'INVALID_ARGUMENT',
-  'NOT_FOUND',
-  'CHECKPOINT_INVALID',
-  'SANDBOX_FAILED',
-  'INVALID_STATE_TRANSITION',
-  'JOB_INTERRUPTED',
-];
 
 const PROVIDER_CALL: ActivityOptions = {
   startToCloseTimeout: '30m',
@@ -47,7 +37,7 @@ const PROVIDER_CALL: ActivityOptions = {
     backoffCoefficient: 2,
     maximumInterval: '30s',
     maximumAttempts: 5,
-    nonRetryableErrorTypes: NON_RETRYABLE,
+    nonRetryableErrorTypes: nonRetryableErrorTypes(),
   },
   cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
 };
@@ -56,27 +46,34 @@ const PROVIDER_CALL: ActivityOptions = {
  * Restores (and re-provisions) wait out an unavailable object store or host the
  * way releases do: 1 s doubling to 5 min, no attempt limit. A store that is down
  * for minutes must not fail a Run whose checkpoint is safe; what no retry can
- * fix (NON_RETRYABLE: a missing or invalid checkpoint, a stale fence) still fails at once.
+ * fix (the non-retryable codes: a missing or invalid checkpoint, a stale fence) still fails at once.
  */
 const RESTORE_RETRY: ActivityOptions['retry'] = {
   initialInterval: '1s',
   backoffCoefficient: 2,
   maximumInterval: '5m',
-  nonRetryableErrorTypes: NON_RETRYABLE,
+  nonRetryableErrorTypes: nonRetryableErrorTypes(),
 };
 
 /** A failed resume rolls the record back to the state it resumed from (it used to stay RESTORING). */
-const PATCH_RESUME_ROLLBACK = 'resume-rollback';
+export const PATCH_RESUME_ROLLBACK = 'resume-rollback';
 /** A release that failed or was cancelled leaves the record ACTIVE (it used to stay RELEASING). */
-const PATCH_RELEASE_OUTCOME = 'release-outcome';
+export const PATCH_RELEASE_OUTCOME = 'release-outcome';
 
 /** A provider that does not restore across hosts is restored only on its own host (it used to go to any host). */
-const PATCH_HOST_BOUND_RESTORE = 'host-bound-restore';
+export const PATCH_HOST_BOUND_RESTORE = 'host-bound-restore';
 /** Destroy hands what its host could not remove to that host's maintenance and deletes every checkpoint. */
-const PATCH_DESTROY_HANDOFF = 'destroy-handoff';
+export const PATCH_DESTROY_HANDOFF = 'destroy-handoff';
+/** A destroy's record says DESTROYING until it is done (it read ACTIVE, or what it was, meanwhile). */
+export const PATCH_DESTROYING = 'destroying-state';
 
 /** Object-store clean-up: no attempt limit, since nothing else would ever delete what it leaves. */
-const UNTIL_DONE: ActivityOptions['retry'] = { initialInterval: '1s', backoffCoefficient: 2, maximumInterval: '5m' };
+const UNTIL_DONE: ActivityOptions['retry'] = {
+  initialInterval: '1s',
+  backoffCoefficient: 2,
+  maximumInterval: '5m',
+  nonRetryableErrorTypes: nonRetryableErrorTypes(),
+};
 
 /** How long a host may leave a restore unclaimed before it counts as gone (then any host restores). */
 export const HOST_SCHEDULE_TO_START = '30s';
@@ -107,6 +104,8 @@ export class ExecutionBindingLifecycleCoordinator {
     readonly record: ExecutionResourceRecord,
     private readonly binding: SandboxBinding,
     private readonly onChange: () => void,
+    /** patched() as the owning workflow decides it (a Run's baseline, workflows/run-controller.ts). */
+    private readonly isPatched: (patchId: string) => boolean = patched,
   ) {}
 
   private get owner() {
@@ -151,7 +150,8 @@ export class ExecutionBindingLifecycleCoordinator {
     this.set({ state: 'ACTIVE', hostId: result.hostId });
   }
 
-  async op(op: 'start' | 'stop' | 'pause' | 'resume' | 'attach'): Promise<void> {
+  /** A fenced provider call on the sandbox's host; destroy goes through destroy(). */
+  async op(op: Exclude<ProviderOp, 'destroy'>): Promise<void> {
     await this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT }).sandboxOp({
       ...this.owner,
       op,
@@ -214,7 +214,7 @@ export class ExecutionBindingLifecycleCoordinator {
         }
         this.set({ state: 'RELEASING', blockedSince: undefined, pauseMode: mode, lastError: undefined });
         const receipt = await this.onHost({
-          retry: { ...RELEASE_RETRY, nonRetryableErrorTypes: [...RELEASE_RETRY.nonRetryableErrorTypes] },
+          retry: RELEASE_RETRY,
           summary: `release ${mode} fence ${this.record.fence}`,
         }).releaseSandbox({
           ...this.owner,
@@ -235,7 +235,7 @@ export class ExecutionBindingLifecycleCoordinator {
         });
       })
       .catch((err: unknown) => {
-        const honest = patched(PATCH_RELEASE_OUTCOME);
+        const honest = this.isPatched(PATCH_RELEASE_OUTCOME);
         if (isCancellation(err)) {
           // Cancelled before its receipt: nothing was released, the compute still runs.
           if (honest && (this.record.state === 'RELEASING' || this.record.state === 'RELEASE_BLOCKED')) {
@@ -308,7 +308,8 @@ export class ExecutionBindingLifecycleCoordinator {
       return await this.bringBack(plan);
     } catch (err) {
       // The sandbox stays where it was (its raised fence kept): a later resume tries again.
-      if (!isCancellation(err) && patched(PATCH_RESUME_ROLLBACK)) this.set({ state: before, lastError: failureMessage(err) });
+      if (!isCancellation(err) && this.isPatched(PATCH_RESUME_ROLLBACK))
+        this.set({ state: before, lastError: failureMessage(err) });
       throw err;
     }
   }
@@ -324,7 +325,7 @@ export class ExecutionBindingLifecycleCoordinator {
         this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY }),
       ).catch((err: unknown) => {
         if (!isScheduleToStartTimeout(err)) throw err;
-        if (this.capabilities?.crossHostRestore === false && patched(PATCH_HOST_BOUND_RESTORE)) {
+        if (this.capabilities?.crossHostRestore === false && this.isPatched(PATCH_HOST_BOUND_RESTORE)) {
           // Restoring elsewhere would be a fake: this provider's checkpoints only come back where they were made.
           throw ApplicationFailure.create({
             type: 'UNAVAILABLE',
@@ -363,35 +364,61 @@ export class ExecutionBindingLifecycleCoordinator {
   /**
    * Destroys the sandbox and every checkpoint it ever had. The host gets a bounded try (a host
    * that is gone or keeps failing does not hold up the end); what it could not remove, its own
-   * maintenance removes once it is back, since the record now says DESTROYED. The checkpoints
-   * are deleted from any host, retried until done.
+   * maintenance removes once it is back, since the record then says DESTROYED. The checkpoints
+   * are deleted from any host, retried until done; the record says DESTROYING until they are.
    */
   async destroy(): Promise<void> {
+    const announce = this.record.state !== 'DESTROYED' && this.isPatched(PATCH_DESTROYING);
+    if (announce) this.beginDestroy();
     await this.cancelRelease();
     if (this.record.state === 'DESTROYED') return;
+    // A receipt may have landed before the cancel did: the record still says what is under way.
+    if (announce) this.beginDestroy();
     const request = { sandboxId: this.record.sandboxId, fence: this.record.fence };
-    if (!patched(PATCH_DESTROY_HANDOFF)) {
+    if (!this.isPatched(PATCH_DESTROY_HANDOFF)) {
       await this.onHost().sandboxOp({ ...this.owner, op: 'destroy', request });
       this.set({ state: 'DESTROYED', blockedSince: undefined });
       return;
     }
+    let hostProblem: string | undefined;
     try {
-      await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({ ...this.owner, op: 'destroy', request });
-      this.set({ state: 'DESTROYED', blockedSince: undefined });
+      await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({
+        ...this.owner,
+        op: 'destroy',
+        request,
+      });
     } catch (err) {
       if (isCancellation(err)) throw err;
-      this.set({
-        state: 'DESTROYED',
-        blockedSince: undefined,
-        lastError: `destroy on host ${this.record.hostId ?? '(none)'} did not finish (${failureMessage(err)}); that host's maintenance removes what is left`,
-      });
+      hostProblem = `destroy on host ${this.record.hostId ?? '(none)'} did not finish (${failureMessage(err)}); that host's maintenance removes what is left`;
     }
+    const destroyed: Partial<ExecutionResourceRecord> = {
+      state: 'DESTROYED',
+      blockedSince: undefined,
+      ...(hostProblem ? { lastError: hostProblem } : {}),
+    };
+    if (announce) {
+      if (hostProblem) this.set({ lastError: hostProblem });
+      await this.deleteCheckpoints();
+      this.set(destroyed);
+      return;
+    }
+    this.set(destroyed);
     await this.deleteCheckpoints();
+  }
+
+  /** The record says DESTROYING (it read ACTIVE once a release was cancelled, or what it was, while the host was waited for). */
+  private beginDestroy(): void {
+    const to = destroyingState(this.record.state);
+    if (to) this.set({ state: to, blockedSince: undefined });
   }
 
   /** Deletes every checkpoint of the sandbox (all fences), from any host, retried until done. */
   async deleteCheckpoints(): Promise<void> {
-    await this.onAnyHost({ retry: UNTIL_DONE, heartbeatTimeout: undefined, startToCloseTimeout: '5m' }).deleteSandboxCheckpoints({
+    await this.onAnyHost({
+      retry: UNTIL_DONE,
+      heartbeatTimeout: undefined,
+      startToCloseTimeout: '5m',
+    }).deleteSandboxCheckpoints({
       sandboxId: this.record.sandboxId,
     });
   }
@@ -403,29 +430,4 @@ export function isScheduleToStartTimeout(err: unknown): boolean {
     err.cause instanceof TimeoutFailure &&
     err.cause.timeoutType === TimeoutType.SCHEDULE_TO_START
   );
-}
-
-/** The innermost message of a Temporal failure chain, after the activity it came from (a bare "Heartbeat timeout" names no culprit). */
-export function failureMessage(err: unknown): string {
-  let e: unknown = err;
-  let activity: string | undefined;
-  for (;;) {
-    if (e instanceof ActivityFailure) activity ??= e.activityType;
-    if (!(e instanceof Error && (e as { cause?: unknown }).cause instanceof Error)) break;
-    e = (e as { cause: unknown }).cause;
-  }
-  const message = e instanceof Error ? e.message : String(e);
-  return activity ? `${activity}: ${message}` : message;
-}
-
-/** The ApplicationFailure type (our error code) at the bottom of a failure chain, if any. */
-export function failureCode(err: unknown): string | undefined {
-  let e: unknown = err;
-  let code: string | undefined;
-  while (e instanceof Error) {
-    const type = (e as { type?: unknown }).type;
-    if (typeof type === 'string') code = type;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return code;
 }

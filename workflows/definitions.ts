@@ -1,5 +1,7 @@
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
 import type {
+  ActionRequest,
+  ActionView,
   ChildStateInput,
   CreateSandboxInput,
   ExecInput,
@@ -13,7 +15,7 @@ import type {
   SandboxView,
 } from '../common/schemas';
 import type { SessionAggregate } from './run-state';
-import type { SandboxAggregate } from './sandbox-state';
+import type { SandboxAggregate } from './sandbox-aggregate';
 
 // Every workflow message, defined once and shared by workflows and client.
 
@@ -35,14 +37,23 @@ export interface SandboxWorkflowInput {
 // Runs
 export const respondUpdate = defineUpdate<InteractionRequest, [RespondInput]>('respond');
 export const respondSignal = defineSignal<[RespondInput]>('respondSignal');
-export const suspendRunUpdate = defineUpdate<RunSnapshot, []>('suspend');
-export const resumeRunUpdate = defineUpdate<RunSnapshot, []>('resume');
+// A Run's suspend and resume have names of their own: a sandbox's `suspend` and `resume`
+// answer a SandboxView. Runs still answer the old names, for clients built before.
+export const suspendRunUpdate = defineUpdate<RunSnapshot, []>('suspendRun');
+export const resumeRunUpdate = defineUpdate<RunSnapshot, []>('resumeRun');
+/** The names a Run's suspend and resume had first; still served. */
+export const legacySuspendRunUpdate = defineUpdate<RunSnapshot, []>('suspend');
+export const legacyResumeRunUpdate = defineUpdate<RunSnapshot, []>('resume');
 export const snapshotQuery = defineQuery<RunSnapshot>('snapshot');
 export const resourceQuery = defineQuery<ResourceView>('resource');
 /** A child Run reports its record state to its parent. */
 export const childStateSignal = defineSignal<[ChildStateInput]>('childState');
 /** A parent checks that a child it cannot watch (started before a continue-as-new) is still open: signalling a closed Run fails. */
 export const childPingSignal = defineSignal<[]>('childPing');
+/** An external agent's next action (idempotent by actionId); answers once the Run has taken it. */
+export const actUpdate = defineUpdate<ActionView, [ActionRequest]>('act');
+/** One action of an external agent by actionId: its status, and its result once settled (null: unknown). */
+export const actionQuery = defineQuery<ActionView | null, [string]>('action');
 
 // Standalone sandboxes
 export const startSandboxUpdate = defineUpdate<SandboxView, []>('start');
@@ -60,8 +71,5 @@ export const sandboxQuery = defineQuery<SandboxView>('sandbox');
 export const sandboxReadyUpdate = defineUpdate<SandboxView, []>('ready');
 /** The host's worker, after a restart, reports whether the sandbox's processes survived. */
 export const reconcileSignal = defineSignal<[ReconcileInput]>('reconcile');
-
-/** Largest file the sandbox file routes carry through a Temporal payload. */
-export const FILE_LIMIT_BYTES = 1024 * 1024;
 
 export const sandboxWorkflowId = (sandboxId: string): string => `sandbox-${sandboxId}`;

@@ -2,10 +2,13 @@
 // which pause mode applies, whether release is blocked, what a receipt means,
 // how a resume proceeds, which answers are accepted. Workflows are thin shells
 // around these; every rule is unit-tested table by table without Temporal.
-import type { ErrorCode } from '../common/errors';
+import { nonRetryableErrorTypes, type ErrorCode, type Rejection } from '../common/errors';
 import { canonicalJson } from '../common/hashes';
+import { answerProblem } from '../common/interactions';
+import { RESOURCE_STATES } from '../common/wire-checks';
 import type {
   ExecutionResourceRecord,
+  Hashes,
   InteractionRequest,
   Job,
   PauseMode,
@@ -16,11 +19,6 @@ import type {
   SuspensionReason,
   Workspace,
 } from '../common/schemas';
-
-export interface Rejection {
-  code: ErrorCode;
-  message: string;
-}
 
 // ---------------------------------------------------------------- sandboxes
 
@@ -43,7 +41,8 @@ export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: 
 /** Operations that answer with the current state when already there (idempotent). */
 const IDEMPOTENT_AT: Partial<Record<SandboxOp, SandboxState>> = { suspend: 'suspended', resume: 'running' };
 
-export type SandboxDecision = { kind: 'transition'; to: SandboxState } | { kind: 'noop' } | { kind: 'reject'; rejection: Rejection };
+export type SandboxDecision =
+  { kind: 'transition'; to: SandboxState } | { kind: 'noop' } | { kind: 'reject'; rejection: Rejection };
 
 export interface SandboxFacts {
   state: SandboxState;
@@ -84,7 +83,8 @@ export function decideSandboxOp(facts: SandboxFacts, op: SandboxOp): SandboxDeci
 /** Exec is admitted on the same facts that suspend decides on. */
 export function decideExec(facts: SandboxFacts): Rejection | undefined {
   if (facts.state === 'destroyed') return { code: 'NOT_FOUND', message: 'sandbox: not found (destroyed)' };
-  if (facts.expired) return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
+  if (facts.expired)
+    return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
   if (facts.changing) return { code: 'INVALID_STATE_TRANSITION', message: 'sandbox: a state change is in progress' };
   if (facts.state !== 'running') {
     return { code: 'INVALID_STATE_TRANSITION', message: `sandbox: cannot exec while ${facts.state}` };
@@ -95,9 +95,13 @@ export function decideExec(facts: SandboxFacts): Rejection | undefined {
 /** File access needs a workspace on a host: not after release or destroy. */
 export function decideFileAccess(facts: SandboxFacts): Rejection | undefined {
   if (facts.state === 'destroyed') return { code: 'NOT_FOUND', message: 'sandbox: not found (destroyed)' };
-  if (facts.expired) return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
+  if (facts.expired)
+    return { code: 'STALE_SANDBOX_ROUTE', message: 'sandbox: suspended past retention; its route is stale' };
   if (facts.state === 'suspended' || facts.state === 'lost' || facts.changing) {
-    return { code: 'INVALID_STATE_TRANSITION', message: `sandbox: files are not reachable while ${facts.changing ? 'changing state' : facts.state}` };
+    return {
+      code: 'INVALID_STATE_TRANSITION',
+      message: `sandbox: files are not reachable while ${facts.changing ? 'changing state' : facts.state}`,
+    };
   }
   return undefined;
 }
@@ -134,13 +138,18 @@ export interface JobState extends Job {
 /** Jobs that keep compute busy across a suspension: CONTINUE/DETACH with SANDBOX affinity. */
 export function blockingJobs(jobs: JobState[]): JobState[] {
   return jobs.filter(
-    (j) => j.status === 'running' && j.executionAffinity === 'SANDBOX' && (j.pauseBehavior === 'CONTINUE' || j.pauseBehavior === 'DETACH'),
+    (j) =>
+      j.status === 'running' &&
+      j.executionAffinity === 'SANDBOX' &&
+      (j.pauseBehavior === 'CONTINUE' || j.pauseBehavior === 'DETACH'),
   );
 }
 
 /** Background CANCEL jobs are cancelled when the Run suspends. */
 export function jobsToCancel(jobs: JobState[]): JobState[] {
-  return jobs.filter((j) => j.status === 'running' && j.pauseBehavior === 'CANCEL' && j.executionAffinity === 'SANDBOX');
+  return jobs.filter(
+    (j) => j.status === 'running' && j.pauseBehavior === 'CANCEL' && j.executionAffinity === 'SANDBOX',
+  );
 }
 
 const SETTLED: ResourceState[] = ['RELEASED', 'DESTROYED'];
@@ -164,12 +173,15 @@ export function isReleaseBlocked(jobs: JobState[], children: ChildState[]): bool
 
 // ---------------------------------------------------------------- receipts and retries
 
-/** Temporal retry for release: 1 s doubling to 5 min; no maximumAttempts means no attempt limit. */
+/**
+ * Temporal retry for release: 1 s doubling to 5 min; no maximumAttempts means no attempt
+ * limit. What no retry can fix (the one non-retryable set) fails at once.
+ */
 export const RELEASE_RETRY = {
   initialInterval: '1s',
   backoffCoefficient: 2,
   maximumInterval: '5m',
-  nonRetryableErrorTypes: ['STALE_FENCE', 'IDEMPOTENCY_CONFLICT', 'NOT_SUPPORTED', 'INVALID_ARGUMENT'],
+  nonRetryableErrorTypes: nonRetryableErrorTypes(),
 } as const;
 
 /** The backoff Temporal applies before attempt `attempt` (1-based), in ms. */
@@ -205,7 +217,8 @@ export function receiptProblem(request: ReleaseRequestFacts, receipt: ReleaseRec
   }
   if (request.mode === 'DETACH') return undefined;
   if (!receipt.computeReleased) return `receipt for ${request.mode} says computeReleased=false`;
-  if (request.mode === 'SNAPSHOT_AND_TERMINATE' && !receipt.checkpoint) return 'receipt for SNAPSHOT_AND_TERMINATE has no checkpoint';
+  if (request.mode === 'SNAPSHOT_AND_TERMINATE' && !receipt.checkpoint)
+    return 'receipt for SNAPSHOT_AND_TERMINATE has no checkpoint';
   return undefined;
 }
 
@@ -238,25 +251,21 @@ export function planResume(record: ExecutionResourceRecord): ResumePlan {
   }
 }
 
-export interface HashSet {
-  run: string;
-  spec: string;
-  policy: string;
-}
-
 /**
  * The run/spec/policy hashes a restored workspace was checkpointed under, from the
  * checkpoint's labels. A workspace that came back from a checkpoint (or its local
  * copy) must say; a host-persistent workspace re-provisioned in place records none.
  */
-export function recordedHashes(restored: { source: string; labels?: Record<string, string> } | undefined): Partial<HashSet> | undefined {
+export function recordedHashes(
+  restored: { source: string; labels?: Record<string, string> } | undefined,
+): Partial<Hashes> | undefined {
   if (!restored || restored.source === 'workspace') return undefined;
   const labels = restored.labels ?? {};
   return { run: labels.runhash ?? '', spec: labels.spechash ?? '', policy: labels.policyhash ?? '' };
 }
 
 /** Names which of run/spec/policy differ between what is computed now and what was stored. */
-export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | undefined)[]): string[] {
+export function hashMismatches(now: Hashes, ...stored: (Partial<Hashes> | undefined)[]): string[] {
   const bad = new Set<string>();
   for (const s of stored) {
     if (!s) continue;
@@ -265,6 +274,22 @@ export function hashMismatches(now: HashSet, ...stored: (Partial<HashSet> | unde
     }
   }
   return [...bad];
+}
+
+// ---------------------------------------------------------------- destroy
+
+/** Record states a destroy announces itself from: all but the ones a destroy has already reached. */
+export const DESTROYABLE: readonly ResourceState[] = RESOURCE_STATES.filter(
+  (s) => s !== 'DESTROYING' && s !== 'DESTROYED',
+);
+
+/**
+ * The record's state while a destroy cancels a release, waits for the host (one that is gone
+ * takes a while to count as gone) and deletes the checkpoints: DESTROYING, then DESTROYED.
+ * Undefined when `state` already says so.
+ */
+export function destroyingState(state: ResourceState): ResourceState | undefined {
+  return DESTROYABLE.includes(state) ? 'DESTROYING' : undefined;
 }
 
 // ---------------------------------------------------------------- runs
@@ -293,16 +318,7 @@ export const RUN_STATES: Record<RunStatus, readonly RunPhase[]> = {
 };
 
 export type RunEvent =
-  | 'ask'
-  | 'answered'
-  | 'suspend'
-  | 'suspended'
-  | 'resume'
-  | 'resumed'
-  | 'complete'
-  | 'fail'
-  | 'cancel'
-  | 'expire';
+  'ask' | 'answered' | 'suspend' | 'suspended' | 'resume' | 'resumed' | 'complete' | 'fail' | 'cancel' | 'expire';
 
 const LIVE: RunStatus[] = ['RUNNING', 'WAITING'];
 const ALL_PHASES: RunPhase[] = ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'];
@@ -347,7 +363,10 @@ export interface RunFacts extends RunState {
 
 export type RunOp = 'suspend' | 'resume' | 'cancel' | 'continueAsNew';
 
-const STALE_RUN: Rejection = { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; its route is stale' };
+const STALE_RUN: Rejection = {
+  code: 'STALE_SANDBOX_ROUTE',
+  message: 'run: suspended past retention; its route is stale',
+};
 
 /**
  * Admission of the Run's operations (answers have checkRespond): a suspend only of a
@@ -360,7 +379,10 @@ export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
   switch (op) {
     case 'suspend':
       if (facts.status !== 'RUNNING' || facts.phase !== 'ACTIVE' || facts.suspendRequested) {
-        return { code: 'INVALID_STATE_TRANSITION', message: `run: cannot suspend while ${facts.status}/${facts.phase}` };
+        return {
+          code: 'INVALID_STATE_TRANSITION',
+          message: `run: cannot suspend while ${facts.status}/${facts.phase}`,
+        };
       }
       return undefined;
     case 'resume': {
@@ -377,10 +399,71 @@ export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
       return undefined;
     case 'continueAsNew':
       if (facts.phase !== 'ACTIVE' || facts.runningJobs > 0) {
-        return { code: 'INVALID_STATE_TRANSITION', message: 'run: continue-as-new waits for an active Run with no running job' };
+        return {
+          code: 'INVALID_STATE_TRANSITION',
+          message: 'run: continue-as-new waits for an active Run with no running job',
+        };
       }
       return undefined;
   }
+}
+
+// ---------------------------------------------------------------- external actions
+
+/** What admitting an external agent's action looks at. */
+export interface ActionFacts extends RunState {
+  /** The Run's agent is the external driver. */
+  external: boolean;
+  expiring: boolean;
+  /** The Run completes (a `complete` action is settling it): it takes nothing more. */
+  ending: boolean;
+  /** A suspend was asked for and the agent loop has not taken it up yet. */
+  suspendRequested: boolean;
+  /** An action accepted and not yet finished. */
+  inProgress?: string;
+  /** The action already sent under this actionId. */
+  known?: { actionId: string; bodyHash: string };
+}
+
+/**
+ * Admission of an external agent's action. A known actionId is answered first: the
+ * same body is a duplicate (its outcome, never a second run), another body a conflict.
+ * Otherwise one action at a time, only while the Run is live, active and waiting for one.
+ */
+export function admitAction(facts: ActionFacts, bodyHash: string): Rejection | 'duplicate' | undefined {
+  if (facts.known) {
+    if (facts.known.bodyHash === bodyHash) return 'duplicate';
+    return {
+      code: 'IDEMPOTENCY_CONFLICT',
+      message: `action ${facts.known.actionId}: this actionId was already used with another body`,
+    };
+  }
+  if (!facts.external) {
+    return {
+      code: 'INVALID_STATE_TRANSITION',
+      message: 'run: its agent is not the external driver; it takes no actions',
+    };
+  }
+  if (facts.expiring || facts.status === 'EXPIRED') return STALE_RUN;
+  if (isTerminalRunStatus(facts.status) || facts.ending) {
+    return {
+      code: 'INVALID_STATE_TRANSITION',
+      message: `run is ${facts.ending ? 'completing' : facts.status}: it takes no more actions`,
+    };
+  }
+  if (facts.inProgress !== undefined) {
+    return {
+      code: 'INVALID_STATE_TRANSITION',
+      message: `run: action ${facts.inProgress} is still under way (one action at a time)`,
+    };
+  }
+  if (facts.status !== 'RUNNING' || facts.phase !== 'ACTIVE' || facts.suspendRequested) {
+    return {
+      code: 'INVALID_STATE_TRANSITION',
+      message: `run: not waiting for an action while ${facts.status}/${facts.suspendRequested ? 'SUSPENDING' : facts.phase}`,
+    };
+  }
+  return undefined;
 }
 
 // ---------------------------------------------------------------- update arguments
@@ -407,11 +490,17 @@ export interface AnsweredBy {
  * answer under the same update id), wrong payload kind, or an expired Run.
  */
 export function checkRespond(
-  run: { status: RunStatus; interactions: InteractionRequest[]; answeredBy: Record<string, AnsweredBy>; expiring?: boolean },
+  run: {
+    status: RunStatus;
+    interactions: InteractionRequest[];
+    answeredBy: Record<string, AnsweredBy>;
+    expiring?: boolean;
+  },
   input: { interactionId: string; response: unknown },
   updateId: string | undefined,
 ): Rejection | 'duplicate' | undefined {
-  if (run.status === 'EXPIRED' || run.expiring) return { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; answers are no longer accepted' };
+  if (run.status === 'EXPIRED' || run.expiring)
+    return { code: 'STALE_SANDBOX_ROUTE', message: 'run: suspended past retention; answers are no longer accepted' };
   const interaction = run.interactions.find((i) => i.id === input.interactionId);
   if (!interaction) return { code: 'NOT_FOUND', message: `interaction ${input.interactionId} not found` };
   if (interaction.status === 'answered') {
@@ -419,14 +508,11 @@ export function checkRespond(
     if (sameUpdate && sameJson(interaction.response, input.response)) return 'duplicate';
     return { code: 'ALREADY_ANSWERED', message: `interaction ${interaction.id} was already answered` };
   }
-  if (interaction.status !== 'pending') return { code: 'ALREADY_ANSWERED', message: `interaction ${interaction.id} is ${interaction.status}` };
-  const isApproval = typeof input.response === 'object' && input.response !== null && 'decision' in input.response;
-  if (interaction.kind === 'approval' && !isApproval) {
-    return { code: 'INVALID_ARGUMENT', message: 'response.decision: required for an approval (approve or deny)' };
-  }
-  if (interaction.kind === 'input' && isApproval) {
-    return { code: 'INVALID_ARGUMENT', message: 'response.input: required for an input interaction' };
-  }
+  if (interaction.status !== 'pending')
+    return { code: 'ALREADY_ANSWERED', message: `interaction ${interaction.id} is ${interaction.status}` };
+  // An answer the interaction does not accept (or an option it does not offer) changes nothing.
+  const problem = answerProblem(interaction, input.response);
+  if (problem) return { code: 'INVALID_ARGUMENT', message: problem };
   if (['COMPLETED', 'FAILED', 'CANCELLED'].includes(run.status)) {
     return { code: 'INVALID_STATE_TRANSITION', message: `run is ${run.status}` };
   }

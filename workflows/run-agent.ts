@@ -9,19 +9,29 @@ import {
   continueAsNew,
   isCancellation,
   log,
-  patched,
   startChild,
   workflowInfo,
 } from '@temporalio/workflow';
 import type { AgentAction } from '../drivers/api';
+import { EXTERNAL_DRIVER } from '../common/external-actions';
 import { durationMs } from '../common/duration';
+import { END_REASON } from '../common/errors';
+import { resolveAccepts } from '../common/interactions';
 import type { InteractionRequest, RunSpec } from '../common/schemas';
-import { failureCode, failureMessage } from './coordinator';
+import { failureCode, failureMessage } from './failures';
 import type { RunWorkflowInput } from './definitions';
-import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, shared, type RunController } from './run-controller';
-import { carriedAggregate, isTerminal } from './run-state';
+import {
+  PATCH_ANSWER_RESULT,
+  PATCH_CHILD_CLOSED_UNREPORTED,
+  PATCH_CHILDREN_SURVIVE_CAN,
+  shared,
+  type RunController,
+} from './run-controller';
+import { carriedAggregate, isTerminal, toAnswer } from './run-state';
 import { finish } from './run-ending';
 import { suspendAndWait } from './run-suspension';
+import { drainWebhooks, notify } from './run-webhooks';
+import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
 import { nowIso } from './clock';
 
 // The agent loop: one driver step at a time, each answered by an action.
@@ -39,16 +49,28 @@ export async function agentLoop(c: RunController): Promise<void> {
     }
     if (workflowInfo().continueAsNewSuggested && !c.admit('continueAsNew')) {
       await condition(allHandlersFinished);
+      await drainWebhooks(c);
       await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>({
         spec: run.spec,
         ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
         carried: carriedAggregate(run),
       });
     }
+    if (run.spec.agent.driver === EXTERNAL_DRIVER) {
+      const entry = await whileIdle(c, nextAction(c));
+      if (entry) await performAction(c, entry);
+      continue;
+    }
     const { driver, ...agentRest } = run.spec.agent;
     const step = await whileIdle(
       c,
-      shared.agentStep({ driver, runId: run.runId, agent: agentRest, state: run.checkpoint.state, lastResult: run.lastResult }),
+      c.steps.agentStep({
+        driver,
+        runId: run.runId,
+        agent: agentRest,
+        state: run.checkpoint.state,
+        lastResult: run.lastResult,
+      }),
     );
     run.checkpoint = { state: step.state, stepIndex: run.checkpoint.stepIndex + 1, hashes: run.hashes };
     run.lastResult = await perform(c, step.action);
@@ -112,7 +134,62 @@ async function perform(c: RunController, action: AgentAction): Promise<unknown> 
   }
 }
 
-async function runJob(c: RunController, action: Extract<AgentAction, { type: 'job' }>): Promise<unknown> {
+/**
+ * Performs an external agent's action and settles it with its result. A failed
+ * exec, file access or spawn is the agent's to handle (the action fails, the Run
+ * goes on); an ask, a cancellation or a failed resume end the Run as for any agent.
+ */
+async function performAction(c: RunController, entry: ActionEntry): Promise<void> {
+  const run = c.run;
+  const action = entry.action!;
+  run.checkpoint = { state: undefined, stepIndex: run.checkpoint.stepIndex + 1, hashes: run.hashes };
+  entry.status = 'running';
+  c.changed();
+  if (action.type === 'ask') {
+    const { type: _type, ask: prompt, kind, ...fields } = action;
+    const asking = perform(c, { type: 'interaction', kind: kind ?? 'approval', prompt, ...fields });
+    // ask() opened the interaction before its first await.
+    entry.interactionId = run.interactions[run.interactions.length - 1]?.id;
+    entry.status = 'waiting';
+    await asking;
+    const answer = answerOf(run, entry.interactionId);
+    if (answer !== undefined) settleAction(run, entry, { result: answer });
+    return;
+  }
+  try {
+    let result: unknown;
+    if (action.type === 'exec') {
+      const job = {
+        type: 'job' as const,
+        command: action.command,
+        pauseBehavior: action.pauseBehavior ?? 'CANCEL',
+        executionAffinity: action.executionAffinity ?? 'SANDBOX',
+        background: false,
+      };
+      const { exitCode, stdout, stderr } = (await runJob(c, job, action.timeoutMs)) as Record<string, unknown>;
+      result = { exitCode, stdout, stderr };
+    } else if (action.type === 'complete') {
+      result = { output: await perform(c, { type: 'complete', output: action.output }) };
+    } else if (action.type === 'fail') {
+      const failure = { code: action.code ?? END_REASON.AGENT_FAILED, message: action.message };
+      await perform(c, { type: 'fail', ...failure });
+      result = failure;
+    } else {
+      result = await perform(c, action);
+    }
+    settleAction(run, entry, { result });
+  } catch (err) {
+    if (isCancellation(err)) throw err;
+    settleAction(run, entry, { error: { code: failureCode(err) ?? 'ACTION_FAILED', message: failureMessage(err) } });
+  }
+  c.changed();
+}
+
+async function runJob(
+  c: RunController,
+  action: Extract<AgentAction, { type: 'job' }>,
+  timeoutMs?: number,
+): Promise<unknown> {
   const run = c.run;
   const job = {
     id: `job-${++run.jobCounter}`,
@@ -128,7 +205,16 @@ async function runJob(c: RunController, action: Extract<AgentAction, { type: 'jo
   const scope = new CancellationScope();
   c.jobScopes.set(job.id, scope);
   const done = scope
-    .run(() => (job.executionAffinity === 'EXTERNAL' ? shared.runExternalJob({ command: job.command }) : c.sandbox.exec(job.id, job.command)))
+    .run(() =>
+      job.executionAffinity === 'EXTERNAL'
+        ? // Jailed like a sandbox of the Run's provider (providers/external-jobs.ts).
+          shared.runExternalJob({
+            command: job.command,
+            provider: c.run.spec.sandbox.provider,
+            ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+          })
+        : c.sandbox.exec(job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {}),
+    )
     .then(
       (result) => {
         state.status = 'succeeded';
@@ -153,18 +239,22 @@ async function runJob(c: RunController, action: Extract<AgentAction, { type: 'jo
 
 async function ask(c: RunController, action: Extract<AgentAction, { type: 'interaction' }>): Promise<unknown> {
   c.run.interactionCount = (c.run.interactionCount ?? c.run.interactions.length) + 1;
+  const { type: _type, accepts: _accepts, ...fields } = action;
+  const labels = c.run.spec.labels;
   const interaction: InteractionRequest = {
     id: `int-${c.run.interactionCount}`,
-    kind: action.kind,
-    prompt: action.prompt,
-    ...(action.options ? { options: action.options } : {}),
+    ...fields,
+    accepts: resolveAccepts(action),
+    ...(labels && Object.keys(labels).length > 0 ? { labels } : {}),
     createdAt: nowIso(),
     status: 'pending',
   };
   c.run.interactions.push(interaction);
   c.transition('ask');
+  notify(c, 'interaction.opened', interaction);
   await suspendAndWait(c, 'INTERACTION', [interaction.id]);
-  return interaction.response;
+  // The agent gets the answer with who gave it and to what (Runs asked before this get the bare response).
+  return c.patched(PATCH_ANSWER_RESULT) ? toAnswer(interaction) : interaction.response;
 }
 
 async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
@@ -174,7 +264,7 @@ async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   c.changed();
   // A child outlives its parent's continue-as-new (REQUEST_CANCEL would cancel it then): the
   // parent cancels its children itself when it ends (endWith), and they report to its workflow id.
-  const survivesContinueAsNew = patched(PATCH_CHILDREN_SURVIVE_CAN);
+  const survivesContinueAsNew = c.patched(PATCH_CHILDREN_SURVIVE_CAN);
   const handle = await startChild('runWorkflow', {
     workflowId: childId,
     args: [{ spec: { ...spec, runId: childId }, parentRunId: run.runId } satisfies RunWorkflowInput],
@@ -184,7 +274,7 @@ async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   c.watchedChildren.add(childId);
   void handle.result().catch((err: unknown) => {
     log.info('child run ended without output', { childId, error: failureMessage(err) });
-    if (!isTerminal(run.childStatus[childId] ?? 'RUNNING') && patched(PATCH_CHILD_CLOSED_UNREPORTED)) {
+    if (!isTerminal(run.childStatus[childId] ?? 'RUNNING') && c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) {
       c.childClosedUnreported(childId, closedWhy(err));
     }
   });

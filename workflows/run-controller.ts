@@ -1,26 +1,112 @@
-import { ApplicationFailure, CancellationScope, getExternalWorkflowHandle, log, proxyActivities } from '@temporalio/workflow';
+import {
+  CancellationScope,
+  getExternalWorkflowHandle,
+  log,
+  patched,
+  proxyActivities,
+  proxyLocalActivities,
+} from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { computeRunHashes } from '../common/hashes';
-import { ExecutionBindingLifecycleCoordinator, failureMessage } from './coordinator';
+import { nonRetryableErrorTypes, type Rejection } from '../common/errors';
+import {
+  ExecutionBindingLifecycleCoordinator,
+  PATCH_DESTROY_HANDOFF,
+  PATCH_DESTROYING,
+  PATCH_HOST_BOUND_RESTORE,
+  PATCH_RELEASE_OUTCOME,
+  PATCH_RESUME_ROLLBACK,
+} from './coordinator';
+import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
-import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp, type Rejection } from './lifecycle';
+import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import type { SessionAggregate } from './run-state';
-import { Publisher } from './visibility';
+import { PATCH_PENDING_MEMO, Publisher } from './visibility';
+import { PATCH_WEBHOOKS } from './run-webhooks';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
 export const shared = proxyActivities<Activities>({
   startToCloseTimeout: '10m',
   heartbeatTimeout: '1m',
-  retry: { initialInterval: '1s', maximumInterval: '1m', maximumAttempts: 10, nonRetryableErrorTypes: ['NOT_FOUND', 'INVALID_ARGUMENT'] },
+  retry: {
+    initialInterval: '1s',
+    maximumInterval: '1m',
+    maximumAttempts: 10,
+    nonRetryableErrorTypes: nonRetryableErrorTypes(),
+  },
 });
 
+/**
+ * Steps of a driver that answers at once from its input (scripted): a local activity, one marker in
+ * the history instead of three events and a workflow task.
+ */
+const localSteps = proxyLocalActivities<Pick<Activities, 'agentStep'>>({
+  startToCloseTimeout: '30s',
+  retry: {
+    initialInterval: '1s',
+    maximumInterval: '10s',
+    maximumAttempts: 10,
+    nonRetryableErrorTypes: nonRetryableErrorTypes(),
+  },
+});
+/** Drivers whose step is a pure function of its input, run as local activities. */
+const FAST_DRIVERS = ['scripted'];
+
 // Changes to the Run's command sequence, each behind its patch so recorded histories replay.
+export const PATCH_LOCAL_STEPS = 'stasis-run-local-steps';
+export const PATCH_REMOTE_STEPS = 'stasis-run-remote-steps';
 export const PATCH_CHILDREN_SURVIVE_CAN = 'stasis-run-children-survive-can';
 export const PATCH_CHILD_CLOSED_UNREPORTED = 'stasis-run-child-closed-unreported';
 export const PATCH_IDLE_ATTACH = 'stasis-run-idle-attach';
 export const PATCH_KEEP_RETAINED = 'stasis-run-keep-retained';
 export const PATCH_EXPIRY_FIRST = 'stasis-run-expiry-first';
 export const PATCH_RECORDED_HASHES = 'stasis-run-recorded-hashes';
+/** An ask's result is the answer with its interaction id and who gave it, not the bare response. */
+export const PATCH_ANSWER_RESULT = 'stasis-run-answer-result';
+export const PATCH_EXPIRY_DESTROYS = 'stasis-run-expiry-destroys';
+
+/**
+ * A Run started with this marker has every change of runBaseline() from its start, without a marker
+ * of each, and takes a fast driver's steps as local activities.
+ *
+ * Why: a patch first asked for after a local activity breaks replay. A query that reaches the Run
+ * while a local step runs makes Temporal end that workflow task early and hand the step's result to
+ * the next one; replay hands it over in the first, before it has seen the next task's markers, so
+ * patched() answers false there and the marker that follows is a nondeterminism error: the Run
+ * stalled for good once its worker replayed it (an evicted Run that is answered). Decided in the
+ * first activation, the baseline is known to replay from the start.
+ *
+ * A patch added later is not in the baseline (a Run started before it would take it on replay):
+ * it goes in ASKED_AT_START.
+ */
+export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
+
+/**
+ * Changes to Run code made after the baseline: asked for in the Run's first activation (one marker
+ * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
+ * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
+ */
+const ASKED_AT_START: string[] = [PATCH_DESTROYING];
+
+/** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
+function runBaseline(): string[] {
+  return [
+    PATCH_CHILDREN_SURVIVE_CAN,
+    PATCH_CHILD_CLOSED_UNREPORTED,
+    PATCH_IDLE_ATTACH,
+    PATCH_KEEP_RETAINED,
+    PATCH_EXPIRY_FIRST,
+    PATCH_RECORDED_HASHES,
+    PATCH_ANSWER_RESULT,
+    PATCH_EXPIRY_DESTROYS,
+    PATCH_WEBHOOKS,
+    PATCH_PENDING_MEMO,
+    PATCH_RESUME_ROLLBACK,
+    PATCH_RELEASE_OUTCOME,
+    PATCH_HOST_BOUND_RESTORE,
+    PATCH_DESTROY_HANDOFF,
+  ];
+}
 
 /**
  * One Run's in-memory owner: its aggregate, the coordinator of its sandbox, and the
@@ -40,11 +126,35 @@ export class RunController {
   reporting: Promise<void> = Promise.resolve();
   /** Children started by this workflow run, whose close it learns from their handles. */
   readonly watchedChildren = new Set<string>();
+  /** Webhook deliveries not yet taken by the receiver (run-webhooks.ts). */
+  readonly webhookDeliveries = new Set<Promise<void>>();
+  /** The worker has no webhook: no more deliveries are started. */
+  webhooksOff = false;
   private lastReportedState?: string;
-  private readonly publisher = new Publisher();
+  /** Decided in the Run's first activation (before its publisher asks for any patch). */
+  private readonly baseline = patched(PATCH_RUN_BASELINE);
+  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE). */
+  readonly patched = (patchId: string): boolean =>
+    (this.baseline && runBaseline().includes(patchId)) || patched(patchId);
+  private readonly publisher = new Publisher(this.patched);
+  /** Where this Run's agent steps run: decided once, at the start of each workflow run. */
+  readonly steps: Pick<Activities, 'agentStep'>;
 
   constructor(input: RunWorkflowInput, workflowId: string) {
     this.run = input.carried ?? newAggregate(workflowId, input);
+    for (const patchId of ASKED_AT_START) patched(patchId);
+    const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);
+    // Runs started between the two markers took their steps as activities: local ones stalled a
+    // polled Run until the baseline (PATCH_RUN_BASELINE) fixed why.
+    this.steps = this.baseline
+      ? fast
+        ? localSteps
+        : shared
+      : patched(PATCH_REMOTE_STEPS)
+        ? shared
+        : fast && patched(PATCH_LOCAL_STEPS)
+          ? localSteps
+          : shared;
     this.sandbox = new ExecutionBindingLifecycleCoordinator(
       this.run.record,
       {
@@ -56,6 +166,7 @@ export class RunController {
         ...(this.run.spec.sandbox.limits ? { limits: this.run.spec.sandbox.limits } : {}),
       },
       () => this.changed(),
+      this.patched,
     );
     if (this.run.capabilities) this.sandbox.capabilities = this.run.capabilities;
   }
@@ -116,11 +227,6 @@ export class RunController {
   labels(): Record<string, string> {
     return { runhash: this.run.hashes.run, spechash: this.run.hashes.spec, policyhash: this.run.hashes.policy };
   }
-}
-
-/** A refusal as the failure an Update validator throws. */
-export function refuse(rejection: Rejection): never {
-  throw ApplicationFailure.create({ type: rejection.code, message: rejection.message, nonRetryable: true });
 }
 
 function newAggregate(workflowId: string, input: RunWorkflowInput): SessionAggregate {

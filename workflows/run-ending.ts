@@ -1,8 +1,14 @@
-import { ApplicationFailure, condition, getExternalWorkflowHandle, log, patched } from '@temporalio/workflow';
-import { failureMessage } from './coordinator';
+import { ApplicationFailure, condition, getExternalWorkflowHandle, log } from '@temporalio/workflow';
+import { END_REASON } from '../common/errors';
+import { failureMessage } from './failures';
 import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
 import { childPingSignal } from './definitions';
-import { PATCH_CHILD_CLOSED_UNREPORTED, PATCH_CHILDREN_SURVIVE_CAN, PATCH_KEEP_RETAINED, type RunController } from './run-controller';
+import {
+  PATCH_CHILD_CLOSED_UNREPORTED,
+  PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_KEEP_RETAINED,
+  type RunController,
+} from './run-controller';
 import { isTerminal, liveChildren } from './run-state';
 import { releaseKeepingNothing } from './run-suspension';
 
@@ -18,7 +24,7 @@ export async function finish(c: RunController): Promise<void> {
   }
   // Children first: their Runs end and their compute is released before the parent completes.
   const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
-  if (run.children.length === 0 || !patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
+  if (run.children.length === 0 || !c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
   else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
   await endWith(c, undefined, () => c.sandbox.destroy());
   run.output = c.completed.output;
@@ -27,7 +33,7 @@ export async function finish(c: RunController): Promise<void> {
 
 export async function endTtl(c: RunController): Promise<void> {
   for (const i of c.run.interactions) if (i.status === 'pending') i.status = 'cancelled';
-  c.run.error = { code: 'TTL_EXPIRED', message: `run exceeded its ttl of ${c.run.spec.policy?.ttl}` };
+  c.run.error = { code: END_REASON.TTL_EXPIRED, message: `run exceeded its ttl of ${c.run.spec.policy?.ttl}` };
   await endWith(c, 'expire', () => releaseKeepingNothing(c));
 }
 
@@ -66,7 +72,7 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
   });
   if (decision.kind === 'retain') {
     // No snapshot is possible: destroying would lose the workspace, so it is kept (RETAINED).
-    if (patched(PATCH_KEEP_RETAINED)) sandbox.noteError(`kept after the Run ended (${reason}): ${decision.why}`);
+    if (c.patched(PATCH_KEEP_RETAINED)) sandbox.noteError(`kept after the Run ended (${reason}): ${decision.why}`);
     else await sandbox.destroy();
     return;
   }
@@ -85,7 +91,7 @@ async function endWith(c: RunController, event: RunEvent | undefined, cleanup: (
     c.run.suspension = undefined;
     c.changed();
   }
-  if (event && liveChildren(c.run).length > 0 && patched(PATCH_CHILDREN_SURVIVE_CAN)) await cancelChildren(c);
+  if (event && liveChildren(c.run).length > 0 && c.patched(PATCH_CHILDREN_SURVIVE_CAN)) await cancelChildren(c);
   try {
     await cleanup();
   } catch (err) {
@@ -100,7 +106,9 @@ async function cancelChildren(c: RunController): Promise<void> {
     liveChildren(c.run).map((ch) =>
       getExternalWorkflowHandle(ch.runId)
         .cancel()
-        .catch((err: unknown) => log.info('could not cancel child run', { childId: ch.runId, error: failureMessage(err) })),
+        .catch((err: unknown) =>
+          log.info('could not cancel child run', { childId: ch.runId, error: failureMessage(err) }),
+        ),
     ),
   );
 }

@@ -1,6 +1,7 @@
 import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workflow';
-import { ChildStateInput, RespondInput, type InteractionRequest } from '../common/schemas';
-import { describeIssues } from '../common/errors';
+import type { ChildStateInput, InteractionRequest, RespondInput } from '../common/schemas';
+import { childStateInputIssues, respondInputIssues } from '../common/wire-checks';
+import { describeIssues, type Rejection } from '../common/errors';
 import { nowIso, nowMs } from './clock';
 import {
   childPingSignal,
@@ -8,13 +9,18 @@ import {
   resourceQuery,
   respondSignal,
   respondUpdate,
+  legacyResumeRunUpdate,
+  legacySuspendRunUpdate,
   resumeRunUpdate,
   snapshotQuery,
   suspendRunUpdate,
 } from './definitions';
-import { checkArity, checkRespond, type Rejection } from './lifecycle';
-import { refuse, type RunController } from './run-controller';
+import { checkArity, checkRespond } from './lifecycle';
+import { refuse } from './failures';
+import type { RunController } from './run-controller';
+import { setExternalHandlers } from './run-external';
 import { isTerminal, pendingInteractions, toResourceView, toSnapshot } from './run-state';
+import { notify } from './run-webhooks';
 
 /** The Run's queries, updates and signals; set before the workflow's first await. */
 export function setRunHandlers(c: RunController): void {
@@ -41,46 +47,54 @@ export function setRunHandlers(c: RunController): void {
   setHandler(respondSignal, (input) => {
     const check = checkAnswer(c, input, undefined);
     if (check === undefined) answer(c, input, undefined);
-    else log.warn('respondSignal rejected', { runId: run.runId, ...(check === 'duplicate' ? { code: 'DUPLICATE' } : check) });
+    else
+      log.warn('respondSignal rejected', {
+        runId: run.runId,
+        ...(check === 'duplicate' ? { code: 'DUPLICATE' } : check),
+      });
   });
-  setHandler(
-    suspendRunUpdate,
-    async () => {
-      c.manualSuspendRequested = true;
-      await condition(() => run.phase === 'SUSPENDED' || isTerminal(run.status));
-      return toSnapshot(run);
-    },
-    {
-      validator: (...args: unknown[]) => {
-        noArguments('suspend', args);
-        const rejection = c.admit('suspend');
-        if (rejection) refuse(rejection);
+  for (const def of [suspendRunUpdate, legacySuspendRunUpdate]) {
+    setHandler(
+      def,
+      async () => {
+        c.manualSuspendRequested = true;
+        await condition(() => run.phase === 'SUSPENDED' || isTerminal(run.status));
+        return toSnapshot(run);
       },
-    },
-  );
-  setHandler(
-    resumeRunUpdate,
-    async () => {
-      c.resumeRequested = true;
-      await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
-      return toSnapshot(run);
-    },
-    {
-      validator: (...args: unknown[]) => {
-        noArguments('resume', args);
-        const rejection = c.admit('resume');
-        if (rejection) refuse(rejection);
+      {
+        validator: (...args: unknown[]) => {
+          noArguments('suspend', args);
+          const rejection = c.admit('suspend');
+          if (rejection) refuse(rejection);
+        },
       },
-    },
-  );
+    );
+  }
+  for (const def of [resumeRunUpdate, legacyResumeRunUpdate]) {
+    setHandler(
+      def,
+      async () => {
+        c.resumeRequested = true;
+        await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
+        return toSnapshot(run);
+      },
+      {
+        validator: (...args: unknown[]) => {
+          noArguments('resume', args);
+          const rejection = c.admit('resume');
+          if (rejection) refuse(rejection);
+        },
+      },
+    );
+  }
   setHandler(childStateSignal, (input) => {
     // Anyone can signal: a malformed report is logged and changes nothing.
-    const parsed = ChildStateInput.safeParse(input);
-    if (!parsed.success) {
-      log.warn('childState rejected', { runId: run.runId, message: describeIssues(parsed.error.issues) });
+    const issues = childStateInputIssues(input);
+    if (issues.length) {
+      log.warn('childState rejected', { runId: run.runId, message: describeIssues(issues) });
       return;
     }
-    const { runId, state, status } = parsed.data;
+    const { runId, state, status } = input as ChildStateInput;
     const child = run.children.find((ch) => ch.runId === runId);
     if (child) child.state = state;
     else run.children.push({ runId, state });
@@ -88,12 +102,17 @@ export function setRunHandlers(c: RunController): void {
     c.changed();
   });
   setHandler(childPingSignal, () => undefined);
+  setExternalHandlers(c);
 }
 
-function checkAnswer(c: RunController, input: unknown, updateId: string | undefined): Rejection | 'duplicate' | undefined {
-  const parsed = RespondInput.safeParse(input);
-  if (!parsed.success) return { code: 'INVALID_ARGUMENT', message: describeIssues(parsed.error.issues) };
-  return checkRespond({ ...c.run, expiring: c.expiring }, parsed.data, updateId);
+function checkAnswer(
+  c: RunController,
+  input: unknown,
+  updateId: string | undefined,
+): Rejection | 'duplicate' | undefined {
+  const issues = respondInputIssues(input);
+  if (issues.length) return { code: 'INVALID_ARGUMENT', message: describeIssues(issues) };
+  return checkRespond({ ...c.run, expiring: c.expiring }, input as RespondInput, updateId);
 }
 
 function answer(c: RunController, input: RespondInput, updateId: string | undefined): void {
@@ -106,6 +125,7 @@ function answer(c: RunController, input: RespondInput, updateId: string | undefi
     respondedAt: nowIso(),
   });
   c.run.answeredBy[interaction.id] = updateId ? { updateId } : {};
+  notify(c, 'interaction.answered', interaction);
   if (pendingInteractions(c.run).length === 0 && c.run.status === 'WAITING') c.transition('answered');
   else c.changed();
 }

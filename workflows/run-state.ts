@@ -1,5 +1,7 @@
 import type {
   ExecutionResourceRecord,
+  Hashes,
+  InteractionAnswer,
   InteractionRequest,
   ResourceView,
   RunError,
@@ -10,13 +12,14 @@ import type {
   Suspension,
 } from '../common/schemas';
 import type { Capabilities } from '../providers/api';
-import { isTerminalRunStatus, type AnsweredBy, type ChildState, type HashSet, type JobState } from './lifecycle';
+import { isTerminalRunStatus, type AnsweredBy, type ChildState, type JobState } from './lifecycle';
+import type { ActionEntry } from './run-external';
 
 /** The agent driver's opaque state after its last step, plus the step index and the hashes it was taken under. */
 export interface AgentCheckpoint {
   state: unknown;
   stepIndex: number;
-  hashes: HashSet;
+  hashes: Hashes;
 }
 
 /** The Run's durable state. Temporal history is its store; continue-as-new carries it whole. */
@@ -24,7 +27,7 @@ export interface SessionAggregate {
   runId: string;
   spec: RunSpec;
   parentRunId?: string;
-  hashes: HashSet;
+  hashes: Hashes;
   status: RunStatus;
   phase: RunPhase;
   interactions: InteractionRequest[];
@@ -45,8 +48,12 @@ export interface SessionAggregate {
   jobCounter: number;
   /** Interactions asked so far (ids stay unique when old ones are no longer carried). */
   interactionCount?: number;
+  /** Webhook deliveries started so far (their ids stay unique across continue-as-new). */
+  webhookCount?: number;
   /** The sandbox was frozen by policy.idleTimeout; the next job thaws it. Kept across continue-as-new. */
   idlePaused?: boolean;
+  /** An external agent's recent actions, bounded (run-external.ts), kept across continue-as-new. */
+  actions?: ActionEntry[];
 }
 
 /** Read-only views of the aggregate: the user snapshot never shows resource state. */
@@ -70,13 +77,24 @@ export function toResourceView(run: SessionAggregate, nowMs: number): ResourceVi
     record: run.record,
     ...(run.suspension ? { suspension: run.suspension } : {}),
     children: run.children,
-    ...(blockedSince !== undefined ? { blockedAgeSeconds: Math.max(0, Math.round((nowMs - blockedSince) / 1000)) } : {}),
+    ...(blockedSince !== undefined
+      ? { blockedAgeSeconds: Math.max(0, Math.round((nowMs - blockedSince) / 1000)) }
+      : {}),
   };
 }
 
 /** Children whose Run has not ended (by its own report, or closed unreported). */
 export const liveChildren = (run: SessionAggregate): ChildState[] =>
   run.children.filter((ch) => !ch.closed && !isTerminalRunStatus(run.childStatus[ch.runId] ?? 'RUNNING'));
+
+/** What the agent receives for an answered interaction. */
+export function toAnswer(interaction: InteractionRequest): InteractionAnswer {
+  return {
+    interactionId: interaction.id,
+    ...(interaction.response as Omit<InteractionAnswer, 'interactionId' | 'respondedBy'>),
+    ...(interaction.respondedBy ? { respondedBy: interaction.respondedBy } : {}),
+  };
+}
 
 export const pendingInteractions = (run: SessionAggregate): InteractionRequest[] =>
   run.interactions.filter((i) => i.status === 'pending');
@@ -99,7 +117,9 @@ export function carriedAggregate(run: SessionAggregate): SessionAggregate {
     ...run,
     interactions,
     interactionCount: run.interactionCount ?? run.interactions.length,
-    answeredBy: Object.fromEntries(Object.entries(run.answeredBy).filter(([id]) => interactions.some((i) => i.id === id))),
+    answeredBy: Object.fromEntries(
+      Object.entries(run.answeredBy).filter(([id]) => interactions.some((i) => i.id === id)),
+    ),
     jobs: run.jobs.filter((j) => j.status === 'running'),
   };
 }

@@ -1,12 +1,15 @@
 import { CancellationScope, ContinueAsNew, isCancellation, sleep, workflowInfo } from '@temporalio/workflow';
 import { durationMs } from '../common/duration';
-import { failureCode, failureMessage } from './coordinator';
+import { END_REASON } from '../common/errors';
+import { failureCode, failureMessage } from './failures';
 import type { RunWorkflowInput } from './definitions';
 import { nowMs } from './clock';
 import { agentLoop } from './run-agent';
 import { RunController } from './run-controller';
 import { endCancelled, endFailed, endTtl, finalResult } from './run-ending';
 import { setRunHandlers } from './run-handlers';
+import { isTerminal } from './run-state';
+import { drainWebhooks, notifyEnded } from './run-webhooks';
 
 /** A Run: one agent execution whose sandbox is released while it waits. */
 export async function runWorkflow(input: RunWorkflowInput): Promise<unknown> {
@@ -25,11 +28,18 @@ export async function runWorkflow(input: RunWorkflowInput): Promise<unknown> {
       await CancellationScope.nonCancellable(() => endCancelled(c));
       throw err;
     } else {
-      await CancellationScope.nonCancellable(() => endFailed(c, failureCode(err) ?? 'RUN_FAILED', failureMessage(err)));
+      await CancellationScope.nonCancellable(() =>
+        endFailed(c, failureCode(err) ?? END_REASON.RUN_FAILED, failureMessage(err)),
+      );
     }
   } finally {
     ttlScope?.cancel();
     await CancellationScope.nonCancellable(() => c.reporting);
+    // Notified once the Run's status is final; the workflow closes once the receiver has them.
+    if (isTerminal(c.run.status)) {
+      notifyEnded(c);
+      await CancellationScope.nonCancellable(() => drainWebhooks(c));
+    }
   }
   return finalResult(c);
 }

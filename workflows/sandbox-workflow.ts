@@ -11,13 +11,13 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { UpdateDefinition } from '@temporalio/common';
-import type { z } from 'zod';
 import type { Activities } from '../activities';
 import { durationMs } from '../common/duration';
+import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import type { SandboxView } from '../common/schemas';
-import { ExecutionBindingLifecycleCoordinator, failureCode, failureMessage } from './coordinator';
+import { ExecutionBindingLifecycleCoordinator } from './coordinator';
+import { failureCode, failureMessage, refuse } from './failures';
 import {
-  FILE_LIMIT_BYTES,
   destroySandboxUpdate,
   execSandboxUpdate,
   pauseSandboxUpdate,
@@ -26,6 +26,7 @@ import {
   resumeSandboxUpdate,
   sandboxQuery,
   sandboxReadyUpdate,
+  sandboxWorkflowId,
   startSandboxUpdate,
   stopSandboxUpdate,
   suspendSandboxUpdate,
@@ -38,16 +39,25 @@ import {
   decideExec,
   decideFileAccess,
   decideSandboxOp,
-  type Rejection,
   type SandboxOp,
 } from './lifecycle';
-import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-state';
+import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-aggregate';
 import { nowIso, nowMs } from './clock';
 import { Publisher } from './visibility';
-import { ExecInput, ReadFileInput, ReconcileInput, WriteFileInput } from '../common/schemas';
-import { describeIssues } from '../common/errors';
+import type { ReconcileInput } from '../common/schemas';
+import {
+  execInputIssues,
+  readFileInputIssues,
+  reconcileInputIssues,
+  writeFileInputIssues,
+  type WireIssue,
+} from '../common/wire-checks';
+import { describeIssues, END_REASON, nonRetryableErrorTypes } from '../common/errors';
 
-const shared = proxyActivities<Activities>({ startToCloseTimeout: '5m', retry: { maximumInterval: '1m' } });
+const shared = proxyActivities<Activities>({
+  startToCloseTimeout: '5m',
+  retry: { maximumInterval: '1m', nonRetryableErrorTypes: nonRetryableErrorTypes() },
+});
 
 /** A suspend whose release failed for good is refused with the release's error (it used to answer `suspended`). */
 const PATCH_SUSPEND_OUTCOME = 'suspend-outcome';
@@ -60,6 +70,9 @@ const PATCH_FILE_BUSY = 'file-ops-busy';
 
 /** Destroy and retention expiry delete every checkpoint of the sandbox (they used to delete the latest only). */
 const PATCH_ALL_CHECKPOINTS = 'all-checkpoints';
+
+/** Retention expiry destroys the sandbox, never waiting for a release (it used to wait, forever when the host was gone). */
+const PATCH_RETENTION_DESTROYS = 'retention-expiry-destroys';
 
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
@@ -101,7 +114,7 @@ class SandboxEntity {
     this.sandbox = new ExecutionBindingLifecycleCoordinator(
       this.s.record,
       {
-        ownerId: `sandbox-${this.s.sandboxId}`,
+        ownerId: sandboxWorkflowId(this.s.sandboxId),
         provider: this.s.create.provider,
         ...(this.s.create.template ? { template: this.s.create.template } : {}),
         ...(this.s.create.env ? { env: this.s.create.env } : {}),
@@ -138,7 +151,7 @@ class SandboxEntity {
       {
         validator: (...args: unknown[]) => {
           const arity = checkArity('ready', args, 0);
-          if (arity) throw failure(arity);
+          if (arity) refuse(arity);
         },
       },
     );
@@ -185,9 +198,13 @@ class SandboxEntity {
       },
       {
         validator: (...args: unknown[]) => {
-          parseArgs('exec', args, ExecInput);
+          // A raw Temporal client is not held to the typed client's limit: an input Temporal cannot
+          // carry in the activity that runs it would fail every workflow task of this sandbox.
+          const tooLarge = inputTooLarge('exec', args[0]);
+          if (tooLarge) refuse({ code: 'PAYLOAD_TOO_LARGE', message: tooLarge });
+          parseArgs('exec', args, execInputIssues);
           const rejection = decideExec(this.facts());
-          if (rejection) throw failure(rejection);
+          if (rejection) refuse(rejection);
         },
       },
     );
@@ -199,7 +216,7 @@ class SandboxEntity {
       }),
       {
         validator: (...args: unknown[]) => {
-          parseArgs('readFile', args, ReadFileInput);
+          parseArgs('readFile', args, readFileInputIssues);
           this.checkFileAccess();
         },
       },
@@ -213,12 +230,12 @@ class SandboxEntity {
         validator: (...args: unknown[]) => {
           const content = (args[0] as { contentBase64?: unknown } | undefined)?.contentBase64;
           if (args.length === 1 && typeof content === 'string' && (content.length * 3) / 4 > FILE_LIMIT_BYTES) {
-            throw failure({
+            refuse({
               code: 'PAYLOAD_TOO_LARGE',
               message: `file content must be at most ${FILE_LIMIT_BYTES} bytes`,
             });
           }
-          parseArgs('writeFile', args, WriteFileInput);
+          parseArgs('writeFile', args, writeFileInputIssues);
           this.checkFileAccess();
         },
       },
@@ -226,17 +243,17 @@ class SandboxEntity {
 
     setHandler(reconcileSignal, (input) => {
       // Anyone can signal: a malformed report (say, `alive` missing) must not lose the sandbox.
-      const parsed = ReconcileInput.safeParse(input);
-      if (!parsed.success) {
-        log.warn('reconcile rejected', { sandboxId: this.s.sandboxId, message: describeIssues(parsed.error.issues) });
+      const issues = reconcileInputIssues(input);
+      if (issues.length) {
+        log.warn('reconcile rejected', { sandboxId: this.s.sandboxId, message: describeIssues(issues) });
         return;
       }
-      const { hostId, alive } = parsed.data;
+      const { hostId, alive } = input as ReconcileInput;
       if (alive || hostId !== this.s.record.hostId || this.changing) return;
       if (decideSandboxOp(this.facts(), 'lose').kind === 'transition') {
         this.s.state = 'lost';
         this.s.error = {
-          code: 'LOST',
+          code: END_REASON.LOST,
           message: `host ${hostId} restarted and the sandbox's processes did not survive`,
         };
         this.changed();
@@ -279,7 +296,7 @@ class SandboxEntity {
 
   private checkFileAccess(): void {
     const rejection = decideFileAccess(this.facts());
-    if (rejection) throw failure(rejection);
+    if (rejection) refuse(rejection);
   }
 
   /** One update per state change; the validator rejects before anything is written to history. */
@@ -313,12 +330,12 @@ class SandboxEntity {
       {
         validator: (...args: unknown[]) => {
           const arity = checkArity(op, args, 0);
-          if (arity) throw failure(arity);
+          if (arity) refuse(arity);
           const decision = decideSandboxOp(this.facts(), op);
-          if (decision.kind === 'reject') throw failure(decision.rejection);
+          if (decision.kind === 'reject') refuse(decision.rejection);
           const missing = decision.kind === 'transition' ? unsupported() : undefined;
           if (missing)
-            throw failure({
+            refuse({
               code: 'NOT_SUPPORTED',
               message: `provider ${this.s.create.provider} does not support ${missing}`,
             });
@@ -337,7 +354,7 @@ class SandboxEntity {
 
   private async suspend(): Promise<void> {
     const decision = this.suspendDecision();
-    if (decision.kind === 'retain') throw failure({ code: 'NOT_SUPPORTED', message: decision.why });
+    if (decision.kind === 'retain') refuse({ code: 'NOT_SUPPORTED', message: decision.why });
     this.sandbox.startRelease(decision.mode, 'MANUAL', { sandboxid: this.s.sandboxId }, () => false);
     this.s.suspendedAtMs = nowMs();
     await condition(
@@ -432,6 +449,12 @@ class SandboxEntity {
     return candidates.sort((a, b) => a.atMs - b.atMs)[0];
   }
 
+  /** Suspended past retention: every call but destroy is a stale route. */
+  private expire(): void {
+    this.s.expired = true;
+    this.s.error = { code: END_REASON.SUSPEND_EXPIRED, message: 'suspended longer than the retention period' };
+  }
+
   /** Durable lifecycle timers: ttl destroys, idle timeout pauses, retention expires. */
   private async onDeadline(kind: 'ttl' | 'idle' | 'retention'): Promise<void> {
     await condition(() => !this.changing);
@@ -440,7 +463,10 @@ class SandboxEntity {
       if (kind === 'ttl') {
         await this.destroy();
         this.s.state = 'destroyed';
-        this.s.error = { code: 'TTL_EXPIRED', message: `sandbox exceeded its ttl of ${this.s.create.policy?.ttl}` };
+        this.s.error = {
+          code: END_REASON.TTL_EXPIRED,
+          message: `sandbox exceeded its ttl of ${this.s.create.policy?.ttl}`,
+        };
       } else if (
         kind === 'idle' &&
         this.s.state === 'running' &&
@@ -450,13 +476,20 @@ class SandboxEntity {
       ) {
         await this.sandbox.op('pause');
         this.s.state = 'paused';
+      } else if (kind === 'retention' && this.s.state === 'suspended' && patched(PATCH_RETENTION_DESTROYS)) {
+        // Stale from here on. Nothing is kept, so no release is waited for (its host may be gone):
+        // destroy cancels it, gives the host a bounded try (then its maintenance), and deletes the
+        // checkpoints of every fence, also one a cancelled release uploaded without telling anyone.
+        // The error says the expiry is done.
+        this.s.expired = true;
+        await this.sandbox.destroy();
+        this.expire();
       } else if (kind === 'retention' && this.s.state === 'suspended') {
         await this.sandbox.settleRelease();
         const checkpoint = this.s.record.checkpoint;
         if (patched(PATCH_ALL_CHECKPOINTS)) await this.sandbox.deleteCheckpoints();
         else if (checkpoint) await shared.deleteCheckpoint({ uri: checkpoint.uri });
-        this.s.expired = true;
-        this.s.error = { code: 'SUSPEND_EXPIRED', message: 'suspended longer than the retention period' };
+        this.expire();
       }
     } catch (err) {
       log.warn('lifecycle timer action failed', { kind, error: failureMessage(err) });
@@ -470,16 +503,11 @@ class SandboxEntity {
 }
 
 /** An update's one argument, checked against its wire schema (and the update's arity) in the validator. */
-function parseArgs(update: string, args: unknown[], schema: z.ZodType): void {
+function parseArgs(update: string, args: unknown[], check: (value: unknown) => WireIssue[]): void {
   const arity = checkArity(update, args, 1);
-  if (arity) throw failure(arity);
-  const parsed = schema.safeParse(args[0]);
-  if (!parsed.success)
-    throw failure({ code: 'INVALID_ARGUMENT', message: `${update}: ${describeIssues(parsed.error.issues)}` });
-}
-
-function failure(rejection: Rejection): ApplicationFailure {
-  return ApplicationFailure.create({ type: rejection.code, message: rejection.message, nonRetryable: true });
+  if (arity) refuse(arity);
+  const issues = check(args[0]);
+  if (issues.length) refuse({ code: 'INVALID_ARGUMENT', message: `${update}: ${describeIssues(issues)}` });
 }
 
 /** Provider failures reach the caller with their code (e.g. NOT_FOUND for a missing file). */

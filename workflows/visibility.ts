@@ -1,16 +1,20 @@
-import { setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
+import { patched, setCurrentDetails, upsertMemo, upsertSearchAttributes, workflowInfo } from '@temporalio/workflow';
 import type { SearchAttributeUpdatePair } from '@temporalio/common';
-import type { ExecutionResourceRecord } from '../common/schemas';
+import { labelKeywords } from '../common/labels';
+import { PENDING_MEMO, pendingMemo } from '../common/interactions';
+import type { ExecutionResourceRecord, InteractionRequest } from '../common/schemas';
 import { pendingInteractions, type SessionAggregate } from './run-state';
 import {
   StasisBlockedSince,
   StasisHostId,
   StasisKind,
+  StasisLabels,
   StasisPendingInteractions,
   StasisProvider,
   StasisParentRunId,
   StasisResourceState,
   StasisStatus,
+  SEARCH_ATTRIBUTE_KEYS,
 } from './search-attributes';
 
 // Keeps the search attributes and the current details of a workflow current, so
@@ -19,13 +23,39 @@ import {
 // memory of what was published lives in each workflow's own Publisher: module
 // state would be shared between workflows on a worker and break replay.
 
+/** The Run's pending interactions go in its memo, so one visibility list finds them all (the approval page). */
+export const PATCH_PENDING_MEMO = 'stasis-run-pending-memo';
+
+/**
+ * One upsert per activation: what the workflow was started with counts as published, and the
+ * upserts of one activation are merged into one (workflows/upsert-merge.ts). Histories recorded
+ * before hold one upsert per change.
+ */
+export const PATCH_ONE_UPSERT = 'stasis-one-upsert-per-activation';
+
+/** The attributes a Publisher keeps current: all but the labels, which are set once, at the start. */
+const ALL_KEYS = SEARCH_ATTRIBUTE_KEYS.filter((key) => key !== StasisLabels);
+
+const published = (value: unknown): string =>
+  value instanceof Date ? value.toISOString() : JSON.stringify(value ?? null);
+
 export class Publisher {
   private readonly published = new Map<string, string>();
   private details = '';
+  private pendingIds = '';
+  /** Decided once, when the workflow starts (or replays its start); the marker also turns the merging on. */
+  private readonly gather = patched(PATCH_ONE_UPSERT);
+
+  /** `isPatched`: patched() as the workflow decides it (a Run's baseline, workflows/run-controller.ts). */
+  constructor(private readonly isPatched: (patchId: string) => boolean = patched) {
+    if (!this.gather) return;
+    const started = workflowInfo().typedSearchAttributes;
+    for (const key of ALL_KEYS) this.published.set(key.name, published(started.get(key)));
+  }
 
   upsertChanged(pairs: SearchAttributeUpdatePair[]): void {
     const changed = pairs.filter((p) => {
-      const value = p.value instanceof Date ? p.value.toISOString() : JSON.stringify(p.value ?? null);
+      const value = published(p.value);
       if (this.published.get(p.key.name) === value) return false;
       this.published.set(p.key.name, value);
       return true;
@@ -43,6 +73,14 @@ export class Publisher {
     publishRun(this, run);
   }
 
+  /** Upserts the memo of pending interactions when the set changes (each one is fixed once asked). */
+  pending(pending: InteractionRequest[]): void {
+    const ids = pending.map((i) => i.id).join(',');
+    if (ids === this.pendingIds) return;
+    this.pendingIds = ids;
+    if (this.isPatched(PATCH_PENDING_MEMO)) upsertMemo({ [PENDING_MEMO]: pendingMemo(pending) });
+  }
+
   sandbox(view: { state: string; record: ExecutionResourceRecord }): void {
     publishSandbox(this, view);
   }
@@ -57,14 +95,25 @@ function recordPairs(record: ExecutionResourceRecord): SearchAttributeUpdatePair
   ];
 }
 
+/** A child Run publishes its labels itself; a Run a client starts has them from its start. */
+export const PATCH_LABELS = 'stasis-run-labels';
+
+function labelPairs(labels: Record<string, string> | undefined): SearchAttributeUpdatePair[] {
+  const keywords = labelKeywords(labels);
+  if (keywords.length === 0 || workflowInfo().typedSearchAttributes.get(StasisLabels) !== undefined) return [];
+  return patched(PATCH_LABELS) ? [{ key: StasisLabels, value: keywords }] : [];
+}
+
 function publishRun(publisher: Publisher, run: SessionAggregate): void {
   const pending = pendingInteractions(run);
+  publisher.pending(pending);
   publisher.upsertChanged([
     { key: StasisKind, value: 'run' },
     { key: StasisStatus, value: run.status },
     { key: StasisPendingInteractions, value: pending.length },
     { key: StasisParentRunId, value: run.parentRunId ?? null },
     ...recordPairs(run.record),
+    ...labelPairs(run.spec.labels),
   ]);
   const r = run.record;
   publisher.setDetails(
@@ -81,7 +130,14 @@ function publishRun(publisher: Publisher, run: SessionAggregate): void {
 }
 
 function publishSandbox(publisher: Publisher, view: { state: string; record: ExecutionResourceRecord }): void {
-  publisher.upsertChanged([{ key: StasisKind, value: 'sandbox' }, { key: StasisStatus, value: view.state }, ...recordPairs(view.record)]);
+  publisher.upsertChanged([
+    { key: StasisKind, value: 'sandbox' },
+    { key: StasisStatus, value: view.state },
+    ...recordPairs(view.record),
+  ]);
   const r = view.record;
-  publisher.setDetails(`**${view.state}** · \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` + (r.lastError ? ` · ${r.lastError}` : ''));
+  publisher.setDetails(
+    `**${view.state}** · \`${r.sandboxId}\` on ${r.hostId ?? '(no host)'} · ${r.state} · fence ${r.fence}` +
+      (r.lastError ? ` · ${r.lastError}` : ''),
+  );
 }

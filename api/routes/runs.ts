@@ -1,7 +1,15 @@
 import { activeWorkspacesOfRun } from '../../common/host-paths';
 import { InteractionRequest, InteractionResponse, ResourceView, RunSnapshot, RunSpec } from '../../common/schemas';
 import { defineRoute, type RouteDef } from '../route';
-import { InteractionParams, ListRunsQuery, RunList, RunParams, RunStarted } from '../schemas';
+import {
+  InteractionParams,
+  ListRunsQuery,
+  PendingInteractionList,
+  PendingInteractionsQuery,
+  RunList,
+  RunParams,
+  RunStarted,
+} from '../schemas';
 
 // Runs: start, read, list, answer, suspend, resume, cancel.
 
@@ -29,6 +37,18 @@ export function runRoutes(): RouteDef[] {
       errors: ['INVALID_ARGUMENT'],
       role: 'approver',
       handle: async ({ query, client }) => ({ runs: await client.runs.list(query) }),
+    }),
+    defineRoute({
+      method: 'GET',
+      path: '/api/v1/interactions',
+      summary:
+        'Every pending interaction with its Run, oldest first, a page at a time (`after` = the `next` of the page before)',
+      query: PendingInteractionsQuery,
+      status: 200,
+      response: PendingInteractionList,
+      errors: ['INVALID_ARGUMENT'],
+      role: 'approver',
+      handle: ({ query, client }) => client.runs.pendingInteractions(query),
     }),
     defineRoute({
       method: 'GET',
@@ -62,7 +82,9 @@ export function runRoutes(): RouteDef[] {
       response: InteractionRequest,
       errors: ['INVALID_ARGUMENT', 'NOT_FOUND', 'ALREADY_ANSWERED', 'STALE_SANDBOX_ROUTE', 'INVALID_STATE_TRANSITION'],
       role: 'approver',
-      handle: ({ params, body, caller, client }) => client.runs.respond(params.id, params.iid, body, { respondedBy: caller.name }),
+      answers: true,
+      handle: ({ params, body, caller, client }) =>
+        client.runs.respond(params.id, params.iid, body, { respondedBy: caller.name }),
     }),
     defineRoute({
       method: 'POST',

@@ -1,8 +1,8 @@
 import { activeWorkspacesOfSandbox } from '../../common/host-paths';
-import { CreateSandboxInput, ExecInput, ExecResult, SandboxView } from '../../common/schemas';
+import { CreateSandboxInput, ExecInput, ExecResult, SandboxPage, SandboxView } from '../../common/schemas';
 import type { ErrorCode } from '../../common/errors';
 import { defineRoute, type RouteDef } from '../route';
-import { FileQuery, SandboxParams } from '../schemas';
+import { FileQuery, ListSandboxesQuery, SandboxParams } from '../schemas';
 
 // Standalone sandboxes.
 
@@ -43,6 +43,23 @@ export function sandboxRoutes(): RouteDef[] {
       role: 'operator',
       adminField: (input) => activeWorkspacesOfSandbox(input)[0]?.field,
       handle: ({ body, client }) => client.sandboxes.create(body, { inputName: 'body' }),
+    }),
+    defineRoute({
+      method: 'GET',
+      path: '/api/v1/sandboxes',
+      summary:
+        'List sandboxes, newest first, by `state` (all but destroyed when absent) and `label=key:value` (repeatable, all must match); ' +
+        'one page at a time: pass `nextPageToken` from the answer for the next',
+      query: ListSandboxesQuery,
+      status: 200,
+      response: SandboxPage,
+      errors: ['INVALID_ARGUMENT'],
+      role: 'operator',
+      handle: ({ query, client }) => {
+        const { label, ...rest } = query;
+        const labels = label === undefined ? {} : { label: Array.isArray(label) ? label : [label] };
+        return client.sandboxes.list({ ...rest, ...labels }, { inputName: 'query' });
+      },
     }),
     defineRoute({
       method: 'GET',

@@ -15,7 +15,9 @@ export function apiCommand(program: Command, begin: (cmd: Command) => CliContext
       const config = ctx.config();
       const tokens = config.STASIS_API_TOKENS ?? [];
       if (tokens.length === 0)
-        throw new ConfigError(['STASIS_API_TOKENS: must be set (name:secret[:role],...): every /api route needs a token']);
+        throw new ConfigError([
+          'STASIS_API_TOKENS: must be set (name:secret[:role],...): every /api route needs a token',
+        ]);
       const { startApi } = await import('../../api/server');
       const { app, url } = await startApi({ client: await ctx.client(), tokens, addr: config.STASIS_HTTP_ADDR });
       ctx.print(

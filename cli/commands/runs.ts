@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import * as os from 'node:os';
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
-import { RunStatus } from '../../common/schemas';
+import { RunStatus, type InteractionResponse } from '../../common/schemas';
 import type { CliContext } from '../context';
 import { interactionLine, runText } from '../format';
 
@@ -77,36 +77,63 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
 
   program
     .command('approve <runId> <interactionId>')
-    .description('answer a pending interaction: approve (default), --deny, or --input for input interactions')
+    .description(
+      'answer a pending interaction: approve (default), --deny, --edit-command (approve with an edited command), --option, or --input',
+    )
     .option('--deny', 'deny instead of approving')
+    .option('--edit-command <command>', 'approve with this command in place of the one under review')
+    .option('--option <choice>', "choose one of the interaction's options")
     .option('--comment <text>', 'a comment recorded with the decision')
     .option('--input <text>', 'the answer to an input interaction')
     .action(
       async (
         runId: string,
         interactionId: string,
-        opts: { deny?: boolean; comment?: string; input?: string },
+        opts: { deny?: boolean; editCommand?: string; option?: string; comment?: string; input?: string },
         cmd: Command,
       ) => {
         const ctx = begin(cmd);
-        if (opts.input !== undefined && (opts.deny || opts.comment !== undefined)) {
-          throw new StasisError(
-            'INVALID_ARGUMENT',
-            '--input answers an input interaction; it does not go with --deny or --comment',
-          );
-        }
-        const response =
-          opts.input !== undefined
-            ? { input: opts.input }
-            : {
-                decision: opts.deny ? ('deny' as const) : ('approve' as const),
-                ...(opts.comment !== undefined ? { comment: opts.comment } : {}),
-              };
+        const { response, verb } = answerFromOptions(opts);
         // Who answers is who runs the command, not a name it is given: `--as` would let anyone sign as anyone.
         const respondedBy = os.userInfo().username;
         const answered = await (await ctx.client()).runs.respond(runId, interactionId, response, { respondedBy });
-        const verb = opts.input !== undefined ? 'Answered' : opts.deny ? 'Denied' : 'Approved';
         ctx.print(answered, `${verb} ${interactionId} of ${runId} as ${respondedBy}`);
       },
     );
+}
+
+/** The answer the options of `stasis approve` give; at most one kind of answer at a time. */
+function answerFromOptions(opts: {
+  deny?: boolean;
+  editCommand?: string;
+  option?: string;
+  comment?: string;
+  input?: string;
+}): {
+  response: InteractionResponse;
+  verb: string;
+} {
+  const given = [
+    opts.deny ? '--deny' : undefined,
+    opts.editCommand !== undefined ? '--edit-command' : undefined,
+    opts.option !== undefined ? '--option' : undefined,
+    opts.input !== undefined ? '--input' : undefined,
+  ].filter((o) => o !== undefined);
+  if (given.length > 1) throw new StasisError('INVALID_ARGUMENT', `${given.join(' and ')}: give one kind of answer`);
+  const comment = opts.comment !== undefined ? { comment: opts.comment } : {};
+  if (opts.input !== undefined) {
+    if (opts.comment !== undefined)
+      throw new StasisError('INVALID_ARGUMENT', '--input answers an input interaction; it does not go with --comment');
+    return { response: { input: opts.input }, verb: 'Answered' };
+  }
+  if (opts.editCommand !== undefined)
+    return {
+      response: { decision: 'edit', action: { command: opts.editCommand }, ...comment },
+      verb: 'Approved (edited)',
+    };
+  if (opts.option !== undefined)
+    return { response: { option: opts.option, ...comment }, verb: `Chose ${JSON.stringify(opts.option)} for` };
+  return opts.deny
+    ? { response: { decision: 'deny', ...comment }, verb: 'Denied' }
+    : { response: { decision: 'approve', ...comment }, verb: 'Approved' };
 }

@@ -1,11 +1,11 @@
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
-import type { CreateSandboxInput } from '../../common/schemas';
+import type { CreateSandboxInput, SandboxState } from '../../common/schemas';
 import type { CliContext } from '../context';
-import { bytes, sandboxText } from '../format';
+import { bytes, sandboxListText, sandboxText } from '../format';
 import { withProgress } from '../progress';
 
-// `stasis sandbox create|get|exec|suspend|resume|destroy`.
+// `stasis sandbox create|list|get|exec|suspend|resume|destroy`.
 
 const collect = (value: string, previous: string[]): string[] => [...previous, value];
 
@@ -20,13 +20,31 @@ function envPairs(pairs: string[]): Record<string, string> | undefined {
   );
 }
 
+function labelPairs(pairs: string[]): Record<string, string> {
+  return Object.fromEntries(
+    pairs.map((pair) => {
+      const at = pair.indexOf(':');
+      if (at < 1) throw new StasisError('INVALID_ARGUMENT', `--label: ${JSON.stringify(pair)} must be key:value`);
+      return [pair.slice(0, at), pair.slice(at + 1)];
+    }),
+  );
+}
+
 interface CreateOptions {
+  label: string[];
   provider: string;
   template?: string;
   env: string[];
   workspace?: string;
   timeout?: string;
   ttl?: string;
+}
+
+interface ListOptions {
+  state?: string;
+  label: string[];
+  pageSize?: number;
+  pageToken?: string;
 }
 
 export function sandboxCommands(program: Command, begin: (cmd: Command) => CliContext): void {
@@ -41,6 +59,12 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
     .option('--workspace <hostPath>', 'an active workspace on this host path (default: isolated)')
     .option('--timeout <duration>', 'pause after this long idle (30s, 5m, 2h, 1d)')
     .option('--ttl <duration>', 'destroy after this long')
+    .option(
+      '--label <key:value>',
+      'a label, searchable in Temporal Web and by `sandbox list` (repeatable)',
+      collect,
+      [],
+    )
     .action(async (opts: CreateOptions, cmd: Command) => {
       const ctx = begin(cmd);
       const client = await ctx.client();
@@ -52,6 +76,7 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
         ...(opts.timeout || opts.ttl
           ? { policy: { ...(opts.timeout ? { timeout: opts.timeout } : {}), ...(opts.ttl ? { ttl: opts.ttl } : {}) } }
           : {}),
+        ...(opts.label.length > 0 ? { labels: labelPairs(opts.label) } : {}),
       };
       const created = await client.sandboxes.create(input);
       const started = await withProgress(
@@ -60,6 +85,29 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
         client.sandboxes.start(created.sandboxId),
       );
       ctx.print(started, `Created ${sandboxText(started)}`);
+    });
+
+  sandbox
+    .command('list')
+    .description('sandboxes, newest first (all but destroyed unless --state says), one page at a time')
+    .option('--state <state>', 'only sandboxes in this state')
+    .option('--label <key:value>', 'only sandboxes with this label (repeatable: all must match)', collect, [])
+    .option('--page-size <n>', 'sandboxes per page (1-1000, default 100)', (v) => Number(v))
+    .option('--page-token <token>', 'the next page: the token the previous page printed')
+    .action(async (opts: ListOptions, cmd: Command) => {
+      const ctx = begin(cmd);
+      const page = await (
+        await ctx.client()
+      ).sandboxes.list(
+        {
+          ...(opts.state !== undefined ? { state: opts.state as SandboxState } : {}),
+          ...(opts.label.length > 0 ? { label: opts.label } : {}),
+          ...(opts.pageSize !== undefined ? { pageSize: opts.pageSize } : {}),
+          ...(opts.pageToken !== undefined ? { nextPageToken: opts.pageToken } : {}),
+        },
+        { inputName: 'options' },
+      );
+      ctx.print(page, sandboxListText(page));
     });
 
   sandbox

@@ -1,6 +1,6 @@
 import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { InteractionRequest, MetricsSnapshot, RunSnapshot, SandboxView } from '../../common/schemas';
@@ -180,6 +180,61 @@ test('human output: the waiting list says how to answer, and approve --input ans
     60_000,
     'COMPLETED',
   );
+});
+
+test('approve --option and --edit-command: the waiting list names them, a wrong option is refused, the edited command runs', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'stasis-cli-spec-'));
+  const file = path.join(dir, 'gate.json');
+  writeFileSync(
+    file,
+    JSON.stringify({
+      agent: {
+        driver: 'scripted',
+        steps: [
+          {
+            ask: 'Run the cleanup?',
+            action: { command: 'echo cleanup everything' },
+            options: ['tonight'],
+            accepts: ['approve', 'deny', 'edit', 'option'],
+          },
+          { exec: 'echo cleanup everything' },
+        ],
+      },
+      sandbox: { provider: 'local' },
+    }),
+  );
+  const { runId } = await json<{ runId: string }>('run', 'start', file);
+  const listed = await eventually(
+    async () => {
+      const list = await stasis('run', 'list', '--waiting');
+      return list.stdout.includes(runId) && list.stdout;
+    },
+    60_000,
+    'the Run in the waiting list',
+  );
+  expect(listed).toContain(
+    `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option "tonight"]`,
+  );
+  const two = await stasis('approve', runId, 'int-1', '--deny', '--option', 'tonight');
+  expect(two.code).toBe(1);
+  expect(two.stderr).toContain('--deny and --option: give one kind of answer');
+  const wrong = await stasis('approve', runId, 'int-1', '--option', 'now');
+  expect(wrong.code).toBe(1);
+  expect(wrong.stderr).toContain('INVALID_ARGUMENT: response.option: "now" is not one of the options ("tonight")');
+  const edited = await stasis('approve', runId, 'int-1', '--edit-command', 'echo cleanup tmp only');
+  expect({ code: edited.code, stdout: edited.stdout }).toEqual({
+    code: 0,
+    stdout: `Approved (edited) int-1 of ${runId} as ${os.userInfo().username}\n`,
+  });
+  const done = await eventually(
+    async () => {
+      const run = await json<RunSnapshot>('run', 'get', runId);
+      return run.status === 'COMPLETED' && run;
+    },
+    60_000,
+    'COMPLETED',
+  );
+  expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
 });
 
 test('sandbox create, exec, suspend, resume (with progress on stderr), exec, destroy', async () => {

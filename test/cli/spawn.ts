@@ -7,7 +7,7 @@ import * as path from 'node:path';
 const ROOT = path.join(__dirname, '..', '..');
 export const CLI = {
   command: process.execPath,
-  args: ['-r', path.join(__dirname, 'register-ts.js'), path.join(ROOT, 'cli', 'main.ts')],
+  args: ['-r', path.join(ROOT, 'scripts', 'register-ts.js'), path.join(ROOT, 'cli', 'main.ts')],
   cwd: ROOT,
 };
 

@@ -35,7 +35,7 @@ export async function startStasis(
   const log = openSync(logFile, 'a');
   const child = spawn(
     process.execPath,
-    ['-r', path.join(ROOT, 'test', 'cli', 'register-ts.js'), path.join(ROOT, 'cli', 'main.ts'), command],
+    ['-r', path.join(ROOT, 'scripts', 'register-ts.js'), path.join(ROOT, 'cli', 'main.ts'), command],
     {
       cwd: ROOT,
       env,

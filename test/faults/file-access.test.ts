@@ -234,7 +234,15 @@ describe('through the REST route', () => {
   test('a bwrap sandbox swapping a directory and a host link under REST reads and writes: no escape', async () => {
     const { sandboxId } = await stack.client.sandboxes.create({ provider: 'bwrap' });
     await stack.client.sandboxes.start(sandboxId);
-    const workspace = path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a', 'sandboxes', sandboxId, 'workspace');
+    const workspace = path.join(
+      stack.config.STASIS_DATA_DIR,
+      'hosts',
+      'host-a',
+      'sandboxes',
+      sandboxId,
+      'volume',
+      'workspace',
+    );
     const outside = await hostDir();
     const files = `/api/v1/sandboxes/${sandboxId}/files`;
     const exec = async (command: string) =>

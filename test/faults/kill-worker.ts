@@ -1,13 +1,14 @@
 // A real Stasis worker in its own process, for the SIGKILL fault test
 // (test/faults/worker-kill.test.ts). Run with
-//   node -r test/cli/register-ts.js test/faults/kill-worker.ts
+//   node -r scripts/register-ts.js test/faults/kill-worker.ts
 // and the worker's usual environment (TEMPORAL_ADDRESS, STASIS_TASK_QUEUE,
 // STASIS_DATA_DIR, STASIS_HOST_ID, the S3 settings), plus:
 //   KILL_BUNDLE   a JSON file with the pre-built workflow bundle ({code, sourceMap})
 //   KILL_PLAN     a JSON file {sandboxId: point}: where that sandbox's release or restore stops
 //   KILL_MARKERS  a directory: `<sandboxId>@<point>` appears when a call has stopped there
 //   KILL_LOG      a JSON-lines file of what the provider did (releases, with duplicate or not; restores)
-// The provider is the real `local` provider under the name `killable`, the store
+//   KILL_PROVIDER `local` (default) or `bwrap`: whose sandboxes the provider makes
+// The provider is the real `local` (or `bwrap`) provider under the name `killable`, the store
 // the real S3 store; at a planned point a call stops (keeping its activity alive
 // with heartbeats) until the test kills this process. A point is stopped at once:
 // after a restart the marker exists and the call goes through.
@@ -17,6 +18,7 @@ import { Transform, type Readable } from 'node:stream';
 import { DefaultLogger, Runtime, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { loadConfig } from '../../common/config';
 import type { ProviderDeps, RequestContext, SandboxProvider } from '../../providers/api';
+import { bubblewrapCommands } from '../../providers/bwrap';
 import { createLocalProvider } from '../../providers/local';
 import { S3CheckpointStore } from '../../stores/s3';
 import type { CheckpointStore } from '../../stores/api';
@@ -82,11 +84,14 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
     delete: (uri) => inner.delete(uri),
     exists: (uri) => inner.exists(uri),
     deletePrefix: (prefix) => inner.deletePrefix(prefix),
+    list: (prefix) => inner.list(prefix),
+    read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
   };
 }
 
 function killableProvider(deps: ProviderDeps): SandboxProvider {
-  const local = createLocalProvider(deps, { name: 'killable' });
+  const commands = process.env.KILL_PROVIDER === 'bwrap' ? { commands: bubblewrapCommands() } : {};
+  const local = createLocalProvider(deps, { name: 'killable', ...commands });
   return {
     ...local,
     async release(request, context) {

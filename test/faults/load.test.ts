@@ -1,7 +1,7 @@
 import { readdirSync } from 'node:fs';
 import * as path from 'node:path';
 import { scanSandboxProcesses } from '../../providers/processes';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { storedKeys, testS3 } from '../helpers/s3';
 import { startStack, type TestStack } from '../helpers/stack';
 import { failedWorkflowTasks, historyEvents, sleep, Tally, writeSummary } from './helpers';
 
@@ -127,7 +127,7 @@ test(
     expect(workspaces).toEqual([]);
     // A completed Run destroyed its sandbox, and with it every checkpoint.
     checkpointsLeft = 0;
-    for (const runId of runIds) checkpointsLeft += (await checkpointKeys(s3, `${runId}-sbx`)).length;
+    for (const runId of runIds) checkpointsLeft += (await storedKeys(s3, `${runId}-sbx`)).length;
     expect(checkpointsLeft).toBe(0);
   },
   DEADLINE_MS + 120_000,

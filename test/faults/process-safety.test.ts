@@ -27,7 +27,7 @@ afterAll(async () => {
 });
 
 const workspaceOf = (sandboxId: string) =>
-  path.join(stack.config.STASIS_DATA_DIR, 'hosts', HOST, 'sandboxes', sandboxId, 'workspace');
+  path.join(stack.config.STASIS_DATA_DIR, 'hosts', HOST, 'sandboxes', sandboxId, 'volume', 'workspace');
 const counter = (sandboxId: string, file: string) => {
   try {
     return Number(readFileSync(path.join(workspaceOf(sandboxId), file), 'utf8').trim() || '0');

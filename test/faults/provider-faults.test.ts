@@ -6,7 +6,7 @@ import {
   type ReleaseFaults,
   type RestoreFault,
 } from '../helpers/faulty-provider';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import {
   checkpointVerifies,
@@ -206,7 +206,7 @@ test('a stale fence is refused once (STALE_FENCE is not retried); the answer re-
     whileWaiting: async (runId) => {
       // Not retried: one call, refused, and the compute the record still holds is alive.
       const view = await refusedOnce(runId, /fence/, 'STALE_FENCE');
-      expect(await checkpointKeys(s3, view.record.sandboxId)).toEqual([]);
+      expect(await storedKeys(s3, view.record.sandboxId)).toEqual([]);
     },
   });
 }, 180_000);

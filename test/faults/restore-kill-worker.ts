@@ -1,6 +1,6 @@
 // A worker host restoring one checkpoint from S3, in its own process, for the
 // restore SIGKILL test (test/faults/restore-kill.test.ts). Run with
-//   node -r test/cli/register-ts.js test/faults/restore-kill-worker.ts
+//   node -r scripts/register-ts.js test/faults/restore-kill-worker.ts
 // and the S3 settings of the jest global setup, plus:
 //   RK_DATA_DIR, RK_HOST_ID  the host (its own data dir and id: another host than the one that released)
 //   RK_REQUEST               a JSON restore request {sandboxId, fence, checkpoint, workspace?}
@@ -33,7 +33,8 @@ function freeze(): never {
   throw new Error('unreachable');
 }
 
-const isDownload = (file: string) => /\/\.restore-[0-9a-f]+\.tar\.gz$/.test(file);
+// A tar.gz checkpoint's archive, or a pack of a content-addressed one.
+const isDownload = (file: string) => /\/\.restore-[0-9a-f]+\.(tar\.gz|pack-[0-9]+)$/.test(file);
 const isStaged = (file: string) => /\/\.restore-[0-9a-f]+\/workspace\//.test(file);
 
 if (point === 'restore:mid-download') {

@@ -53,7 +53,7 @@ function runWorker(input: {
 }): ChildProcess {
   return spawn(
     process.execPath,
-    ['-r', path.join(ROOT, 'test', 'cli', 'register-ts.js'), path.join(__dirname, 'restore-kill-worker.ts')],
+    ['-r', path.join(ROOT, 'scripts', 'register-ts.js'), path.join(__dirname, 'restore-kill-worker.ts')],
     {
       cwd: ROOT,
       env: {
@@ -81,8 +81,13 @@ async function exitOf(child: ChildProcess): Promise<{ code: number | null; stder
 }
 
 /** What the killed attempt could have left in the sandbox root: staging dirs, downloads, trees moved aside. */
-async function leftoversIn(root: string): Promise<string[]> {
-  return (await fs.readdir(root)).filter((name) => !['envs', 'home', 'meta', 'workspace'].includes(name));
+/** What a restore leaves in a sandbox's root (its download) and on its volume (staged and swapped-out trees). */
+async function leftoversIn(volume: string): Promise<string[]> {
+  const root = path.dirname(volume);
+  return [
+    ...(await fs.readdir(root)).filter((name) => !['meta', 'volume'].includes(name)),
+    ...(await fs.readdir(volume)).filter((name) => !['envs', 'home', 'workspace'].includes(name)),
+  ];
 }
 
 let source: { root: string; checkpoint: Checkpoint; sandboxId: string };
@@ -90,7 +95,7 @@ let source: { root: string; checkpoint: Checkpoint; sandboxId: string };
 beforeAll(async () => {
   const host = await makeHost({ store: s3StoreFromEnv() });
   const sandboxId = await host.sandbox();
-  const root = sandboxPaths(host.dataDir, sandboxId).root;
+  const root = sandboxPaths(host.dataDir, sandboxId).volume;
   await populate(root);
   const receipt = await host.provider.release(
     { sandboxId, idempotencyKey: `${sandboxId}/2`, mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
@@ -118,7 +123,7 @@ describe.each(INSIDE_RESTORE_POINTS)('SIGKILL %s', (point) => {
       kills += 1;
       tally.inject();
       // The kill really came in the middle: no restore result, and the restore's work in progress is on disk.
-      const root = sandboxPaths(dataDir, source.sandboxId).root;
+      const root = sandboxPaths(dataDir, source.sandboxId).volume;
       expect(existsSync(path.join(dataDir, 'restored.json'))).toBe(false);
       expect((await leftoversIn(root)).length).toBeGreaterThan(0);
 

@@ -53,6 +53,15 @@ async function busyRun(suspended: boolean): Promise<string> {
   return runId;
 }
 
+const EXTERNAL_ACTION = { actionId: 'a1', action: { type: 'exec', command: 'true' } };
+
+/** A Run whose agent is external, after its first action. */
+async function externalRun(): Promise<string> {
+  const { runId } = await stack.client.runs.start({ agent: { driver: 'external' }, sandbox: { provider: 'local' } });
+  await stack.client.runs.act(runId, EXTERNAL_ACTION, { waitMs: 60_000 });
+  return runId;
+}
+
 async function sandboxIn(state: 'created' | 'running' | 'paused'): Promise<string> {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
   if (state === 'created') return sandboxId;
@@ -87,10 +96,12 @@ interface Case {
   route: RouteDef;
   /** The least role the request needs (the route's, or admin for an active workspace). */
   needs: Role;
+  /** It answers an interaction. */
+  answers: boolean;
   body?: unknown;
   raw?: Buffer;
   /** A Run and a sandbox in the state this request works on. */
-  needsRun?: 'waiting' | 'busy' | 'suspended';
+  needsRun?: 'waiting' | 'busy' | 'suspended' | 'external';
   needsSandbox?: 'created' | 'running' | 'paused';
 }
 
@@ -99,7 +110,8 @@ function cases(): Case[] {
   const out: Case[] = [];
   for (const route of apiRoutes().filter((r) => !r.public)) {
     const role = route.role!;
-    const base = { name: `${route.method} ${route.path}`, route, needs: role };
+    const answers = route.method === 'POST' && route.path === '/api/v1/runs/{id}/interactions/{iid}';
+    const base = { name: `${route.method} ${route.path}`, route, needs: role, answers };
     const op = route.path.split('/').pop() ?? '';
     if (route.path === '/api/v1/runs' && route.method === 'POST') {
       const spec = { agent: { driver: 'scripted', steps: [{ complete: 1 }] }, sandbox: { provider: 'local' } };
@@ -118,6 +130,9 @@ function cases(): Case[] {
         needs: 'admin',
         body: { provider: 'local', workspace: ACTIVE },
       });
+    } else if (route.path.startsWith('/api/v1/runs/{id}/actions')) {
+      // An external agent's Run that already did action a1: sending it again returns its outcome.
+      out.push({ ...base, body: route.method === 'POST' ? EXTERNAL_ACTION : undefined, needsRun: 'external' });
     } else if (route.path.startsWith('/api/v1/runs/{id}')) {
       const body = op === '{iid}' ? { decision: 'approve' } : undefined;
       out.push({ ...base, body, needsRun: op === 'resume' ? 'suspended' : op === 'suspend' ? 'busy' : 'waiting' });
@@ -135,11 +150,22 @@ function cases(): Case[] {
   return out;
 }
 
+/**
+ * The rule under test, written out: approver, operator and admin are ordered (the ladder of
+ * `allows`); an agent may do what an operator may, except answer an interaction, so an AI
+ * agent never approves what it asked a person to decide.
+ */
+function mayCall(role: Role, c: Case): boolean {
+  if (role === 'agent') return c.needs !== 'admin' && !c.answers;
+  return allows(role, c.needs);
+}
+
 test('every route × every role: the route does its job, or 403 FORBIDDEN as declared, and a 403 changes nothing', async () => {
   const table = cases();
   expect(table.length).toBeGreaterThanOrEqual(22);
   // Every role is both let in and refused somewhere: the table tests the rule, not one side of it.
-  for (const role of ROLES.slice(0, -1)) expect(table.some((c) => !allows(role, c.needs))).toBe(true);
+  for (const role of ROLES.filter((r) => r !== 'admin')) expect(table.some((c) => !mayCall(role, c))).toBe(true);
+  expect(table.filter((c) => c.answers)).toHaveLength(1);
   // Shared by the refused calls, which must not touch them.
   const shared = { runId: await waitingRun(), sandboxId: await sandboxIn('running') };
   await stack.client.sandboxes.exec(shared.sandboxId, { command: 'touch existing' });
@@ -147,12 +173,17 @@ test('every route × every role: the route does its job, or 403 FORBIDDEN as dec
   for (const c of table) {
     for (const role of ROLES) {
       const id = `${c.name} as ${role}`;
-      const allowed = allows(role, c.needs);
+      const allowed = mayCall(role, c);
       tally.start(id, `${id}: ${allowed ? 'refused' : 'let in'}`);
       let runId = shared.runId;
       let sandboxId = shared.sandboxId;
       if (allowed && c.needsRun)
-        runId = c.needsRun === 'waiting' ? await waitingRun() : await busyRun(c.needsRun === 'suspended');
+        runId =
+          c.needsRun === 'waiting'
+            ? await waitingRun()
+            : c.needsRun === 'external'
+              ? await externalRun()
+              : await busyRun(c.needsRun === 'suspended');
       if (allowed && c.needsSandbox) sandboxId = await sandboxIn(c.needsSandbox);
       if (allowed && c.route.method === 'GET' && c.route.path.endsWith('/files'))
         await stack.client.sandboxes.writeFile(sandboxId, 'written.txt', Buffer.from('there'));
@@ -160,6 +191,7 @@ test('every route × every role: the route does its job, or 403 FORBIDDEN as dec
         c.route.path
           .replace('/runs/{id}', `/runs/${runId}`)
           .replace('{iid}', 'int-1')
+          .replace('{actionId}', 'a1')
           .replace('/sandboxes/{id}', `/sandboxes/${sandboxId}`) +
         (c.route.path.endsWith('/files') ? '?path=written.txt' : '');
       const options: CallOptions = c.raw ? { raw: c.raw } : c.body !== undefined ? { body: c.body } : {};
@@ -176,10 +208,14 @@ test('every route × every role: the route does its job, or 403 FORBIDDEN as dec
         if (response.status !== 403) escapes += 1;
         // The route's own role is checked first (before the body is read), then what the body asks for.
         const refusedFor = allows(role, c.route.role!) ? c.needs : c.route.role!;
+        const why =
+          c.answers && role === 'agent'
+            ? 'answers an interaction, which the agent role may not'
+            : `needs the ${refusedFor} role`;
         expect({ id, status: response.status, json: response.json }).toEqual({
           id,
           status: 403,
-          json: { error: { code: 'FORBIDDEN', message: expect.stringContaining(`needs the ${refusedFor} role`) } },
+          json: { error: { code: 'FORBIDDEN', message: expect.stringContaining(why) } },
         });
         expect({ id, world: await world(shared.runId, shared.sandboxId) }).toEqual({ id, world: before });
       }

@@ -233,8 +233,8 @@ test('under bwrap a sandbox cannot read or write another sandbox’s workspace, 
   const { sandboxId: control } = await stack.client.sandboxes.create({ provider: 'local' });
   for (const id of [a, b, control]) await stack.client.sandboxes.start(id);
   await stack.client.sandboxes.writeFile(a, 'secret.txt', Buffer.from('SECRET-OF-A'));
-  const aWorkspace = path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a', 'sandboxes', a, 'workspace');
-  const aRoot = path.dirname(aWorkspace);
+  const aWorkspace = path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a', 'sandboxes', a, 'volume', 'workspace');
+  const aRoot = path.dirname(path.dirname(aWorkspace));
 
   // The control: without bwrap the path is right there, so the refusals below are bwrap's doing.
   await expect(
@@ -243,7 +243,10 @@ test('under bwrap a sandbox cannot read or write another sandbox’s workspace, 
 
   const attempts: [string, string][] = [
     ['its host path', `cat ${aWorkspace}/secret.txt`],
-    ['a path relative to /workspace', `cat ../../${a}/workspace/secret.txt ../${a}/workspace/secret.txt`],
+    [
+      'a path relative to /workspace',
+      `cat ../../../${a}/volume/workspace/secret.txt ../../${a}/volume/workspace/secret.txt`,
+    ],
     ['the data dir', `ls -R ${stack.config.STASIS_DATA_DIR} ${aRoot}`],
     [
       'another process’s root in /proc',

@@ -181,8 +181,9 @@ const limits = obj(
     memoryMiB: { t: 'int', min: 64, max: 16_777_216 },
     cpus: { t: 'num', min: 0.01, max: 1024 },
     fileMiB: { t: 'int', min: 1, max: 16_777_216 },
+    diskMiB: { t: 'int', min: 16, max: 16_777_216 },
   },
-  ['processes', 'memoryMiB', 'cpus', 'fileMiB'],
+  ['processes', 'memoryMiB', 'cpus', 'fileMiB', 'diskMiB'],
 );
 const template = str(fc.constantFrom('default', 'node'), fc.constantFrom('', 't'.repeat(257)));
 const provider = str(fc.constant('local'), fc.constantFrom('', 'p'.repeat(129)));

@@ -1,6 +1,7 @@
 import type { ProviderDeps, SandboxProvider, SandboxReleaseReceipt } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
 import { StasisError } from '../../common/errors';
+import type { CheckpointStore } from '../../stores/api';
 
 /**
  * How one release call fails: `throw` (an exception); `not-released` (a receipt
@@ -25,6 +26,13 @@ export type RestoreFault = 'throw' | 'hang' | 'hold' | 'unavailable';
  * then its answer is lost the same way).
  */
 export type ExecFault = 'lost' | 'lost-after-run';
+
+/**
+ * How one checkpoint upload (the store's put, inside a release) fails: `hang-after-upload` (the
+ * object is stored whole, then the put never answers until its release is cancelled, so the
+ * provider never learns the checkpoint it made).
+ */
+export type PutFault = 'hang-after-upload';
 
 export interface ProviderCall {
   sandboxId: string;
@@ -59,6 +67,10 @@ export interface ReleaseFaults {
   writeGate?: Promise<void>;
   /** Every file write the provider saw, in order (idempotencyKey is the path). */
   writeCalls?: ProviderCall[];
+  /** The fault (if any) for the `attempt`-th checkpoint upload of `sandboxId` (1-based). */
+  putPlan?: (sandboxId: string, attempt: number) => PutFault | undefined;
+  /** Every checkpoint upload the provider's store saw, in order (idempotencyKey is the object key). */
+  putCalls?: ProviderCall[];
 }
 
 /**
@@ -67,7 +79,7 @@ export interface ReleaseFaults {
  */
 export function faultyProvider(faults: ReleaseFaults) {
   return (deps: ProviderDeps): SandboxProvider => {
-    const local = createLocalProvider(deps, { name: 'faulty' });
+    const local = createLocalProvider({ ...deps, store: faultyStore(deps.store, faults) }, { name: 'faulty' });
     const breakable = (op: 'exec' | 'stop' | 'pause') => {
       if (faults.broken?.includes(op)) throw new StasisError('SANDBOX_FAILED', `injected: sandbox broke during ${op}`);
     };
@@ -226,5 +238,37 @@ export function faultyProvider(faults: ReleaseFaults) {
         }
       },
     };
+  };
+}
+
+/** The provider's real checkpoint store, whose uploads fail as `faults.putPlan` says. */
+function faultyStore(store: CheckpointStore, faults: ReleaseFaults): CheckpointStore {
+  return {
+    kind: store.kind,
+    async put(key, body, labels, signal) {
+      const sandboxId = key.split('/')[1] ?? '';
+      const putCalls = (faults.putCalls ??= []);
+      const fault = faults.putPlan?.(sandboxId, putCalls.filter((c) => c.sandboxId === sandboxId).length + 1);
+      const call: ProviderCall = { sandboxId, fence: -1, idempotencyKey: key, outcome: 'uploading', at: Date.now() };
+      putCalls.push(call);
+      const checkpoint = await store.put(key, body, labels, signal);
+      if (fault !== 'hang-after-upload') {
+        call.outcome = 'uploaded';
+        return checkpoint;
+      }
+      call.outcome = 'uploaded, answer held';
+      await new Promise<void>((resolve) => {
+        if (signal?.aborted) resolve();
+        signal?.addEventListener('abort', () => resolve());
+      });
+      call.outcome = 'uploaded, answer lost';
+      throw new Error(`put of ${key} cancelled after its upload`);
+    },
+    download: (checkpoint, file, signal) => store.download(checkpoint, file, signal),
+    delete: (uri) => store.delete(uri),
+    exists: (uri) => store.exists(uri),
+    deletePrefix: (prefix) => store.deletePrefix(prefix),
+    list: (prefix) => store.list(prefix),
+    read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),
   };
 }

@@ -3,7 +3,18 @@ import type { RunPhase, RunStatus } from '../../common/schemas';
 // The Run's transitions written out independently of the product's RUN_TRANSITIONS,
 // so tests check the rules rather than restate them. Key: `status/phase/event`.
 
-export const RUN_EVENTS = ['ask', 'answered', 'suspend', 'suspended', 'resume', 'resumed', 'complete', 'fail', 'cancel', 'expire'] as const;
+export const RUN_EVENTS = [
+  'ask',
+  'answered',
+  'suspend',
+  'suspended',
+  'resume',
+  'resumed',
+  'complete',
+  'fail',
+  'cancel',
+  'expire',
+] as const;
 export const STATUSES: RunStatus[] = ['RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED'];
 export const PHASES: RunPhase[] = ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'];
 

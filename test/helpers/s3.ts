@@ -6,14 +6,25 @@ export function testS3(): S3Client {
     endpoint: process.env.STASIS_S3_ENDPOINT,
     region: process.env.STASIS_S3_REGION ?? 'us-east-1',
     forcePathStyle: true,
-    credentials: { accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '', secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '' },
+    credentials: {
+      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+    },
   });
 }
 
-/** Keys under `checkpoints/<sandboxId>/`. */
-export async function checkpointKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
+/** Every key under `checkpoints/<sandboxId>/`: checkpoints and the packs of their chunks. */
+export async function storedKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
   const out = await s3.send(
     new ListObjectsV2Command({ Bucket: process.env.STASIS_S3_BUCKET, Prefix: `checkpoints/${sandboxId}/` }),
   );
   return (out.Contents ?? []).map((o) => o.Key ?? '');
+}
+
+/**
+ * The keys of the sandbox's checkpoints, one per checkpoint: a content-addressed
+ * checkpoint's manifest or an earlier version's tar.gz (not the packs they share).
+ */
+export async function checkpointKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
+  return (await storedKeys(s3, sandboxId)).filter((key) => !key.startsWith(`checkpoints/${sandboxId}/packs/`));
 }

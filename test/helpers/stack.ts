@@ -63,7 +63,12 @@ function quietRuntime(): void {
 }
 
 export async function startStack(
-  options: { env?: Record<string, string>; hostId?: string; worker?: Partial<StasisWorkerOptions>; startWorker?: boolean } = {},
+  options: {
+    env?: Record<string, string>;
+    hostId?: string;
+    worker?: Partial<StasisWorkerOptions>;
+    startWorker?: boolean;
+  } = {},
 ): Promise<TestStack> {
   quietRuntime();
   const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'stack-'));
@@ -115,7 +120,8 @@ export async function startStack(
       nativeConnections.delete(hostId);
     },
     async stop() {
-      if (process.env.STASIS_RECORD_HISTORIES) await recordHistories(temporal, config.STASIS_TASK_QUEUE, process.env.STASIS_RECORD_HISTORIES);
+      if (process.env.STASIS_RECORD_HISTORIES)
+        await recordHistories(temporal, config.STASIS_TASK_QUEUE, process.env.STASIS_RECORD_HISTORIES);
       for (const hostId of [...workers.keys()]) await stack.stopWorker(hostId);
       await connection.close();
     },
@@ -132,7 +138,11 @@ export function saw<T>(value: T): T {
 }
 
 /** Polls until `check` returns a value (not undefined/false), or fails after `timeoutMs`. */
-export async function eventually<T>(check: () => Promise<T | undefined | false>, timeoutMs = 30_000, what = 'condition'): Promise<T> {
+export async function eventually<T>(
+  check: () => Promise<T | undefined | false>,
+  timeoutMs = 30_000,
+  what = 'condition',
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {

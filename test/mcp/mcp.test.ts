@@ -6,7 +6,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyInstance } from 'fastify';
 import { buildApi } from '../../api/server';
-import type { ExecResult, RunSnapshot, SandboxView } from '../../common/schemas';
+import type { ActionView, ExecResult, RunSnapshot, SandboxPage, SandboxView } from '../../common/schemas';
 import { CLI, runStasis } from '../cli/spawn';
 import { eventually, startStack, type TestStack } from '../helpers/stack';
 
@@ -17,6 +17,7 @@ const TOKENS = {
   approver: { name: 'reviewer-1', secret: 'approver-secret-0123456789', role: 'approver' },
   operator: { name: 'agent-7', secret: 'operator-secret-0123456789', role: 'operator' },
   admin: { name: 'root-agent', secret: 'admin-secret-0123456789xx', role: 'admin' },
+  agent: { name: 'coding-agent', secret: 'agent-secret-0123456789xx', role: 'agent' },
 } as const;
 
 let stack: TestStack;
@@ -77,16 +78,19 @@ async function refusal(name: string, args: Record<string, unknown>): Promise<{ c
   return (JSON.parse(text) as { error: { code: string; message: string } }).error;
 }
 
-test('lists the eight tools to an operator, each with an input schema', async () => {
+test('lists the eleven tools to an operator, each with an input schema', async () => {
   const { tools } = await client.listTools();
   expect(tools.map((t) => t.name).sort()).toEqual(
     [
       'interaction_respond',
+      'run_action',
+      'run_action_result',
       'run_start',
       'run_status',
       'sandbox_create',
       'sandbox_destroy',
       'sandbox_exec',
+      'sandbox_list',
       'sandbox_resume',
       'sandbox_suspend',
     ].sort(),
@@ -129,6 +133,35 @@ test('sandbox_create → exec → suspend → resume → exec → destroy', asyn
   expect(await refusal('sandbox_exec', { sandboxId: id, command: 'true' })).toMatchObject({ code: 'NOT_FOUND' });
 });
 
+test('sandbox_list finds sandboxes by label, page by page, and names a bad filter', async () => {
+  const tag = `suite:${process.pid}-${Date.now()}`;
+  const labels = { suite: tag.slice('suite:'.length) };
+  const a = await call<SandboxView>('sandbox_create', { provider: 'local', labels });
+  const b = await call<SandboxView>('sandbox_create', { provider: 'local', labels });
+  const first = await eventually(async () => {
+    const page = await call<SandboxPage>('sandbox_list', { label: [tag], pageSize: 1 });
+    return page.nextPageToken ? page : undefined;
+  });
+  // A full page may still say there is more; the page after the last sandbox has no token.
+  const seen = first.sandboxes.map((s) => s.sandboxId);
+  let token = first.nextPageToken;
+  for (let pages = 1; token && pages < 5; pages += 1) {
+    const page: SandboxPage = await call<SandboxPage>('sandbox_list', {
+      label: [tag],
+      pageSize: 1,
+      nextPageToken: token,
+    });
+    seen.push(...page.sandboxes.map((s) => s.sandboxId));
+    token = page.nextPageToken;
+  }
+  expect(token).toBeUndefined();
+  expect(seen.sort()).toEqual([a.sandboxId, b.sandboxId].sort());
+  expect(await refusal('sandbox_list', { label: ['no-colon'] })).toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringContaining('label'),
+  });
+});
+
 test("run_start → run_status → interaction_respond, recorded under the token's name", async () => {
   const { runId } = await call<{ runId: string }>('run_start', {
     spec: {
@@ -162,6 +195,72 @@ test("run_start → run_status → interaction_respond, recorded under the token
   );
   expect(done.output).toBe('ok');
 });
+
+test('an external agent drives a Run to completion over MCP: actions, a worker restart, an ask answered', async () => {
+  const { runId } = await call<{ runId: string }>('run_start', {
+    spec: { agent: { driver: 'external' }, sandbox: { provider: 'local' } },
+  });
+  const act = (actionId: string, action: Record<string, unknown>) =>
+    call<ActionView>('run_action', { runId, actionId, action, waitMs: 60_000 });
+  expect(await act('w', { type: 'writeFile', path: 'todo.txt', content: 'ship it\n' })).toMatchObject({
+    status: 'succeeded',
+    result: { path: 'todo.txt', written: true },
+  });
+  await stack.stopWorker('host-a');
+  await stack.startWorker('host-a');
+  expect(await act('e', { type: 'exec', command: 'cat todo.txt' })).toMatchObject({
+    status: 'succeeded',
+    result: { exitCode: 0, stdout: 'ship it\n', stderr: '' },
+  });
+  // The same actionId again: the same outcome, not a second run.
+  expect(await act('e', { type: 'exec', command: 'cat todo.txt' })).toEqual(
+    await call('run_action_result', { runId, actionId: 'e' }),
+  );
+
+  const asked = await act('q', { type: 'ask', ask: 'Ship?', title: 'Ship the release' });
+  expect(asked).toMatchObject({ status: 'waiting', interactionId: 'int-1' });
+  await eventually(
+    async () => (await call<RunSnapshot>('run_status', { runId })).status === 'WAITING',
+    60_000,
+    'WAITING',
+  );
+  await call('interaction_respond', {
+    runId,
+    interactionId: 'int-1',
+    response: { decision: 'approve', comment: 'now' },
+  });
+  const answered = await eventually(
+    async () => {
+      const view = await call<ActionView>('run_action_result', { runId, actionId: 'q' });
+      return view.status === 'succeeded' && view;
+    },
+    120_000,
+    'the ask answered',
+  );
+  expect(answered.result).toEqual({
+    interactionId: 'int-1',
+    decision: 'approve',
+    comment: 'now',
+    respondedBy: 'agent-7',
+  });
+
+  expect(await act('done', { type: 'complete', output: 'shipped' })).toMatchObject({ status: 'succeeded' });
+  await eventually(
+    async () => (await call<RunSnapshot>('run_status', { runId })).status === 'COMPLETED',
+    60_000,
+    'COMPLETED',
+  );
+  expect(
+    await refusal('run_action', { runId, actionId: 'late', action: { type: 'exec', command: 'true' } }),
+  ).toMatchObject({
+    code: 'INVALID_STATE_TRANSITION',
+  });
+  expect(await refusal('run_action', { runId, actionId: 'bad', action: { type: 'exec' } })).toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringContaining('arguments.action.command'),
+  });
+  expect(await refusal('run_action_result', { runId, actionId: 'never-sent' })).toMatchObject({ code: 'NOT_FOUND' });
+}, 300_000);
 
 test('bad input and unknown ids are error results with the reason', async () => {
   const invalid = (await client.callTool({
@@ -226,6 +325,26 @@ describe('the token decides what the agent may do', () => {
     expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({ respondedBy: 'reviewer-1' });
     // Nothing was created by the refused calls: only the waiting Run of this test is new.
     await eventually(async () => (await workflowCount()) === before + 1, 30_000, 'one new workflow');
+  });
+
+  test('an agent token drives Runs and sandboxes but is never offered answering; its interaction waits for a person', async () => {
+    const agent = await connectMcp(TOKENS.agent.secret);
+    const { tools } = await agent.listTools();
+    expect(tools.map((t) => t.name)).toContain('run_start');
+    expect(tools.map((t) => t.name)).toContain('sandbox_exec');
+    expect(tools.map((t) => t.name)).not.toContain('interaction_respond');
+    const runId = await waitingRun();
+    const outcome = await agent
+      .callTool({
+        name: 'interaction_respond',
+        arguments: { runId, interactionId: 'int-1', response: { decision: 'approve' } },
+      })
+      .then(
+        (r) => JSON.stringify((r as CallToolResult).content),
+        (err: Error) => err.message,
+      );
+    expect(outcome).toMatch(/not found/i);
+    expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({ status: 'pending' });
   });
 
   test('an operator token cannot give a Run or a sandbox an active workspace on a host path (403 FORBIDDEN)', async () => {

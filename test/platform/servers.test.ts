@@ -3,6 +3,7 @@ import { Connection } from '@temporalio/client';
 import { encodeSearchAttributeIndexedValueType } from '@temporalio/common/lib/search-attributes';
 import { ConfigError, loadConfig } from '../../common/config';
 import { spawnGroup, stopGroup, isAlive } from '../../platform/servers';
+import { searchAttributeType } from '../../platform/temporal-server';
 import { SEARCH_ATTRIBUTE_TYPES } from '../../workflows/search-attributes';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -30,17 +31,15 @@ describe('Temporal dev server', () => {
     expect(response.namespaceInfo?.name).toBe(env('TEMPORAL_NAMESPACE'));
   });
 
-  it('has the 8 Stasis search attributes with their types', async () => {
+  it('has the 9 Stasis search attributes with their types', async () => {
     const { customAttributes } = await connection.operatorService.listSearchAttributes({
       namespace: env('TEMPORAL_NAMESPACE'),
     });
     const expected = Object.fromEntries(
-      Object.entries(SEARCH_ATTRIBUTE_TYPES).map(([name, type]) => [
-        name,
-        encodeSearchAttributeIndexedValueType(type.toUpperCase() as 'KEYWORD' | 'INT' | 'DATETIME'),
-      ]),
+      Object.keys(SEARCH_ATTRIBUTE_TYPES).map((name) => [name, searchAttributeType(name)]),
     );
-    expect(Object.keys(expected)).toHaveLength(8);
+    expect(Object.keys(expected)).toHaveLength(9);
+    expect(expected.StasisLabels).toBe(encodeSearchAttributeIndexedValueType('KEYWORD_LIST'));
     const registered = Object.fromEntries(Object.keys(expected).map((name) => [name, customAttributes?.[name]]));
     expect(registered).toEqual(expected);
   });

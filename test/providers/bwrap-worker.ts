@@ -1,5 +1,5 @@
 // A worker process holding bwrap sandboxes, for the restart test in bwrap.test.ts. Run with
-//   node -r test/cli/register-ts.js test/providers/bwrap-worker.ts <dataDir> <hostId> <retained> <running>
+//   node -r scripts/register-ts.js test/providers/bwrap-worker.ts <dataDir> <hostId> <retained> <running>
 // It provisions and starts both sandboxes, writes a file into each, starts a long job in
 // `running` (a counter in its workspace), prints READY and waits to be killed.
 import * as path from 'node:path';

@@ -43,6 +43,43 @@ describe('bwrap provider', () => {
     await expect(fs.access('/usr/stasis-probe')).rejects.toThrow();
   });
 
+  it('reads none of the host’s private files, though it runs as the worker’s user (root here)', async () => {
+    const host = await bwrapHost();
+    const id = await host.sandbox();
+    // Sizes as the host sees them: both hold something only root may read.
+    expect((await fs.stat('/etc/shadow')).size).toBeGreaterThan(0);
+    const probe = await host.provider.exec(
+      {
+        sandboxId: id,
+        fence: 1,
+        jobId: 'j',
+        command: 'cat /etc/shadow; ls -A /etc/ssl/private | wc -l; grep -c "^root:" /etc/passwd',
+      },
+      context(),
+    );
+    // The secrets are covered (a device node on a nodev mount: not even openable); the rest of /etc is there.
+    expect(probe.stdout).toBe('0\n1\n');
+    expect(probe.stderr).toMatch(/\/etc\/shadow: Permission denied/);
+  });
+
+  it('cannot change the host kernel through its /proc (sysctls, sysrq)', async () => {
+    const host = await bwrapHost();
+    const id = await host.sandbox();
+    const before = await fs.readFile('/proc/sys/kernel/printk_ratelimit', 'utf8');
+    const probe = await host.provider.exec(
+      {
+        sandboxId: id,
+        fence: 1,
+        jobId: 'j',
+        // Writes the value it has (harmless if it got through); sysrq 'h' only prints help.
+        command: `echo ${before.trim()} > /proc/sys/kernel/printk_ratelimit && echo SYSCTL-WRITTEN; [ -e /proc/sysrq-trigger ] && echo h > /proc/sysrq-trigger && echo SYSRQ-WRITTEN; echo end`,
+      },
+      context(),
+    );
+    expect(probe.stdout).toBe('end\n');
+    expect(probe.stderr).toMatch(/printk_ratelimit: Read-only file system/);
+  });
+
   it('binds only its own directories: another sandbox and the data dir are not visible', async () => {
     const host = await bwrapHost();
     const mine = await host.sandbox();
@@ -158,7 +195,7 @@ describe('bwrap provider', () => {
       process.execPath,
       [
         '-r',
-        path.join(__dirname, '..', 'cli', 'register-ts.js'),
+        path.join(__dirname, '..', '..', 'scripts', 'register-ts.js'),
         path.join(__dirname, 'bwrap-worker.ts'),
         host.dataDir,
         host.hostId,

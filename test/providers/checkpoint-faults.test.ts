@@ -1,7 +1,10 @@
 import { execFileSync } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { pipeline } from 'node:stream/promises';
 import { StasisError } from '../../common/errors';
+import { packSandbox, unpackCheckpoint } from '../../stores/archive';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { context, listTree, stasisError, tempDir } from './helpers';
 import { makeHost, sh } from './harness';
@@ -87,7 +90,20 @@ describe('a restore that hits a full disk', () => {
     grow(disk, 64 * 1024);
     await target.provider.restore({ sandboxId: id, fence: 3, checkpoint: checkpoint! }, context());
     expect(await sh(target.provider, id, 'wc -c < zeros.bin; cat small.txt', 3)).toBe('4000000\nhi\n');
-    expect((await fs.readdir(sandboxPaths(disk, id).root)).sort()).toEqual(['envs', 'home', 'meta', 'workspace']);
+    expect((await fs.readdir(sandboxPaths(disk, id).root)).sort()).toEqual(['meta', 'volume']);
+    expect((await fs.readdir(sandboxPaths(disk, id).volume)).sort()).toEqual(['envs', 'home', 'workspace']);
+  });
+
+  it('never passes for done while a file entry is still being written (more entries follow it)', async () => {
+    const root = await tempDir('pack-full');
+    await fs.mkdir(path.join(root, 'workspace'));
+    await fs.writeFile(path.join(root, 'workspace', 'big.bin'), Buffer.alloc(3_000_000));
+    await fs.mkdir(path.join(root, 'home', 'later'), { recursive: true });
+    const archive = path.join(await tempDir('pack-full-archive'), 'c.tar.gz');
+    await pipeline(packSandbox(root, ['workspace', 'home']), createWriteStream(archive));
+    const disk = await smallDisk(1024);
+    const err = await rejection(unpackCheckpoint(archive, disk));
+    expect((err as NodeJS.ErrnoException).code).toBe('ENOSPC');
   });
 
   it('an active workspace filled half-way is filled again on the retry, not skipped', async () => {

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { createReadStream } from 'node:fs';
+import { createReadStream, readdirSync, readFileSync } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -131,4 +131,27 @@ export async function swapping(file: string): Promise<void> {
     },
     60_000,
   );
+}
+
+/** Host pids whose command line is exactly `argv`. */
+export function pidsRunning(argv: string[]): number[] {
+  const wanted = `${argv.join('\0')}\0`;
+  return readdirSync('/proc')
+    .filter((name) => /^[0-9]+$/.test(name))
+    .filter((name) => {
+      try {
+        return readFileSync(`/proc/${name}/cmdline`, 'latin1') === wanted;
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
+
+/** Mount points on this host under `dir`, deepest last (as mounted). */
+export function mountsUnder(dir: string): string[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((line) => line.split(' ')[4] ?? '')
+    .filter((point) => point.startsWith(`${dir}/`));
 }

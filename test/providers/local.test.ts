@@ -357,7 +357,7 @@ describe('local provider: release', () => {
       context({ labels, heartbeat: (details) => beats.push(details) }),
     );
     expect(receipt).toMatchObject({ mode: 'SNAPSHOT_AND_TERMINATE', computeReleased: true, duplicate: false });
-    expect(receipt.checkpoint?.uri).toMatch(new RegExp(`checkpoints/${id}/2-[0-9a-f]{16}\\.tar\\.gz$`));
+    expect(receipt.checkpoint?.uri).toMatch(new RegExp(`checkpoints/${id}/2-[0-9a-f]{16}\\.manifest\\.zst$`));
     expect(beats.length).toBeGreaterThan(0);
     expect(await host.provider.processCount(id)).toBe(0);
     expect(await host.store.exists(receipt.checkpoint?.uri ?? '')).toBe(true);
@@ -391,7 +391,7 @@ describe('local provider: release', () => {
     await waitFor('the counter to advance after the rollback', async () => (await readCounter(workspace)) > before + 2);
     expect(
       (await listTree(path.join(host.dataDir, 'store')).catch(() => [])).filter(
-        (p) => p.endsWith('.tar.gz') || p.includes('.tmp-'),
+        (p) => p.endsWith('.manifest.zst') || p.endsWith('.tar.gz') || p.includes('.tmp-'),
       ),
     ).toEqual([]);
     const retried = await host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 2), context());
@@ -446,8 +446,9 @@ describe('local provider: release', () => {
       'CHECKPOINT_INVALID',
     );
     await stasisError(host.provider.attach({ sandboxId: id, fence: 3 }, context()), 'STALE_FENCE');
-    const root = sandboxPaths(host.dataDir, id).root;
-    expect((await fs.readdir(root)).sort()).toEqual(['envs', 'home', 'meta', 'workspace']);
+    const { root, volume } = sandboxPaths(host.dataDir, id);
+    expect((await fs.readdir(root)).sort()).toEqual(['meta', 'volume']);
+    expect((await fs.readdir(volume)).sort()).toEqual(['envs', 'home', 'workspace']);
   });
 
   it('close() never touches compute', async () => {

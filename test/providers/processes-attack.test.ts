@@ -1,28 +1,12 @@
 import { spawn } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
 import { byEnvironment, markerEnv } from '../../providers/processes';
-import { uniqueId, waitFor } from './helpers';
+import { pidsRunning, uniqueId, waitFor } from './helpers';
 
 // Where the host offers no cgroup v2, a sandbox's processes are found by the
 // marker in their environment, which a process can drop or forge. A bwrap
 // sandbox lives in its own pid namespace, which none of its processes can leave:
 // tracked by it, a process that drops its marker is still frozen and killed, and
 // one that forges a neighbour's marker does not become the neighbour's.
-
-/** Host pids of the processes whose command line is exactly `argv`. */
-function pidsRunning(argv: string[]): number[] {
-  const wanted = `${argv.join('\0')}\0`;
-  return readdirSync('/proc')
-    .filter((name) => /^[0-9]+$/.test(name))
-    .filter((name) => {
-      try {
-        return readFileSync(`/proc/${name}/cmdline`, 'latin1') === wanted;
-      } catch {
-        return false;
-      }
-    })
-    .map(Number);
-}
 
 test('a bwrap sandbox process that drops or forges its marker is still its sandbox’s', async () => {
   const marker = { sandboxId: uniqueId('sbx-ns'), hostId: uniqueId('host-ns') };

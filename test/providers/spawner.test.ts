@@ -109,7 +109,7 @@ describe('the starter’s wire protocol, spoken directly', () => {
   const replies: unknown[] = [];
   beforeAll(() => {
     helper = fork(require.resolve('../../providers/spawner-main'), [], {
-      execArgv: ['-r', path.resolve(__dirname, '..', 'cli', 'register-ts.js')],
+      execArgv: ['-r', path.resolve(__dirname, '..', '..', 'scripts', 'register-ts.js')],
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
       serialization: 'advanced',
     });

@@ -14,7 +14,12 @@ const recorded = readdirSync(dir)
     const json = JSON.parse(readFileSync(path.join(dir, file), 'utf8')) as {
       events: { workflowExecutionStartedEventAttributes?: { workflowType?: { name?: string } } }[];
     };
-    return { file, workflowId: file.split('__')[0], type: json.events[0].workflowExecutionStartedEventAttributes?.workflowType?.name, json };
+    return {
+      file,
+      workflowId: file.split('__')[0],
+      type: json.events[0].workflowExecutionStartedEventAttributes?.workflowType?.name,
+      json,
+    };
   });
 
 test('there are recorded histories of runWorkflow and sandboxWorkflow', () => {

@@ -1,3 +1,9 @@
+import {
+  legacyResumeRunUpdate,
+  legacySuspendRunUpdate,
+  resumeRunUpdate,
+  suspendRunUpdate,
+} from '../../workflows/definitions';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
@@ -26,10 +32,14 @@ const spec = (onDeny: 'fail' | 'continue' = 'continue') => ({
 });
 
 async function waitForRelease(runId: string) {
-  return eventually(async () => {
-    const view = await stack.client.runs.resource(runId);
-    return view.record.state === 'RELEASED' ? view : undefined;
-  }, 60_000, 'record RELEASED');
+  return eventually(
+    async () => {
+      const view = await stack.client.runs.resource(runId);
+      return view.record.state === 'RELEASED' ? view : undefined;
+    },
+    60_000,
+    'record RELEASED',
+  );
 }
 
 test('writeFile → ask → expectFile → exec → complete: released while waiting, restored on approve', async () => {
@@ -37,12 +47,18 @@ test('writeFile → ask → expectFile → exec → complete: released while wai
   const view = await waitForRelease(runId);
   const snapshot = await stack.client.runs.get(runId);
   expect(snapshot.status).toBe('WAITING');
-  expect(snapshot.interactions).toEqual([expect.objectContaining({ id: 'int-1', status: 'pending', prompt: 'Run the migration?' })]);
+  expect(snapshot.interactions).toEqual([
+    expect.objectContaining({ id: 'int-1', status: 'pending', prompt: 'Run the migration?' }),
+  ]);
   expect(snapshot).not.toHaveProperty('record');
   expect(view.phase).toBe('SUSPENDED');
   expect(view.record.pauseMode).toBe('SNAPSHOT_AND_TERMINATE');
   expect(view.record.checkpoint?.uri).toMatch(/^s3:\/\/.+\/checkpoints\//);
-  expect(view.suspension).toMatchObject({ reason: 'INTERACTION', interactionIds: ['int-1'], pauseMode: 'SNAPSHOT_AND_TERMINATE' });
+  expect(view.suspension).toMatchObject({
+    reason: 'INTERACTION',
+    interactionIds: ['int-1'],
+    pauseMode: 'SNAPSHOT_AND_TERMINATE',
+  });
   const provider = stack.workers.get('host-a')!.registry.get('local');
   expect(await provider.processCount(view.record.sandboxId)).toBe(0);
   expect(await checkpointKeys(s3, view.record.sandboxId)).toHaveLength(1);
@@ -70,7 +86,10 @@ test('deny with onDeny fail ends the Run FAILED and destroys nothing it should k
   const snapshot = await stack.client.runs.get(runId);
   expect(snapshot.status).toBe('FAILED');
   expect(snapshot.error).toEqual({ code: 'DENIED', message: 'the interaction was denied' });
-  expect(snapshot.interactions[0]).toMatchObject({ status: 'answered', response: { decision: 'deny', comment: 'not today' } });
+  expect(snapshot.interactions[0]).toMatchObject({
+    status: 'answered',
+    response: { decision: 'deny', comment: 'not today' },
+  });
 });
 
 test('respond rejections leave no event in history and the Run unchanged', async () => {
@@ -78,29 +97,74 @@ test('respond rejections leave no event in history and the Run unchanged', async
   await waitForRelease(runId);
   const handle = stack.temporal.workflow.getHandle(runId);
   // RELEASED shows in a query while the workflow task that recorded it may still be completing: count once the history is quiet.
-  const before = await eventually(async () => {
-    const first = (await handle.fetchHistory()).events ?? [];
-    await new Promise((r) => setTimeout(r, 300));
-    const again = (await handle.fetchHistory()).events ?? [];
-    const last = again[again.length - 1];
-    const taskPending = Boolean(last?.workflowTaskScheduledEventAttributes || last?.workflowTaskStartedEventAttributes);
-    return first.length === again.length && !taskPending ? again.length : undefined;
-  }, 30_000, 'a quiet history');
-  await expect(stack.client.runs.respond(runId, 'int-9', { decision: 'approve' })).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
-  await expect(stack.client.runs.respond(runId, 'int-1', { input: 'text' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', httpStatus: 400 });
-  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'maybe' })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
-  await expect(stack.client.runs.resume(runId)).rejects.toMatchObject({ code: 'INVALID_STATE_TRANSITION', httpStatus: 409 });
+  const before = await eventually(
+    async () => {
+      const first = (await handle.fetchHistory()).events ?? [];
+      await new Promise((r) => setTimeout(r, 300));
+      const again = (await handle.fetchHistory()).events ?? [];
+      const last = again[again.length - 1];
+      const taskPending = Boolean(
+        last?.workflowTaskScheduledEventAttributes || last?.workflowTaskStartedEventAttributes,
+      );
+      return first.length === again.length && !taskPending ? again.length : undefined;
+    },
+    30_000,
+    'a quiet history',
+  );
+  await expect(stack.client.runs.respond(runId, 'int-9', { decision: 'approve' })).rejects.toMatchObject({
+    code: 'NOT_FOUND',
+    httpStatus: 404,
+  });
+  await expect(stack.client.runs.respond(runId, 'int-1', { input: 'text' })).rejects.toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    httpStatus: 400,
+  });
+  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'maybe' })).rejects.toMatchObject({
+    code: 'INVALID_ARGUMENT',
+  });
+  await expect(stack.client.runs.resume(runId)).rejects.toMatchObject({
+    code: 'INVALID_STATE_TRANSITION',
+    httpStatus: 409,
+  });
   expect((await handle.fetchHistory()).events?.length).toBe(before);
   expect((await stack.client.runs.get(runId)).status).toBe('WAITING');
 
   await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'answer-1' });
   // The identical answer under the same update id is idempotent; anything else is ALREADY_ANSWERED.
-  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'answer-1' })).resolves.toMatchObject({
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'answer-1' }),
+  ).resolves.toMatchObject({
     status: 'answered',
   });
-  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'deny' }, { updateId: 'answer-2' })).rejects.toMatchObject({
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'deny' }, { updateId: 'answer-2' }),
+  ).rejects.toMatchObject({
     code: 'ALREADY_ANSWERED',
     httpStatus: 409,
   });
   await expect(handle.result()).resolves.toBe('migrated');
+});
+
+test('a Run takes suspend and resume under their own names, and under the names they had first', async () => {
+  const { runId } = await stack.client.runs.start({ agent: { driver: 'external' }, sandbox: { provider: 'local' } });
+  const phase = async () => (await stack.client.runs.resource(runId)).phase;
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'ACTIVE',
+    30_000,
+    'the sandbox provisioned',
+  );
+  const handle = stack.temporal.workflow.getHandle(runId);
+  // The names a client built before the rename sends.
+  expect(await handle.executeUpdate(legacySuspendRunUpdate)).toMatchObject({ runId });
+  expect(await phase()).toBe('SUSPENDED');
+  expect(await stack.client.runs.resume(runId)).toMatchObject({ runId });
+  expect(await phase()).toBe('ACTIVE');
+  expect(await stack.client.runs.suspend(runId)).toMatchObject({ runId });
+  expect(await phase()).toBe('SUSPENDED');
+  expect(await handle.executeUpdate(legacyResumeRunUpdate)).toMatchObject({ runId });
+  expect(await phase()).toBe('ACTIVE');
+  // The new names are not a sandbox's: a sandbox workflow does not know them.
+  expect(suspendRunUpdate.name).toBe('suspendRun');
+  expect(resumeRunUpdate.name).toBe('resumeRun');
+  await stack.client.runs.cancel(runId);
 });

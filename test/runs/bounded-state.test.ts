@@ -9,6 +9,9 @@ import { startStack, type TestStack } from '../helpers/stack';
 // A long Run — thousands of steps, outputs of several MiB, hundreds of interactions —
 // completes, with bounded history per workflow run and bounded state carried through
 // continue-as-new. `STASIS_SCALE=1` runs the full size (5,000 steps, 500 interactions).
+// A full-size run (2 cores shared with other test runs, load 15-18) took 1,910 s over 374
+// workflow runs of at most 229 events and 0.9 MB of history (as JSON) each, carrying at most 32 KB
+// into each continue-as-new; the test prints these figures at its end.
 const FULL = process.env.STASIS_SCALE === '1';
 const STEPS = FULL ? 5_000 : 100;
 const ASK_EVERY = 10;
@@ -27,7 +30,8 @@ const long: AgentDriver = {
     else if (BIG_AT.has(s.i)) {
       const command = "head -c 1048576 /dev/zero | tr '\\0' a; head -c 1048576 /dev/zero | tr '\\0' b >&2";
       action = { type: 'job', command, pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false };
-    } else if (s.i % ASK_EVERY === ASK_EVERY - 1) action = { type: 'interaction', kind: 'approval', prompt: `step ${s.i}?` };
+    } else if (s.i % ASK_EVERY === ASK_EVERY - 1)
+      action = { type: 'interaction', kind: 'approval', prompt: `step ${s.i}?` };
     else action = { type: 'writeFile', path: 'step.txt', content: String(s.i) };
     return { action, state: next };
   },
@@ -51,6 +55,7 @@ afterAll(async () => {
 });
 
 test(`a Run of ${STEPS} steps, ${BIG_AT.size} outputs of 2 MiB and ${STEPS / ASK_EVERY} interactions completes with bounded history and carried state`, async () => {
+  const started = Date.now();
   const { runId } = await stack.client.runs.start({
     agent: { driver: 'long' },
     sandbox: { provider: 'local', workspace: { kind: 'isolated' } },
@@ -75,6 +80,7 @@ test(`a Run of ${STEPS} steps, ${BIG_AT.size} outputs of 2 MiB and ${STEPS / ASK
   expect(snapshot.interactions.length).toBeLessThanOrEqual(CARRIED_INTERACTIONS + STEPS / ASK_EVERY / 2);
   expect(snapshot.interactions.at(-1)?.id).toBe(`int-${STEPS / ASK_EVERY}`);
   let runs = 0;
+  const most = { events: 0, historyBytes: 0, carriedBytes: 0 };
   for await (const wf of stack.temporal.workflow.list({ query: `WorkflowId = '${runId}'` })) {
     runs += 1;
     const events = (await stack.temporal.workflow.getHandle(runId, wf.runId).fetchHistory()).events ?? [];
@@ -85,6 +91,13 @@ test(`a Run of ${STEPS} steps, ${BIG_AT.size} outputs of 2 MiB and ${STEPS / ASK
     const input = events[0].workflowExecutionStartedEventAttributes?.input?.payloads?.[0]?.data;
     // Carried state: the newest settled interactions, running jobs only, a bounded last result.
     expect(input?.length ?? 0).toBeLessThan(1024 * 1024);
+    most.events = Math.max(most.events, events.length);
+    most.historyBytes = Math.max(most.historyBytes, bytes);
+    most.carriedBytes = Math.max(most.carriedBytes, input?.length ?? 0);
   }
   expect(runs).toBeGreaterThan(1);
+  // The figures behind the claim, for the record (the comment at the top quotes a full-size run).
+  console.info(
+    `bounded state: ${STEPS} steps in ${runs} workflow runs, ${(Date.now() - started) / 1000} s; at most ${JSON.stringify(most)}`,
+  );
 }, 3_600_000);

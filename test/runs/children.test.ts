@@ -20,13 +20,22 @@ test('a parent stays RELEASE_BLOCKED until both children are RELEASED, and compl
     runId: parentId,
     agent: {
       driver: 'scripted',
-      steps: [{ spawn: child(`${parentId}.c1`) }, { spawn: child(`${parentId}.c2`) }, { ask: 'parent may go?' }, { complete: 'parent done' }],
+      steps: [
+        { spawn: child(`${parentId}.c1`) },
+        { spawn: child(`${parentId}.c2`) },
+        { ask: 'parent may go?' },
+        { complete: 'parent done' },
+      ],
     },
     sandbox: { provider: 'local' },
   });
   const children = [`${parentId}.c1`, `${parentId}.c2`];
   const parent = stack.temporal.workflow.getHandle(runId);
-  await eventually(async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASED', 60_000, 'parent RELEASED');
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASED',
+    60_000,
+    'parent RELEASED',
+  );
 
   // Order of events in the parent's history: both children reported RELEASED before the parent's release started.
   const events = (await parent.fetchHistory()).events ?? [];
@@ -34,10 +43,15 @@ test('a parent stays RELEASE_BLOCKED until both children are RELEASED, and compl
     events.findIndex((e) => {
       const attrs = e.workflowExecutionSignaledEventAttributes;
       if (attrs?.signalName !== 'childState') return false;
-      const input = JSON.parse(Buffer.from(attrs.input?.payloads?.[0]?.data ?? []).toString()) as { runId: string; state: string };
+      const input = JSON.parse(Buffer.from(attrs.input?.payloads?.[0]?.data ?? []).toString()) as {
+        runId: string;
+        state: string;
+      };
       return input.runId === childId && input.state === 'RELEASED';
     });
-  const releaseIndex = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'releaseSandbox');
+  const releaseIndex = events.findIndex(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'releaseSandbox',
+  );
   for (const id of children) {
     expect(signalIndex(id)).toBeGreaterThan(-1);
     expect(signalIndex(id)).toBeLessThan(releaseIndex);
@@ -63,20 +77,38 @@ test('while a child holds compute the parent is RELEASE_BLOCKED with a blocked a
     agent: {
       driver: 'scripted',
       steps: [
-        { spawn: { ...child(`${parentId}.c1`), agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'x' }] } } },
+        {
+          spawn: {
+            ...child(`${parentId}.c1`),
+            agent: {
+              driver: 'scripted',
+              steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'x' }],
+            },
+          },
+        },
         { ask: 'parent?' },
       ],
     },
     sandbox: { provider: 'local' },
   });
-  const blocked = await eventually(async () => {
-    const view = await stack.client.runs.resource(parentId);
-    return view.record.state === 'RELEASE_BLOCKED' && view.children[0]?.state === 'RELEASE_BLOCKED' ? view : undefined;
-  }, 30_000, 'parent and child RELEASE_BLOCKED');
+  const blocked = await eventually(
+    async () => {
+      const view = await stack.client.runs.resource(parentId);
+      return view.record.state === 'RELEASE_BLOCKED' && view.children[0]?.state === 'RELEASE_BLOCKED'
+        ? view
+        : undefined;
+    },
+    30_000,
+    'parent and child RELEASE_BLOCKED',
+  );
   expect(blocked.blockedAgeSeconds).toEqual(expect.any(Number));
   expect(blocked.children).toEqual([{ runId: `${parentId}.c1`, state: 'RELEASE_BLOCKED' }]);
   await stack.client.runs.cancel(parentId);
   // Cancelling the parent cancels the child too (the parent cancels its children when it ends).
-  await eventually(async () => (await stack.client.runs.get(`${parentId}.c1`)).status === 'CANCELLED', 30_000, 'child cancelled');
+  await eventually(
+    async () => (await stack.client.runs.get(`${parentId}.c1`)).status === 'CANCELLED',
+    30_000,
+    'child cancelled',
+  );
   expect((await stack.client.runs.get(parentId)).status).toBe('CANCELLED');
 });

@@ -37,7 +37,10 @@ test('a long Run continues as new and carries its whole aggregate (interactions,
     { ask: 'second?' },
     { exec: 'wc -l < log.txt' },
   ];
-  const { runId } = await stack.client.runs.start({ agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps },
+    sandbox: { provider: 'local' },
+  });
   const handle = stack.temporal.workflow.getHandle(runId);
   const waitFor = async (id: string) => {
     for (;;) {
@@ -68,7 +71,9 @@ test('a busy standalone sandbox continues as new and keeps its state and workspa
   for (let i = 0; i < 12; i++) await stack.client.sandboxes.exec(sandboxId, { command: `echo ${i} >> n.txt` });
   const view = await stack.client.sandboxes.get(sandboxId);
   expect(view.state).toBe('running');
-  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < n.txt' })).resolves.toMatchObject({ stdout: '12\n' });
+  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < n.txt' })).resolves.toMatchObject({
+    stdout: '12\n',
+  });
   expect(await runCount(`sandbox-${sandboxId}`)).toBeGreaterThan(1);
   await stack.client.sandboxes.destroy(sandboxId);
 });
@@ -77,11 +82,21 @@ test('a child Run survives its parent continuing as new and stays linked to it',
   const parentId = `parent-can-${Date.now()}`;
   const childId = `${parentId}.c1`;
   const steps = [
-    { spawn: { runId: childId, agent: { driver: 'scripted', steps: [{ ask: 'child may go?' }, { complete: 'child done' }] }, sandbox: { provider: 'local' } } },
+    {
+      spawn: {
+        runId: childId,
+        agent: { driver: 'scripted', steps: [{ ask: 'child may go?' }, { complete: 'child done' }] },
+        sandbox: { provider: 'local' },
+      },
+    },
     ...Array.from({ length: 12 }, (_, i) => ({ exec: `echo ${i}` })),
     { complete: 'parent done' },
   ];
-  await stack.client.runs.start({ runId: parentId, agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
+  await stack.client.runs.start({
+    runId: parentId,
+    agent: { driver: 'scripted', steps },
+    sandbox: { provider: 'local' },
+  });
   // The parent continues as new while the child waits for its answer.
   const deadline = Date.now() + 60_000;
   while ((await runCount(parentId)) < 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
@@ -99,4 +114,28 @@ test('a child Run survives its parent continuing as new and stays linked to it',
   await expect(stack.temporal.workflow.getHandle(parentId).result()).resolves.toBe('parent done');
   expect((await stack.client.runs.get(childId)).status).toBe('COMPLETED');
   expect((await stack.client.runs.resource(parentId)).children).toEqual([{ runId: childId, state: 'DESTROYED' }]);
+});
+
+test("an external agent's Run continues as new and still never runs a retried action twice", async () => {
+  const { runId } = await stack.client.runs.start({ agent: { driver: 'external' }, sandbox: { provider: 'local' } });
+  const act = async (actionId: string, command: string) => {
+    const view = await stack.client.runs.act(
+      runId,
+      { actionId, action: { type: 'exec', command } },
+      { waitMs: 60_000 },
+    );
+    expect(view).toMatchObject({ actionId, status: 'succeeded' });
+    return view;
+  };
+  const first = await act('a0', 'echo 0 >> n.txt; echo first');
+  for (let i = 1; i < 12; i++) await act(`a${i}`, `echo ${i} >> n.txt`);
+  expect(await runCount(runId)).toBeGreaterThan(1);
+  // Sent again after continue-as-new: the same outcome, and the command did not run again.
+  expect(await act('a0', 'echo 0 >> n.txt; echo first')).toEqual(first);
+  await expect(
+    stack.client.runs.act(runId, { actionId: 'a0', action: { type: 'exec', command: 'echo other' } }),
+  ).rejects.toMatchObject({ code: 'IDEMPOTENCY_CONFLICT' });
+  expect((await act('count', 'wc -l < n.txt')).result).toMatchObject({ stdout: '12\n' });
+  await stack.client.runs.act(runId, { actionId: 'end', action: { type: 'complete', output: 'done' } });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
 });

@@ -15,15 +15,25 @@ afterAll(async () => {
 
 test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MISMATCH and releases compute, keeping the checkpoint', async () => {
   const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }],
+    },
     sandbox: { provider: 'local' },
   });
-  const view = await eventually(async () => {
-    const v = await stack.client.runs.resource(runId);
-    return v.record.state === 'RELEASED' ? v : undefined;
-  }, 30_000, 'released');
+  const view = await eventually(
+    async () => {
+      const v = await stack.client.runs.resource(runId);
+      return v.record.state === 'RELEASED' ? v : undefined;
+    },
+    30_000,
+    'released',
+  );
   // The dormant copy on the host now claims to belong to another spec.
-  const stateFile = sandboxPaths(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'), view.record.sandboxId).stateFile;
+  const stateFile = sandboxPaths(
+    path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'),
+    view.record.sandboxId,
+  ).stateFile;
   const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
   state.dormant.labels.spechash = '0'.repeat(64);
   await writeFile(stateFile, JSON.stringify(state));
@@ -40,25 +50,40 @@ test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MI
   expect((await checkpointKeys(s3, view.record.sandboxId)).length).toBeGreaterThanOrEqual(1);
   // The job after the answer never ran.
   const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
-  const execs = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'execInSandbox');
+  const execs = (history.events ?? []).filter(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'execInSandbox',
+  );
   expect(execs).toEqual([]);
 });
 
 test('a checkpoint that records no hashes fails the resume with RESUME_HASH_MISMATCH (the workflow never compares its own copies only)', async () => {
   const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }],
+    },
     sandbox: { provider: 'local' },
   });
-  const view = await eventually(async () => {
-    const v = await stack.client.runs.resource(runId);
-    return v.record.state === 'RELEASED' ? v : undefined;
-  }, 30_000, 'released');
-  const stateFile = sandboxPaths(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'), view.record.sandboxId).stateFile;
+  const view = await eventually(
+    async () => {
+      const v = await stack.client.runs.resource(runId);
+      return v.record.state === 'RELEASED' ? v : undefined;
+    },
+    30_000,
+    'released',
+  );
+  const stateFile = sandboxPaths(
+    path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'),
+    view.record.sandboxId,
+  ).stateFile;
   const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
   state.dormant.labels = {};
   await writeFile(stateFile, JSON.stringify(state));
 
   await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
-  expect((await stack.client.runs.get(runId)).error).toMatchObject({ code: 'RESUME_HASH_MISMATCH', message: expect.stringContaining('run, spec, policy') });
+  expect((await stack.client.runs.get(runId)).error).toMatchObject({
+    code: 'RESUME_HASH_MISMATCH',
+    message: expect.stringContaining('run, spec, policy'),
+  });
 });

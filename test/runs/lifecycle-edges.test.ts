@@ -6,7 +6,13 @@ import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
 
 /** A driver that goes quiet (thinks) before its hold, so policy.idleTimeout freezes the sandbox first. */
-const job = (command: string): AgentAction => ({ type: 'job', command, pauseBehavior: 'CANCEL', executionAffinity: 'SANDBOX', background: false });
+const job = (command: string): AgentAction => ({
+  type: 'job',
+  command,
+  pauseBehavior: 'CANCEL',
+  executionAffinity: 'SANDBOX',
+  background: false,
+});
 const quietThenHold: AgentDriver = {
   name: 'quiet-then-hold',
   async step({ state, lastResult }) {
@@ -43,29 +49,46 @@ test('an idle-frozen sandbox that comes back by attach (DETACH hold) is thawed b
     sandbox: { provider: 'local' },
     policy: { idleTimeout: '1s' },
   });
-  await eventually(async () => {
-    const view = saw(await stack.client.runs.resource(runId));
-    return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' && view.record.pauseMode === 'DETACH';
-  }, 30_000, 'held with DETACH');
+  await eventually(
+    async () => {
+      const view = saw(await stack.client.runs.resource(runId));
+      return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' && view.record.pauseMode === 'DETACH';
+    },
+    30_000,
+    'held with DETACH',
+  );
   await stack.client.runs.resume(runId);
-  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toMatchObject({ exitCode: 0, stdout: 'after\n' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toMatchObject({
+    exitCode: 0,
+    stdout: 'after\n',
+  });
 });
 
 test('a failed or cancelled Run keeps a RETAINED isolated workspace (no snapshot, so never destroyed)', async () => {
   const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ writeFile: { path: 'work.txt', content: 'hours of work' } }, { ask: 'go?' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ writeFile: { path: 'work.txt', content: 'hours of work' } }, { ask: 'go?' }],
+    },
     sandbox: { provider: 'nosnap' },
   });
-  const view = await eventually(async () => {
-    const v = saw(await stack.client.runs.resource(runId));
-    return v.phase === 'SUSPENDED' && v.record.state === 'RETAINED' ? v : undefined;
-  }, 30_000, 'RETAINED');
+  const view = await eventually(
+    async () => {
+      const v = saw(await stack.client.runs.resource(runId));
+      return v.phase === 'SUSPENDED' && v.record.state === 'RETAINED' ? v : undefined;
+    },
+    30_000,
+    'RETAINED',
+  );
   await stack.client.runs.cancel(runId);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
   const after = await stack.client.runs.resource(runId);
   expect(after.record.state).toBe('RETAINED');
-  const content = await provider('nosnap').readFile({ sandboxId: view.record.sandboxId, path: 'work.txt' }, { ownerId: runId, hostId: 'host-a' });
+  const content = await provider('nosnap').readFile(
+    { sandboxId: view.record.sandboxId, path: 'work.txt' },
+    { ownerId: runId, hostId: 'host-a' },
+  );
   expect(content.toString()).toBe('hours of work');
 });
 
@@ -76,7 +99,16 @@ test('a child that is terminated without its final report settles as such and un
     runId: parentId,
     agent: {
       driver: 'scripted',
-      steps: [{ spawn: { runId: childId, agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] }, sandbox: { provider: 'local' } } }, { complete: 'parent done' }],
+      steps: [
+        {
+          spawn: {
+            runId: childId,
+            agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] },
+            sandbox: { provider: 'local' },
+          },
+        },
+        { complete: 'parent done' },
+      ],
     },
     sandbox: { provider: 'local' },
   });
@@ -87,13 +119,23 @@ test('a child that is terminated without its final report settles as such and un
 
 test('retention expiry of a RELEASE_BLOCKED Run does not hang; answers after expiry began are a stale route', async () => {
   const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'anyone?' }] },
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'sleep 600', background: true, pauseBehavior: 'CONTINUE' }, { ask: 'anyone?' }],
+    },
     sandbox: { provider: 'local' },
     policy: { suspendedRetentionSeconds: 2 },
   });
-  await eventually(async () => saw(await stack.client.runs.resource(runId)).record.state === 'RELEASE_BLOCKED', 30_000, 'RELEASE_BLOCKED');
+  await eventually(
+    async () => saw(await stack.client.runs.resource(runId)).record.state === 'RELEASE_BLOCKED',
+    30_000,
+    'RELEASE_BLOCKED',
+  );
   await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'EXPIRED', 30_000, 'EXPIRED');
-  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' })).rejects.toMatchObject({ code: 'STALE_SANDBOX_ROUTE', httpStatus: 409 });
+  await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' })).rejects.toMatchObject({
+    code: 'STALE_SANDBOX_ROUTE',
+    httpStatus: 409,
+  });
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   const snapshot = await stack.client.runs.get(runId);
   expect(snapshot).toMatchObject({ status: 'EXPIRED', error: { code: 'SUSPEND_EXPIRED' } });

@@ -5,6 +5,8 @@ import fc from 'fast-check';
 import type { AgentAction, AgentDriver } from '../../drivers/api';
 import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import type { RunSnapshot } from '../../common/schemas';
+import { backAndMaintained, leftOn } from '../helpers/hosts';
+import { storedKeys, testS3 } from '../helpers/s3';
 import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
 
 // A model-based test of Runs: random sequences of answer, suspend, resume, cancel and
@@ -29,7 +31,14 @@ const modelDriver: AgentDriver = {
     const i = (state as number | undefined) ?? 0;
     let action: AgentAction;
     if (i === 0) {
-      action = { type: 'spawn', spec: { runId: `${runId}.child`, agent: { driver: 'scripted', steps: [{ ask: 'child?' }] }, sandbox: { provider: 'local' } } };
+      action = {
+        type: 'spawn',
+        spec: {
+          runId: `${runId}.child`,
+          agent: { driver: 'scripted', steps: [{ ask: 'child?' }] },
+          sandbox: { provider: 'local' },
+        },
+      };
     } else if ((i - 1) % 3 === 0) {
       await new Promise<void>((resolve) => thinking.set(runId, resolve));
       action = { type: 'writeFile', path: 'step.txt', content: String(i) };
@@ -49,6 +58,7 @@ interface Real {
   runId: string;
 }
 
+const s3 = testS3();
 let temporal: TemporalServer;
 let stack: TestStack;
 beforeAll(async () => {
@@ -77,7 +87,9 @@ async function reached(model: Model, runId: string): Promise<void> {
       const pending = snapshot.interactions.filter((i) => i.status === 'pending').map((i) => i.id);
       switch (model.state) {
         case 'thinking':
-          return thinking.has(runId) && snapshot.status === 'RUNNING' && view.phase === 'ACTIVE' && pending.length === 0;
+          return (
+            thinking.has(runId) && snapshot.status === 'RUNNING' && view.phase === 'ACTIVE' && pending.length === 0
+          );
         case 'manual':
         case 'held':
           return (
@@ -98,7 +110,8 @@ async function reached(model: Model, runId: string): Promise<void> {
   const interactions = (await stack.client.runs.get(runId)).interactions;
   expect(interactions).toHaveLength(model.asked);
   // The child lives as long as its parent, through the parent's continue-as-new.
-  if (model.state !== 'cancelled') expect(['RUNNING', 'WAITING']).toContain((await stack.client.runs.get(`${runId}.child`)).status);
+  if (model.state !== 'cancelled')
+    expect(['RUNNING', 'WAITING']).toContain((await stack.client.runs.get(`${runId}.child`)).status);
 }
 
 /** A refused operation: one of the documented refusals, and the Run stays where it was. */
@@ -148,7 +161,8 @@ class Resume implements fc.AsyncCommand<Model, Real> {
   check = () => true;
   async run(model: Model, real: Real) {
     const op = stack.client.runs.resume(real.runId);
-    if (model.state !== 'manual' && model.state !== 'held') return refused(model, real, op, ['INVALID_STATE_TRANSITION']);
+    if (model.state !== 'manual' && model.state !== 'held')
+      return refused(model, real, op, ['INVALID_STATE_TRANSITION']);
     await op;
     if (model.state === 'manual') {
       model.asked += 1;
@@ -170,7 +184,11 @@ class Cancel implements fc.AsyncCommand<Model, Real> {
     model.state = 'cancelled';
     await reached(model, real.runId);
     // A cancelled parent cancels its child; its compute is released, nothing is left half-way.
-    await eventually(async () => saw(await stack.client.runs.get(`${real.runId}.child`)).status === 'CANCELLED', 60_000, 'child cancelled');
+    await eventually(
+      async () => saw(await stack.client.runs.get(`${real.runId}.child`)).status === 'CANCELLED',
+      60_000,
+      'child cancelled',
+    );
   }
   toString = () => 'cancel';
 }
@@ -191,11 +209,24 @@ class StopThinking implements fc.AsyncCommand<Model, Real> {
 test(`${RUNS} random sequences of Run operations keep the Run where the model says`, async () => {
   await fc.assert(
     fc.asyncProperty(
-      fc.commands([fc.constant(new Answer()), fc.constant(new Suspend()), fc.constant(new Resume()), fc.constant(new Cancel()), fc.constant(new StopThinking())], {
-        maxCommands: 8,
-      }),
+      fc.commands(
+        [
+          fc.constant(new Answer()),
+          fc.constant(new Suspend()),
+          fc.constant(new Resume()),
+          fc.constant(new Cancel()),
+          fc.constant(new StopThinking()),
+        ],
+        {
+          maxCommands: 8,
+        },
+      ),
       async (commands) => {
-        const { runId } = await stack.client.runs.start({ agent: { driver: 'model' }, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' } });
+        const { runId } = await stack.client.runs.start({
+          agent: { driver: 'model' },
+          sandbox: { provider: 'local' },
+          policy: { pauseMode: 'DETACH' },
+        });
         const model: Model = { state: 'thinking', asked: 0 };
         await reached(model, runId);
         await fc.asyncModelRun(() => ({ model, real: { runId } }), commands);
@@ -214,14 +245,21 @@ test(`${RUNS * 2} answers racing retention expiry: accepted means the Run goes o
         sandbox: { provider: 'local' },
         policy: { suspendedRetentionSeconds: 1, pauseMode: 'DETACH' },
       });
-      await eventually(async () => saw(await stack.client.runs.resource(runId)).phase === 'SUSPENDED', 60_000, 'suspended');
+      await eventually(
+        async () => saw(await stack.client.runs.resource(runId)).phase === 'SUSPENDED',
+        60_000,
+        'suspended',
+      );
       // The answer is sent at a random moment around the end of retention.
       await new Promise((r) => setTimeout(r, delayMs));
       const answer = await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }).then(
         () => undefined,
         (err: unknown) => err as { code?: string; httpStatus?: number },
       );
-      const result = await stack.temporal.workflow.getHandle(runId).result().catch(() => undefined);
+      const result = await stack.temporal.workflow
+        .getHandle(runId)
+        .result()
+        .catch(() => undefined);
       const snapshot = await stack.client.runs.get(runId);
       if (answer === undefined) {
         expect(result).toBe('answered in time');
@@ -234,5 +272,42 @@ test(`${RUNS * 2} answers racing retention expiry: accepted means the Run goes o
       expect((await stack.client.runs.resource(runId)).phase).toBe('ACTIVE');
     }),
     { numRuns: RUNS * 2, endOnFailure: true },
+  );
+}, 3_600_000);
+
+test(`${RUNS} Runs whose host goes away at a random moment around their retention expiry still expire, and the host cleans up when back`, async () => {
+  await fc.assert(
+    fc.asyncProperty(fc.integer({ min: 0, max: 3_000 }), async (delayMs) => {
+      // Only host B serves the queue while the Run starts, so its sandbox lives there.
+      await stack.startWorker('host-b');
+      await stack.stopWorker('host-a');
+      const { runId } = await stack.client.runs.start({
+        agent: { driver: 'scripted', steps: [{ writeFile: { path: 'a.txt', content: 'work' } }, { ask: 'anyone?' }] },
+        sandbox: { provider: 'local' },
+        policy: { suspendedRetentionSeconds: 2 },
+      });
+      const sandboxId = `${runId}-sbx`;
+      await eventually(
+        async () => saw(await stack.client.runs.resource(runId)).phase === 'SUSPENDED',
+        60_000,
+        'suspended',
+      );
+      // Host B goes away before, during or after the expiry; A serves the shared queue.
+      await new Promise((r) => setTimeout(r, delayMs));
+      await stack.stopWorker('host-b');
+      await stack.startWorker('host-a');
+      await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+      expect(await stack.client.runs.get(runId)).toMatchObject({
+        status: 'EXPIRED',
+        error: { code: 'SUSPEND_EXPIRED' },
+      });
+      expect((await stack.client.runs.resource(runId)).record.state).toBe('DESTROYED');
+      expect(await storedKeys(s3, sandboxId)).toEqual([]);
+      // Host B is back: whatever the expiry could not remove there, its maintenance removes.
+      await backAndMaintained(stack, 'host-b');
+      await stack.stopWorker('host-b');
+      expect(await leftOn(stack, 'host-b', sandboxId)).toEqual({ directory: false, processes: 0 });
+    }),
+    { numRuns: RUNS, endOnFailure: true },
   );
 }, 3_600_000);

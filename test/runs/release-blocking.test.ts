@@ -15,7 +15,11 @@ test('a CONTINUE background job blocks release until it ends, then the record is
     agent: {
       driver: 'scripted',
       steps: [
-        { exec: 'touch started && while [ ! -f finish ]; do sleep 0.1; done; echo finished > job.out', background: true, pauseBehavior: 'CONTINUE' },
+        {
+          exec: 'touch started && while [ ! -f finish ]; do sleep 0.1; done; echo finished > job.out',
+          background: true,
+          pauseBehavior: 'CONTINUE',
+        },
         { exec: 'while [ ! -f started ]; do sleep 0.1; done' },
         { ask: 'continue?' },
         { expectFile: { path: 'job.out', content: 'finished\n' } },
@@ -23,10 +27,14 @@ test('a CONTINUE background job blocks release until it ends, then the record is
     },
     sandbox: { provider: 'local' },
   });
-  const blocked = await eventually(async () => {
-    const view = await resource(runId);
-    return view.record.state === 'RELEASE_BLOCKED' ? view : undefined;
-  }, 30_000, 'RELEASE_BLOCKED');
+  const blocked = await eventually(
+    async () => {
+      const view = await resource(runId);
+      return view.record.state === 'RELEASE_BLOCKED' ? view : undefined;
+    },
+    30_000,
+    'RELEASE_BLOCKED',
+  );
   expect(blocked.record.blockedSince).toEqual(expect.any(String));
   expect(blocked.phase).toBe('SUSPENDED');
   expect((await stack.client.runs.get(runId)).status).toBe('WAITING');
@@ -34,11 +42,18 @@ test('a CONTINUE background job blocks release until it ends, then the record is
   expect(await provider.processCount(blocked.record.sandboxId)).toBeGreaterThan(0);
 
   // The job still runs inside the (unreleased) sandbox; let it finish.
-  await provider.writeFile({ sandboxId: blocked.record.sandboxId, path: 'finish', content: Buffer.from('') }, { ownerId: runId, hostId: 'host-a' });
-  const released = await eventually(async () => {
-    const view = await resource(runId);
-    return view.record.state === 'RELEASED' ? view : undefined;
-  }, 30_000, 'RELEASED after the job ended');
+  await provider.writeFile(
+    { sandboxId: blocked.record.sandboxId, path: 'finish', content: Buffer.from('') },
+    { ownerId: runId, hostId: 'host-a' },
+  );
+  const released = await eventually(
+    async () => {
+      const view = await resource(runId);
+      return view.record.state === 'RELEASED' ? view : undefined;
+    },
+    30_000,
+    'RELEASED after the job ended',
+  );
   expect(released.record.blockedSince).toBeUndefined();
   expect(await provider.processCount(released.record.sandboxId)).toBe(0);
 
@@ -59,10 +74,14 @@ test('an EXTERNAL job never blocks release, and a CANCEL job is cancelled', asyn
     },
     sandbox: { provider: 'local' },
   });
-  const released = await eventually(async () => {
-    const view = await resource(runId);
-    return view.record.state === 'RELEASED' ? view : undefined;
-  }, 30_000, 'RELEASED');
+  const released = await eventually(
+    async () => {
+      const view = await resource(runId);
+      return view.record.state === 'RELEASED' ? view : undefined;
+    },
+    30_000,
+    'RELEASED',
+  );
   expect(released.record.blockedSince).toBeUndefined();
   await stack.client.runs.cancel(runId);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();

@@ -1,6 +1,6 @@
 import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { storedKeys, testS3 } from '../helpers/s3';
 
 const faults: ReleaseFaults = { calls: [] };
 let stack: TestStack;
@@ -17,7 +17,14 @@ beforeEach(() => {
 });
 
 const spec = {
-  agent: { driver: 'scripted', steps: [{ writeFile: { path: 'a.txt', content: 'kept' } }, { ask: 'go?' }, { expectFile: { path: 'a.txt', content: 'kept' } }] },
+  agent: {
+    driver: 'scripted',
+    steps: [
+      { writeFile: { path: 'a.txt', content: 'kept' } },
+      { ask: 'go?' },
+      { expectFile: { path: 'a.txt', content: 'kept' } },
+    ],
+  },
   sandbox: { provider: 'faulty' },
 };
 
@@ -26,10 +33,14 @@ test.each(['throw', 'not-released'] as const)(
   async (fault) => {
     faults.release = fault;
     const { runId } = await stack.client.runs.start(spec);
-    const retrying = await eventually(async () => {
-      const view = saw(await stack.client.runs.resource(runId));
-      return view.record.attempts >= 3 ? view : undefined;
-    }, 30_000, 'three release attempts');
+    const retrying = await eventually(
+      async () => {
+        const view = saw(await stack.client.runs.resource(runId));
+        return view.record.attempts >= 3 ? view : undefined;
+      },
+      30_000,
+      'three release attempts',
+    );
     expect(retrying.phase).toBe('SUSPENDED');
     expect(retrying.record.state).toBe('RELEASING');
     expect(retrying.record.lastError).toMatch(fault === 'throw' ? /injected release failure/ : /computeReleased=false/);
@@ -46,10 +57,13 @@ test.each(['throw', 'not-released'] as const)(
     expect(await provider.processCount(sandboxId)).toBeGreaterThan(0);
 
     await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
-    await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({ path: 'a.txt', content: 'kept' });
+    await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({
+      path: 'a.txt',
+      content: 'kept',
+    });
     // The sandbox was re-attached under a higher fence, never released or snapshotted.
     expect(faults.calls.every((c) => c.fence === 1 && c.outcome !== 'released')).toBe(true);
-    expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+    expect(await storedKeys(s3, sandboxId)).toEqual([]);
     expect(await provider.processCount(sandboxId)).toBe(0);
 
     // A late release carrying the old fence is refused.

@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import type { AgentDriver } from '../../drivers/api';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
 
 // A driver that "thinks" until the test lets it go, so idle time is real.
 let release: (() => void) | undefined;
@@ -67,7 +67,7 @@ test('retention expiry: compute released, checkpoint deleted, interactions expir
   expect(snapshot.status).toBe('EXPIRED');
   expect(snapshot.error?.code).toBe('SUSPEND_EXPIRED');
   expect(snapshot.interactions[0].status).toBe('expired');
-  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  expect(await storedKeys(s3, sandboxId)).toEqual([]);
   await expect(stack.client.runs.respond(runId, 'int-1', { decision: 'approve' })).rejects.toMatchObject({
     code: 'STALE_SANDBOX_ROUTE',
     httpStatus: 409,
@@ -102,7 +102,7 @@ test('retention expiry deletes every checkpoint the Run ever had, not only the l
   expect((await checkpointKeys(s3, sandboxId)).length).toBeGreaterThanOrEqual(1);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   expect((await stack.client.runs.get(runId)).error?.code).toBe('SUSPEND_EXPIRED');
-  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  expect(await storedKeys(s3, sandboxId)).toEqual([]);
 });
 
 test('idleTimeout freezes the sandbox while the agent is quiet; the next job thaws it', async () => {
@@ -113,16 +113,26 @@ test('idleTimeout freezes the sandbox while the agent is quiet; the next job tha
   });
   const sandboxId = `${runId}-sbx`;
   // No job runs while the agent thinks: every process of the sandbox (its init) is frozen.
-  await eventually(
-    async () => {
-      const states = await processStates(sandboxId);
-      return states.length > 0 && states.every((s) => s === 'frozen');
-    },
-    30_000,
-    'sandbox frozen',
-  );
+  await frozen(sandboxId);
   release?.();
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('woke up');
+});
+
+test("idleTimeout freezes an external agent's sandbox while the agent thinks; its next action thaws it", async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'external' },
+    sandbox: { provider: 'local' },
+    policy: { idleTimeout: '1s' },
+  });
+  const act = (actionId: string, command: string) =>
+    stack.client.runs.act(runId, { actionId, action: { type: 'exec', command } }, { waitMs: 60_000 });
+  await expect(act('first', 'echo one > n.txt')).resolves.toMatchObject({ status: 'succeeded' });
+  const sandboxId = `${runId}-sbx`;
+  await frozen(sandboxId);
+  // A command in a frozen sandbox would never finish: it ran, so the action thawed it first.
+  await expect(act('second', 'cat n.txt')).resolves.toMatchObject({ status: 'succeeded', result: { stdout: 'one\n' } });
+  await stack.client.runs.act(runId, { actionId: 'end', action: { type: 'complete', output: 'thawed' } });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('thawed');
 });
 
 test('ttl ends the Run with TTL_EXPIRED whatever its state and leaves no process', async () => {
@@ -143,6 +153,18 @@ test('ttl ends the Run with TTL_EXPIRED whatever its state and leaves no process
   expect(await provider.processCount(`${runId}-sbx`)).toBe(0);
   expect((await stack.client.runs.resource(runId)).record.state).toBe('DESTROYED');
 });
+
+/** Waits until every process of the sandbox (its init at least) is frozen. */
+async function frozen(sandboxId: string): Promise<void> {
+  await eventually(
+    async () => {
+      const states = await processStates(sandboxId);
+      return states.length > 0 && states.every((s) => s === 'frozen');
+    },
+    30_000,
+    'sandbox frozen',
+  );
+}
 
 /**
  * States of the sandbox's processes, read from /proc: `frozen` for a process stopped by

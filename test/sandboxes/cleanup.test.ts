@@ -1,11 +1,6 @@
-import { existsSync } from 'node:fs';
-import * as path from 'node:path';
 import { StasisClient } from '../../client';
-import { sandboxPaths } from '../../providers/sandbox-state';
-import { scanSandboxProcesses } from '../../providers/processes';
-import { createCheckpointStore } from '../../stores';
-import { maintainHost } from '../../workers/maintenance';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { backAndMaintained, leftOn } from '../helpers/hosts';
+import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 
 // A sandbox's end cleans up everything, or hands what it could not clean to its host.
@@ -28,11 +23,14 @@ test('destroy deletes every checkpoint the sandbox ever had, not only the latest
   await stack.client.sandboxes.suspend(sandboxId);
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
   await stack.client.sandboxes.destroy(sandboxId);
-  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  expect(await storedKeys(s3, sandboxId)).toEqual([]);
 });
 
 test('retention expiry deletes every checkpoint the sandbox ever had, not only the latest', async () => {
-  const expiring = new StasisClient(stack.temporal, { taskQueue: stack.config.STASIS_TASK_QUEUE, suspendedRetentionSeconds: 4 });
+  const expiring = new StasisClient(stack.temporal, {
+    taskQueue: stack.config.STASIS_TASK_QUEUE,
+    suspendedRetentionSeconds: 4,
+  });
   const { sandboxId } = await expiring.sandboxes.create({ provider: 'local' });
   await expiring.sandboxes.start(sandboxId);
   await expiring.sandboxes.suspend(sandboxId);
@@ -40,8 +38,12 @@ test('retention expiry deletes every checkpoint the sandbox ever had, not only t
   await expiring.sandboxes.exec(sandboxId, { command: 'echo changed > f' });
   await expiring.sandboxes.suspend(sandboxId);
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
-  await eventually(async () => (await expiring.sandboxes.get(sandboxId)).error?.code === 'SUSPEND_EXPIRED', 30_000, 'expired');
-  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  await eventually(
+    async () => (await expiring.sandboxes.get(sandboxId)).error?.code === 'SUSPEND_EXPIRED',
+    30_000,
+    'expired',
+  );
+  expect(await storedKeys(s3, sandboxId)).toEqual([]);
   await expiring.sandboxes.destroy(sandboxId);
 });
 
@@ -53,33 +55,25 @@ test('destroy while the host is gone ends promptly; the host removes the sandbox
   await stack.client.sandboxes.suspend(sandboxId);
   await stack.client.sandboxes.resume(sandboxId);
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
-  const hostA = path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a');
-
   // Host A's worker goes away (its sandbox's processes keep running); B serves the shared queue.
   await stack.startWorker('host-b');
   await stack.stopWorker('host-a');
   const destroyed = await stack.client.sandboxes.destroy(sandboxId);
   expect(destroyed.state).toBe('destroyed');
-  expect(destroyed.record).toMatchObject({ state: 'DESTROYED', lastError: expect.stringMatching(/host host-a did not finish.*that host's maintenance removes/) });
+  expect(destroyed.record).toMatchObject({
+    state: 'DESTROYED',
+    lastError: expect.stringMatching(/host host-a did not finish.*that host's maintenance removes/),
+  });
   const handle = stack.temporal.workflow.getHandle(`sandbox-${sandboxId}`);
   await eventually(async () => (await handle.describe()).status.name === 'COMPLETED', 30_000, 'sandbox workflow ended');
-  expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+  expect(await storedKeys(s3, sandboxId)).toEqual([]);
   // Not removed yet: nothing ran on host A.
-  expect(existsSync(sandboxPaths(hostA, sandboxId).root)).toBe(true);
-  expect((await scanSandboxProcesses('host-a')).get(sandboxId)?.length ?? 0).toBeGreaterThan(0);
+  const left = await leftOn(stack, 'host-a', sandboxId);
+  expect(left.directory).toBe(true);
+  expect(left.processes).toBeGreaterThan(0);
 
   // Host A is back: its maintenance removes what the destroy could not.
-  const worker = await stack.startWorker('host-a');
-  const pass = await maintainHost({
-    config: stack.config,
-    dataDir: hostA,
-    hostId: 'host-a',
-    client: stack.temporal,
-    registry: worker.registry,
-    store: createCheckpointStore(stack.config),
-  });
-  expect(pass.destroyed).toEqual([sandboxId]);
-  expect(existsSync(sandboxPaths(hostA, sandboxId).root)).toBe(false);
-  expect((await scanSandboxProcesses('host-a')).get(sandboxId)?.length ?? 0).toBe(0);
+  expect(await backAndMaintained(stack, 'host-a')).toEqual([sandboxId]);
+  expect(await leftOn(stack, 'host-a', sandboxId)).toEqual({ directory: false, processes: 0 });
   await stack.stopWorker('host-b');
 }, 180_000);

@@ -18,7 +18,10 @@ beforeAll(async () => {
     env: { ...process.env, TEMPORAL_ADDRESS: '' },
     extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=40'],
   });
-  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address }, worker: { providers: [faultyProvider(faults)] } });
+  stack = await startStack({
+    env: { TEMPORAL_ADDRESS: temporal.address },
+    worker: { providers: [faultyProvider(faults)] },
+  });
 });
 afterAll(async () => {
   await stack?.stop();
@@ -48,7 +51,11 @@ test('continue-as-new waits for a release that started while it waited for handl
   let open = () => {};
   faults.writeGate = new Promise<void>((resolve) => (open = resolve));
   const write = stack.client.sandboxes.writeFile(sandboxId, 'slow.txt', Buffer.from('slow'));
-  await eventually(async () => faults.writeCalls?.some((c) => c.sandboxId === sandboxId && c.outcome === 'held'), 20_000, 'write held');
+  await eventually(
+    async () => faults.writeCalls?.some((c) => c.sandboxId === sandboxId && c.outcome === 'held'),
+    20_000,
+    'write held',
+  );
   // Enough history for the server to suggest continue-as-new while the write is still under way.
   const handle = stack.temporal.workflow.getHandle(workflowId);
   while (((await handle.fetchHistory()).events?.length ?? 0) < 45) {
@@ -66,7 +73,11 @@ test('continue-as-new waits for a release that started while it waited for handl
   await write;
   if (!('code' in suspend)) {
     // The release is still hanging: wait until it is known to the workflow whether it continued as new.
-    await eventually(async () => faults.calls.some((c) => c.sandboxId === sandboxId && c.outcome === 'hung'), 20_000, 'release hung');
+    await eventually(
+      async () => faults.calls.some((c) => c.sandboxId === sandboxId && c.outcome === 'hung'),
+      20_000,
+      'release hung',
+    );
   }
   await stack.client.sandboxes.exec(sandboxId, { command: 'true' }).catch(() => undefined);
 

@@ -39,7 +39,9 @@ test('suspend on host A, stop A, resume: the sandbox runs on host B with the sam
   const resumed = await stack.client.sandboxes.resume(sandboxId);
   expect(resumed).toMatchObject({ state: 'running', hostId: 'host-b' });
   expect((await stack.client.sandboxes.readFile(sandboxId, 'state/progress.json')).toString()).toBe('{"step":41}');
-  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < out/numbers.txt && echo $STASIS_SANDBOX_HOST' })).resolves.toMatchObject({
+  await expect(
+    stack.client.sandboxes.exec(sandboxId, { command: 'wc -l < out/numbers.txt && echo $STASIS_SANDBOX_HOST' }),
+  ).resolves.toMatchObject({
     exitCode: 0,
     stdout: '2000\nhost-b\n',
   });

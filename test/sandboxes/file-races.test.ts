@@ -30,14 +30,22 @@ async function evictDormantCopies(): Promise<string[]> {
   return (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted;
 }
 
-const settle = <T>(p: Promise<T>) => p.then((value) => ({ ok: true as const, value }), (error: { code?: string }) => ({ ok: false as const, error }));
+const settle = <T>(p: Promise<T>) =>
+  p.then(
+    (value) => ({ ok: true as const, value }),
+    (error: { code?: string }) => ({ ok: false as const, error }),
+  );
 
 test('a slow write racing a suspend is in the checkpoint or refused, never lost', async () => {
   const id = await running();
   let open = () => {};
   faults.writeGate = new Promise<void>((resolve) => (open = resolve));
   const write = settle(stack.client.sandboxes.writeFile(id, 'race.txt', Buffer.from('written')));
-  await eventually(async () => faults.writeCalls?.some((c) => c.sandboxId === id && c.outcome === 'held'), 20_000, 'write held on the host');
+  await eventually(
+    async () => faults.writeCalls?.some((c) => c.sandboxId === id && c.outcome === 'held'),
+    20_000,
+    'write held on the host',
+  );
   const suspend = await settle(stack.client.sandboxes.suspend(id));
   open();
   faults.writeGate = undefined;
@@ -60,9 +68,15 @@ test('the provider refuses a write that arrives after a snapshot release, or fro
   const view = await stack.client.sandboxes.suspend(id);
   const fence = view.record.fence;
   // A late attempt of a write scheduled before the suspend reaches the dormant copy.
-  await stasisError(faulty.writeFile({ sandboxId: id, fence, path: 'late.txt', content: Buffer.from('x') }, context()), 'INVALID_STATE_TRANSITION');
+  await stasisError(
+    faulty.writeFile({ sandboxId: id, fence, path: 'late.txt', content: Buffer.from('x') }, context()),
+    'INVALID_STATE_TRANSITION',
+  );
   await stack.client.sandboxes.resume(id);
-  await stasisError(faulty.writeFile({ sandboxId: id, fence, path: 'late.txt', content: Buffer.from('x') }, context()), 'STALE_FENCE');
+  await stasisError(
+    faulty.writeFile({ sandboxId: id, fence, path: 'late.txt', content: Buffer.from('x') }, context()),
+    'STALE_FENCE',
+  );
   await stasisError(faulty.readFile({ sandboxId: id, fence, path: 'late.txt' }, context()), 'STALE_FENCE');
   await expect(stack.client.sandboxes.readFile(id, 'late.txt')).rejects.toMatchObject({ code: 'NOT_FOUND' });
   await stack.client.sandboxes.destroy(id);
@@ -73,7 +87,11 @@ test('file operations keep an idle sandbox awake: the idle timer runs from the e
   let open = () => {};
   faults.writeGate = new Promise<void>((resolve) => (open = resolve));
   const write = stack.client.sandboxes.writeFile(id, 'slow.txt', Buffer.from('slow'));
-  await eventually(async () => faults.writeCalls?.some((c) => c.sandboxId === id && c.outcome === 'held'), 20_000, 'write held on the host');
+  await eventually(
+    async () => faults.writeCalls?.some((c) => c.sandboxId === id && c.outcome === 'held'),
+    20_000,
+    'write held on the host',
+  );
   // Longer than the idle timeout while the write is under way: the sandbox must not be paused under it.
   await new Promise((r) => setTimeout(r, 5_000));
   expect((await stack.client.sandboxes.get(id)).state).toBe('running');
@@ -81,6 +99,10 @@ test('file operations keep an idle sandbox awake: the idle timer runs from the e
   faults.writeGate = undefined;
   await write;
   expect((await stack.client.sandboxes.get(id)).state).toBe('running');
-  await eventually(async () => (await stack.client.sandboxes.get(id)).state === 'paused', 30_000, 'idle pause after the write');
+  await eventually(
+    async () => (await stack.client.sandboxes.get(id)).state === 'paused',
+    30_000,
+    'idle pause after the write',
+  );
   await stack.client.sandboxes.destroy(id);
 });

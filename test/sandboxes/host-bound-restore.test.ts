@@ -31,7 +31,11 @@ test('its host gone, a resume is refused with 503 UNAVAILABLE and nothing is fak
     message: expect.stringContaining('only be restored on host host-a'),
   });
   const view = await stack.client.sandboxes.get(sandboxId);
-  expect(view).toMatchObject({ state: 'suspended', hostId: 'host-a', record: { state: 'RELEASED', checkpoint: suspended.record.checkpoint } });
+  expect(view).toMatchObject({
+    state: 'suspended',
+    hostId: 'host-a',
+    record: { state: 'RELEASED', checkpoint: suspended.record.checkpoint },
+  });
   await expect(stack.workers.get('host-b')!.registry.get('pinned').listSandboxes()).resolves.toEqual([]);
 
   await stack.startWorker('host-a');

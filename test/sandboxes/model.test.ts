@@ -1,12 +1,14 @@
 import { existsSync } from 'node:fs';
 import * as path from 'node:path';
 import fc from 'fast-check';
+import { StasisClient } from '../../client';
 import type { SandboxState, SandboxView } from '../../common/schemas';
 import { evictUnderPressure } from '../../providers/maintenance';
 import { killSandbox, scanSandboxProcesses } from '../../providers/processes';
 import { sandboxesDir, sandboxPaths } from '../../providers/sandbox-state';
+import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { storedKeys, testS3 } from '../helpers/s3';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { IDEMPOTENT, LEGAL, type UserOp } from '../helpers/transition-table';
 
@@ -16,6 +18,8 @@ import { IDEMPOTENT, LEGAL, type UserOp } from '../helpers/transition-table';
 
 const RUNS = Number(process.env.STASIS_MODEL_RUNS ?? 4);
 const HOST = 'host-a';
+/** A second host, up only while a sandbox that expires is made on it. */
+const OTHER_HOST = 'host-b';
 const faults: ReleaseFaults = { calls: [] };
 const s3 = testS3();
 let stack: TestStack;
@@ -39,7 +43,8 @@ interface Real {
   log: string[];
 }
 
-type Outcome<T> = { ok: true; value: T } | { ok: false; error: { code?: string; httpStatus?: number; message?: string } };
+type Outcome<T> =
+  { ok: true; value: T } | { ok: false; error: { code?: string; httpStatus?: number; message?: string } };
 const settle = <T>(p: Promise<T>): Promise<Outcome<T>> =>
   p.then(
     (value) => ({ ok: true as const, value }),
@@ -76,14 +81,14 @@ async function checkInvariants(m: Model, r: Real): Promise<void> {
   if (m.state === 'destroyed') {
     expect(seen).toMatchObject({ ok: false, error: { code: 'NOT_FOUND' } });
     expect(existsSync(sandboxPaths(hostDir(), r.id).root)).toBe(false);
-    expect(await checkpointKeys(s3, r.id)).toEqual([]);
+    expect(await storedKeys(s3, r.id)).toEqual([]);
     expect(await processes(r.id)).toBe(0);
     return;
   }
   if (!seen.ok) throw new Error(`sandbox ${r.id} unreadable: ${JSON.stringify(seen.error)} after ${r.log.join(' → ')}`);
   expect({ state: seen.value.state, after: r.log }).toEqual({ state: m.state, after: r.log });
   // Nothing stays half-way once its operation answered.
-  expect(['RESTORING', 'RELEASING', 'RELEASE_BLOCKED']).not.toContain(seen.value.record.state);
+  expect(['RESTORING', 'RELEASING', 'RELEASE_BLOCKED', 'DESTROYING']).not.toContain(seen.value.record.state);
   if (m.state === 'suspended') {
     expect(seen.value.record).toMatchObject({ state: 'RELEASED', checkpoint: expect.anything() });
   }
@@ -96,7 +101,11 @@ async function checkInvariants(m: Model, r: Real): Promise<void> {
 async function checkFiles(m: Model, r: Real): Promise<void> {
   for (const [file, content] of m.files) {
     const read = await settle(stack.client.sandboxes.readFile(r.id, file));
-    expect({ file, read: read.ok ? read.value.toString() : read.error.code, after: r.log }).toEqual({ file, read: content, after: r.log });
+    expect({ file, read: read.ok ? read.value.toString() : read.error.code, after: r.log }).toEqual({
+      file,
+      read: content,
+      after: r.log,
+    });
   }
 }
 
@@ -149,7 +158,10 @@ class Exec implements fc.AsyncCommand<Model, Real> {
     if (this.kind === 'slow' && m.state === 'running') {
       // While it runs, a suspend is refused at once.
       await eventually(async () => (await processes(r.id)) > before, 20_000, 'slow command running');
-      await expect(stack.client.sandboxes.suspend(r.id)).rejects.toMatchObject({ code: 'SANDBOX_SUSPEND_BUSY', httpStatus: 409 });
+      await expect(stack.client.sandboxes.suspend(r.id)).rejects.toMatchObject({
+        code: 'SANDBOX_SUSPEND_BUSY',
+        httpStatus: 409,
+      });
     }
     const outcome = await exec;
     r.log.push(`exec ${this.kind} in ${m.state}: ${outcome.ok ? outcome.value.exitCode : outcome.error.code}`);
@@ -167,7 +179,11 @@ class Exec implements fc.AsyncCommand<Model, Real> {
 class EvictDormant implements fc.AsyncCommand<Model, Real> {
   check = () => true;
   async run(m: Model, r: Real): Promise<void> {
-    const { evicted } = await evictUnderPressure({ sandboxesDir: sandboxesDir(hostDir()), minFreeBytes: 1, freeBytes: async () => 0 });
+    const { evicted } = await evictUnderPressure({
+      sandboxesDir: sandboxesDir(hostDir()),
+      minFreeBytes: 1,
+      freeBytes: async () => 0,
+    });
     r.log.push(`evict${evicted.includes(r.id) ? ' (evicted)' : ''}`);
     if (m.state === 'suspended') expect(evicted).toContain(r.id);
     await checkInvariants(m, r);
@@ -201,7 +217,11 @@ class Restart implements fc.AsyncCommand<Model, Real> {
     r.log.push(this.hostToo ? 'host restart' : 'worker restart');
     if (this.hostToo && (m.state === 'running' || m.state === 'paused')) {
       m.state = 'lost';
-      await eventually(async () => (await stack.client.sandboxes.get(r.id)).state === 'lost', 30_000, 'lost after reconcile');
+      await eventually(
+        async () => (await stack.client.sandboxes.get(r.id)).state === 'lost',
+        30_000,
+        'lost after reconcile',
+      );
     }
     await checkInvariants(m, r);
   }
@@ -218,7 +238,11 @@ class PolicyExpiry implements fc.AsyncCommand<Model, Real> {
     await stack.client.sandboxes.start(sandboxId);
     r.log.push(`${this.kind} expiry of ${sandboxId}`);
     if (this.kind === 'idle') {
-      await eventually(async () => (await stack.client.sandboxes.get(sandboxId)).state === 'paused', 30_000, 'idle pause');
+      await eventually(
+        async () => (await stack.client.sandboxes.get(sandboxId)).state === 'paused',
+        30_000,
+        'idle pause',
+      );
       await stack.client.sandboxes.destroy(sandboxId);
     } else {
       // The ttl may fire first: then the suspend races its destroy (409) or finds nothing left (404).
@@ -226,17 +250,72 @@ class PolicyExpiry implements fc.AsyncCommand<Model, Real> {
         .suspend(sandboxId)
         .catch((err: { code?: string }) => expect(['NOT_FOUND', 'INVALID_STATE_TRANSITION']).toContain(err.code));
       await eventually(
-        async () => stack.client.sandboxes.get(sandboxId).then(() => false, (err: { code?: string }) => err.code === 'NOT_FOUND'),
+        async () =>
+          stack.client.sandboxes.get(sandboxId).then(
+            () => false,
+            (err: { code?: string }) => err.code === 'NOT_FOUND',
+          ),
         30_000,
         'destroyed by ttl',
       );
     }
     expect(existsSync(sandboxPaths(hostDir(), sandboxId).root)).toBe(false);
-    expect(await checkpointKeys(s3, sandboxId)).toEqual([]);
+    expect(await storedKeys(s3, sandboxId)).toEqual([]);
     expect(await processes(sandboxId)).toBe(0);
     await checkInvariants(m, r);
   }
   toString = () => `${this.kind}-expiry`;
+}
+
+/**
+ * Another sandbox is suspended past retention; with `deadHost` its host's worker is gone for good
+ * when it expires. The expiry ends all the same: every checkpoint deleted, its route stale, and
+ * what the dead host holds removed by that host's maintenance once it is back.
+ */
+class RetentionExpiry implements fc.AsyncCommand<Model, Real> {
+  constructor(readonly deadHost: boolean) {}
+  check = () => true;
+  async run(m: Model, r: Real): Promise<void> {
+    // Long enough that the host is gone before the expiry when it should be.
+    const expiring = new StasisClient(stack.temporal, {
+      taskQueue: stack.config.STASIS_TASK_QUEUE,
+      suspendedRetentionSeconds: this.deadHost ? 20 : 2,
+    }).sandboxes;
+    const host = this.deadHost ? OTHER_HOST : HOST;
+    if (this.deadHost) {
+      await stack.startWorker(OTHER_HOST);
+      await stack.stopWorker(HOST);
+    }
+    const { sandboxId } = await expiring.create({ provider: 'faulty' });
+    await expiring.start(sandboxId);
+    await expiring.writeFile(sandboxId, 'kept.txt', Buffer.from('until expiry'));
+    await expiring.suspend(sandboxId);
+    if (this.deadHost) {
+      await stack.stopWorker(OTHER_HOST);
+      await stack.startWorker(HOST);
+    }
+    r.log.push(`retention expiry of ${sandboxId}${this.deadHost ? ` on a dead ${OTHER_HOST}` : ''}`);
+    const expired = await eventually(
+      async () => {
+        const view = await expiring.get(sandboxId);
+        return view.error?.code === 'SUSPEND_EXPIRED' && view.record.state === 'DESTROYED' ? view : undefined;
+      },
+      120_000,
+      'expired',
+    );
+    if (this.deadHost) expect(expired.record.lastError).toMatch(/host host-b did not finish/);
+    expect(await storedKeys(s3, sandboxId)).toEqual([]);
+    await expect(expiring.resume(sandboxId)).rejects.toMatchObject({ code: 'STALE_SANDBOX_ROUTE', httpStatus: 409 });
+    if (this.deadHost) {
+      const destroyed = await backAndMaintained(stack, OTHER_HOST);
+      await stack.stopWorker(OTHER_HOST);
+      expect(destroyed).toContain(sandboxId);
+    }
+    await expect(expiring.destroy(sandboxId)).resolves.toMatchObject({ state: 'destroyed' });
+    expect(await leftOn(stack, host, sandboxId)).toEqual({ directory: false, processes: 0 });
+    await checkInvariants(m, r);
+  }
+  toString = () => `retention-expiry${this.deadHost ? '-dead-host' : ''}`;
 }
 
 const fileName = fc.constantFrom('a.txt', 'dir/b.txt', 'dir/sub/c.bin', 'd');
@@ -247,24 +326,31 @@ const commands = [
   fc.constantFrom<UserOp>('start', 'suspend', 'resume').map((op) => new Change(op)),
   fc.constant(new Change('destroy')),
   fc.tuple(fileName, content).map(([f, c]) => new WriteFile(f, c)),
-  fc.tuple(fc.constantFrom('quick', 'background', 'slow' as const), fileName, content).map(([k, f, c]) => new Exec(k, f, c)),
+  fc
+    .tuple(fc.constantFrom('quick', 'background', 'slow' as const), fileName, content)
+    .map(([k, f, c]) => new Exec(k, f, c)),
   fc.constant(new EvictDormant()),
   fc.constant(new FailedRestore()),
   fc.boolean().map((hostToo) => new Restart(hostToo)),
   fc.constantFrom('idle', 'ttl' as const).map((kind) => new PolicyExpiry(kind)),
+  fc.boolean().map((deadHost) => new RetentionExpiry(deadHost)),
 ];
 
-test(`random sequences (${RUNS}) keep the sandbox consistent with its model`, async () => {
-  await fc.assert(
-    fc.asyncProperty(fc.commands(commands, { maxCommands: 14 }), async (cmds) => {
-      const { sandboxId } = await stack.client.sandboxes.create({ provider: 'faulty' });
-      const model: Model = { state: 'created', files: new Map() };
-      const real: Real = { id: sandboxId, log: [] };
-      await fc.asyncModelRun(() => ({ model, real }), cmds);
-      // Its end: destroy leaves nothing behind.
-      if (model.state !== 'destroyed') await new Change('destroy').run(model, real);
-      await checkInvariants(model, real);
-    }),
-    { numRuns: RUNS, endOnFailure: true },
-  );
-}, 60_000 + RUNS * 120_000);
+test(
+  `random sequences (${RUNS}) keep the sandbox consistent with its model`,
+  async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.commands(commands, { maxCommands: 14 }), async (cmds) => {
+        const { sandboxId } = await stack.client.sandboxes.create({ provider: 'faulty' });
+        const model: Model = { state: 'created', files: new Map() };
+        const real: Real = { id: sandboxId, log: [] };
+        await fc.asyncModelRun(() => ({ model, real }), cmds);
+        // Its end: destroy leaves nothing behind.
+        if (model.state !== 'destroyed') await new Change('destroy').run(model, real);
+        await checkInvariants(model, real);
+      }),
+      { numRuns: RUNS, endOnFailure: true },
+    );
+  },
+  60_000 + RUNS * 240_000,
+);

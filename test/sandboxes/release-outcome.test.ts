@@ -27,7 +27,10 @@ test('a snapshot receipt without its checkpoint does not count: the release is r
   const suspended = await stack.client.sandboxes.suspend(id);
   expect(suspended).toMatchObject({ state: 'suspended', record: { state: 'RELEASED', attempts: 2 } });
   expect(suspended.record.checkpoint?.uri).toContain(`checkpoints/${id}/`);
-  expect(faults.calls.filter((c) => c.sandboxId === id).map((c) => c.outcome)).toEqual(['released (checkpoint dropped)', 'duplicate']);
+  expect(faults.calls.filter((c) => c.sandboxId === id).map((c) => c.outcome)).toEqual([
+    'released (checkpoint dropped)',
+    'duplicate',
+  ]);
   await stack.client.sandboxes.destroy(id);
 });
 

@@ -19,7 +19,6 @@ afterAll(async () => {
   await stack?.stop();
 });
 
-
 /** A fresh sandbox brought into `state` the way a user (or a fault) would. */
 async function sandboxIn(state: Exclude<SandboxState, 'destroyed'>): Promise<string> {
   const provider = state === 'failed' ? 'faulty' : 'local';
@@ -29,7 +28,8 @@ async function sandboxIn(state: Exclude<SandboxState, 'destroyed'>): Promise<str
   if (state === 'stopped') await client.sandboxes.stop(sandboxId);
   if (state === 'paused') await client.sandboxes.pause(sandboxId);
   if (state === 'suspended') await client.sandboxes.suspend(sandboxId);
-  if (state === 'failed') await expect(client.sandboxes.stop(sandboxId)).rejects.toMatchObject({ code: 'SANDBOX_FAILED' });
+  if (state === 'failed')
+    await expect(client.sandboxes.stop(sandboxId)).rejects.toMatchObject({ code: 'SANDBOX_FAILED' });
   if (state === 'lost') await loseAfterWorkerRestart(sandboxId);
   expect((await client.sandboxes.get(sandboxId)).state).toBe(state);
   return sandboxId;
@@ -41,7 +41,11 @@ async function loseAfterWorkerRestart(sandboxId: string): Promise<void> {
   // The processes die with the worker's restart (as they would with the host's).
   await killSandbox({ sandboxId, hostId: 'host-a' });
   await stack.startWorker('host-a');
-  await eventually(async () => (await client.sandboxes.get(sandboxId)).state === 'lost', 30_000, 'lost after reconcile');
+  await eventually(
+    async () => (await client.sandboxes.get(sandboxId)).state === 'lost',
+    30_000,
+    'lost after reconcile',
+  );
 }
 
 const STATES = ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'] as const;
@@ -56,20 +60,17 @@ describe.each(STATES)('from %s', (state) => {
   const idempotent = USER_OPS.filter((op) => IDEMPOTENT.has(`${state}/${op}`));
   const legal = USER_OPS.filter((op) => LEGAL[`${state}/${op}`]);
 
-  test.each(illegal)(
-    '%s is refused with 409 and changes nothing',
-    async (op) => {
-      const handle = stack.temporal.workflow.getHandle(`sandbox-${shared}`);
-      const before = (await handle.fetchHistory()).events?.length;
-      await expect(client.sandboxes[op](shared)).rejects.toMatchObject({
-        code: 'INVALID_STATE_TRANSITION',
-        httpStatus: 409,
-        message: 'sandbox: invalid state transition',
-      });
-      expect((await handle.fetchHistory()).events?.length).toBe(before);
-      expect((await client.sandboxes.get(shared)).state).toBe(state);
-    },
-  );
+  test.each(illegal)('%s is refused with 409 and changes nothing', async (op) => {
+    const handle = stack.temporal.workflow.getHandle(`sandbox-${shared}`);
+    const before = (await handle.fetchHistory()).events?.length;
+    await expect(client.sandboxes[op](shared)).rejects.toMatchObject({
+      code: 'INVALID_STATE_TRANSITION',
+      httpStatus: 409,
+      message: 'sandbox: invalid state transition',
+    });
+    expect((await handle.fetchHistory()).events?.length).toBe(before);
+    expect((await client.sandboxes.get(shared)).state).toBe(state);
+  });
 
   if (idempotent.length > 0) {
     test.each(idempotent)('%s is idempotent: 200 with the current state', async (op) => {
@@ -89,7 +90,10 @@ describe.each(STATES)('from %s', (state) => {
       expect((await client.sandboxes.get(sandboxId)).state).toBe(to);
     }
     if (to === 'running') {
-      await expect(client.sandboxes.exec(sandboxId, { command: 'echo ok' })).resolves.toMatchObject({ exitCode: 0, stdout: 'ok\n' });
+      await expect(client.sandboxes.exec(sandboxId, { command: 'echo ok' })).resolves.toMatchObject({
+        exitCode: 0,
+        stdout: 'ok\n',
+      });
     }
   });
 });

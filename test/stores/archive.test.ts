@@ -37,6 +37,20 @@ const dir = (p: string): Crafted => ({ path: p, type: 'Directory', mode: 0o755 }
 const file = (p: string, content = 'x'): Crafted => ({ path: p, type: 'File', data: Buffer.from(content) });
 
 describe('packSandbox / unpackCheckpoint', () => {
+  it('keeps a file’s mtime second even in its last half-millisecond (Node rounds stat.mtime to the nearest ms)', async () => {
+    const root = await tempDir('pack-mtime');
+    await fs.mkdir(path.join(root, 'workspace'));
+    const file = path.join(root, 'workspace', 'edge');
+    await fs.writeFile(file, 'x');
+    await fs.utimes(file, 1796103688.9996, 1796103688.9996);
+    expect(Math.floor((await fs.stat(file)).mtimeMs / 1000)).toBe(1796103688);
+    const archive = path.join(await tempDir('archive'), 'c.tar.gz');
+    await pipeline(packSandbox(root, ['workspace']), createWriteStream(archive));
+    const target = await tempDir('unpack');
+    await unpackCheckpoint(archive, target);
+    expect(Math.floor((await fs.stat(path.join(target, 'workspace', 'edge'))).mtimeMs / 1000)).toBe(1796103688);
+  });
+
   it('round-trips files, modes, mtimes, empty dirs, symlinks (anywhere) and hardlinks, following only a top-level link', async () => {
     const root = await tempDir('pack');
     const hostWorkspace = await tempDir('host-ws');

@@ -20,7 +20,8 @@ const shortSecret = fc.stringMatching(new RegExp(`^[A-Za-z0-9_-]{4,${MIN_SECRET_
 
 test('name:secret[:role] entries parse into tokens; no role is operator', () => {
   const config = loadConfig({
-    STASIS_API_TOKENS: 'ana:aaaaaaaaaaaaaaaa,ops:bbbbbbbbbbbbbbbb:operator,boss:cccccccccccccccc:admin,pat:dddddddddddddddd:approver',
+    STASIS_API_TOKENS:
+      'ana:aaaaaaaaaaaaaaaa,ops:bbbbbbbbbbbbbbbb:operator,boss:cccccccccccccccc:admin,pat:dddddddddddddddd:approver',
   });
   expect(config.STASIS_API_TOKENS).toEqual([
     { name: 'ana', secret: 'aaaaaaaaaaaaaaaa', role: 'operator' },

@@ -89,7 +89,12 @@ test('figures that cannot be read at start are never overwritten from zero; they
     down = false;
     metrics.recordAttempt(2);
     await metrics.flushed();
-    expect(await inner.read('host-y')).toMatchObject({ failures: 5, retries: 8, releases: 3, releaseLatencyMs: [10, 20, 30] });
+    expect(await inner.read('host-y')).toMatchObject({
+      failures: 5,
+      retries: 8,
+      releases: 3,
+      releaseLatencyMs: [10, 20, 30],
+    });
   } finally {
     warn.mockRestore();
   }

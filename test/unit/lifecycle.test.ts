@@ -1,5 +1,6 @@
 import fc from 'fast-check';
 import type { PauseMode, SandboxState } from '../../common/schemas';
+import { RESOURCE_STATES } from '../../common/wire-checks';
 import {
   admitRunOp,
   blockingChildren,
@@ -10,6 +11,8 @@ import {
   decideExec,
   decideFileAccess,
   decideSandboxOp,
+  DESTROYABLE,
+  destroyingState,
   hashMismatches,
   isRejection,
   isReleaseBlocked,
@@ -41,7 +44,6 @@ const facts = (state: SandboxState, extra: Partial<Parameters<typeof decideSandb
   ...extra,
 });
 
-
 describe('sandbox transition table', () => {
   const cases = STATES.flatMap((state) => USER_OPS.map((op) => [state, op] as const));
   test.each(cases)('%s --%s-->', (state, op) => {
@@ -68,7 +70,9 @@ describe('sandbox transition table', () => {
     expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
     expect(decideSandboxOp(facts('suspended'), 'unsuspend')).toEqual({ kind: 'transition', to: 'running' });
     expect(decideSandboxOp(facts('running'), 'unsuspend').kind).toBe('reject');
-    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual([...USER_OPS, 'fail', 'lose', 'unsuspend'].sort() as SandboxOp[]);
+    expect(Object.keys(SANDBOX_TRANSITIONS).sort()).toEqual(
+      [...USER_OPS, 'fail', 'lose', 'unsuspend'].sort() as SandboxOp[],
+    );
   });
 
   test('a state change in progress makes a second one 409', () => {
@@ -105,13 +109,17 @@ describe('sandbox transition table', () => {
         rejection: { code: 'STALE_SANDBOX_ROUTE' },
       });
     }
-    expect(decideSandboxOp(facts('suspended', { expired: true }), 'destroy')).toEqual({ kind: 'transition', to: 'destroyed' });
+    expect(decideSandboxOp(facts('suspended', { expired: true }), 'destroy')).toEqual({
+      kind: 'transition',
+      to: 'destroyed',
+    });
     expect(decideExec(facts('suspended', { expired: true }))?.code).toBe('STALE_SANDBOX_ROUTE');
     expect(decideFileAccess(facts('suspended', { expired: true }))?.code).toBe('STALE_SANDBOX_ROUTE');
   });
 
   test('files are reachable unless suspended, lost or destroyed', () => {
-    for (const state of ['created', 'running', 'stopped', 'paused', 'failed'] as const) expect(decideFileAccess(facts(state))).toBeUndefined();
+    for (const state of ['created', 'running', 'stopped', 'paused', 'failed'] as const)
+      expect(decideFileAccess(facts(state))).toBeUndefined();
     expect(decideFileAccess(facts('suspended'))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideFileAccess(facts('destroyed'))?.code).toBe('NOT_FOUND');
   });
@@ -127,13 +135,27 @@ describe('pause mode choice', () => {
     ['MANUAL', 'isolated', 'DETACH', [...all], { kind: 'release', mode: 'DETACH' }],
     // Terminating an isolated workspace without a snapshot would lose it.
     ['INTERACTION', 'isolated', 'TERMINATE', [...all], { kind: 'release', mode: 'SNAPSHOT_AND_TERMINATE' }],
-    ['INTERACTION', 'isolated', undefined, ['DETACH', 'TERMINATE'], { kind: 'retain', wanted: 'SNAPSHOT_AND_TERMINATE' }],
+    [
+      'INTERACTION',
+      'isolated',
+      undefined,
+      ['DETACH', 'TERMINATE'],
+      { kind: 'retain', wanted: 'SNAPSHOT_AND_TERMINATE' },
+    ],
     ['POLICY_HOLD', 'isolated', undefined, [], { kind: 'retain', wanted: 'DETACH' }],
     ['INTERACTION', 'active', undefined, ['SNAPSHOT_AND_TERMINATE'], { kind: 'retain', wanted: 'TERMINATE' }],
-  ] as const)('%s on %s workspace (policy %s, advertised %j)', (reason, workspace, policyPauseMode, advertised, expected) => {
-    const decision = choosePauseMode({ reason, workspace, ...(policyPauseMode ? { policyPauseMode } : {}), advertised: [...advertised] });
-    expect(decision).toMatchObject(expected);
-  });
+  ] as const)(
+    '%s on %s workspace (policy %s, advertised %j)',
+    (reason, workspace, policyPauseMode, advertised, expected) => {
+      const decision = choosePauseMode({
+        reason,
+        workspace,
+        ...(policyPauseMode ? { policyPauseMode } : {}),
+        advertised: [...advertised],
+      });
+      expect(decision).toMatchObject(expected);
+    },
+  );
 });
 
 describe('release blocking', () => {
@@ -159,8 +181,21 @@ describe('release blocking', () => {
   });
 
   test('a parent is blocked while any child record is not released', () => {
-    expect(blockingChildren([{ runId: 'a', state: 'RELEASED' }, { runId: 'b', state: 'RELEASING' }])).toEqual(['b']);
-    expect(isReleaseBlocked([], [{ runId: 'a', state: 'RELEASED' }, { runId: 'b', state: 'DESTROYED' }])).toBe(false);
+    expect(
+      blockingChildren([
+        { runId: 'a', state: 'RELEASED' },
+        { runId: 'b', state: 'RELEASING' },
+      ]),
+    ).toEqual(['b']);
+    expect(
+      isReleaseBlocked(
+        [],
+        [
+          { runId: 'a', state: 'RELEASED' },
+          { runId: 'b', state: 'DESTROYED' },
+        ],
+      ),
+    ).toBe(false);
     expect(isReleaseBlocked([], [{ runId: 'a', state: 'ACTIVE' }])).toBe(true);
   });
 });
@@ -202,7 +237,12 @@ describe('receipts, retries and keys', () => {
         fc.constantFrom<PauseMode>('DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'),
         fc.constantFrom('sandboxId', 'idempotencyKey', 'fence', 'mode'),
         (mode, field) => {
-          const wrong = { sandboxId: 'x', idempotencyKey: 'k', fence: 9, mode: mode === 'DETACH' ? 'TERMINATE' : 'DETACH' }[field];
+          const wrong = {
+            sandboxId: 'x',
+            idempotencyKey: 'k',
+            fence: 9,
+            mode: mode === 'DETACH' ? 'TERMINATE' : 'DETACH',
+          }[field];
           expect(receiptProblem(request(mode), answer(mode, { [field]: wrong }))).toContain(field);
         },
       ),
@@ -227,6 +267,7 @@ describe('resume plan', () => {
     ['RELEASED', 'DETACH', 'attach'],
     ['RELEASED', 'TERMINATE', 'reprovision'],
     ['RELEASED', 'SNAPSHOT_AND_TERMINATE', 'restore'],
+    ['DESTROYING', undefined, 'none'],
     ['DESTROYED', undefined, 'none'],
   ] as const)('%s (%s) → %s', (state, pauseMode, kind) => {
     expect(planResume({ ...record, state, ...(pauseMode ? { pauseMode } : {}) }).kind).toBe(kind);
@@ -237,6 +278,27 @@ describe('resume plan', () => {
     expect(hashMismatches(now, now, { run: 'r' })).toEqual([]);
     expect(hashMismatches(now, { run: 'r', spec: 'x', policy: 'p' }, { policy: 'y' })).toEqual(['spec', 'policy']);
     expect(hashMismatches(now, undefined)).toEqual([]);
+  });
+});
+
+describe('destroy', () => {
+  // Every record state a destroy can meet: it says DESTROYING while it waits, unless it already does (or is done).
+  test.each([
+    ['PROVISIONING', 'DESTROYING'],
+    ['ACTIVE', 'DESTROYING'],
+    ['RELEASING', 'DESTROYING'],
+    ['RELEASE_BLOCKED', 'DESTROYING'],
+    ['RETAINED', 'DESTROYING'],
+    ['RELEASED', 'DESTROYING'],
+    ['RESTORING', 'DESTROYING'],
+    ['DESTROYING', undefined],
+    ['DESTROYED', undefined],
+  ] as const)('%s → %s', (state, next) => {
+    expect(destroyingState(state)).toBe(next);
+  });
+
+  test('the table covers every record state', () => {
+    expect(new Set(RESOURCE_STATES)).toEqual(new Set([...DESTROYABLE, 'DESTROYING', 'DESTROYED']));
   });
 });
 
@@ -253,24 +315,38 @@ describe('respond checks', () => {
     expect(checkRespond(run(), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u1')).toBeUndefined();
   });
   test('unknown interaction', () => {
-    expect(checkRespond(run(), { interactionId: 'nope', response: { decision: 'approve' } }, 'u1')).toMatchObject({ code: 'NOT_FOUND' });
+    expect(checkRespond(run(), { interactionId: 'nope', response: { decision: 'approve' } }, 'u1')).toMatchObject({
+      code: 'NOT_FOUND',
+    });
   });
   test('already answered, unless identical under the same update id', () => {
     const r = run({ status: 'RUNNING', interactions: [answered], answeredBy: { 'int-1': { updateId: 'u1' } } });
     expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u1')).toBe('duplicate');
-    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u2')).toMatchObject({ code: 'ALREADY_ANSWERED' });
-    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'deny' } }, 'u1')).toMatchObject({ code: 'ALREADY_ANSWERED' });
-    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, undefined)).toMatchObject({ code: 'ALREADY_ANSWERED' });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u2')).toMatchObject({
+      code: 'ALREADY_ANSWERED',
+    });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'deny' } }, 'u1')).toMatchObject({
+      code: 'ALREADY_ANSWERED',
+    });
+    expect(checkRespond(r, { interactionId: 'int-1', response: { decision: 'approve' } }, undefined)).toMatchObject({
+      code: 'ALREADY_ANSWERED',
+    });
   });
   test('payload kind must match the interaction', () => {
-    expect(checkRespond(run(), { interactionId: 'int-1', response: { input: 'x' } }, 'u')).toMatchObject({ code: 'INVALID_ARGUMENT' });
+    expect(checkRespond(run(), { interactionId: 'int-1', response: { input: 'x' } }, 'u')).toMatchObject({
+      code: 'INVALID_ARGUMENT',
+    });
     const input = { ...pending, kind: 'input' as const };
-    expect(checkRespond(run({ interactions: [input] }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
+    expect(
+      checkRespond(run({ interactions: [input] }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u'),
+    ).toMatchObject({
       code: 'INVALID_ARGUMENT',
     });
   });
   test('an expired Run is a stale route', () => {
-    expect(checkRespond(run({ status: 'EXPIRED' }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
+    expect(
+      checkRespond(run({ status: 'EXPIRED' }), { interactionId: 'int-1', response: { decision: 'approve' } }, 'u'),
+    ).toMatchObject({
       code: 'STALE_SANDBOX_ROUTE',
     });
   });
@@ -292,12 +368,19 @@ describe('update arguments', () => {
 
 describe('run state machine', () => {
   const states = STATUSES.flatMap((status) => PHASES.map((phase) => ({ status, phase })));
-  test.each(states.flatMap((s) => RUN_EVENTS.map((event) => [s.status, s.phase, event] as const)))('%s/%s --%s-->', (status, phase, event) => {
-    const next = nextRunState({ status, phase }, event);
-    const expected = RUN_LEGAL[`${status}/${phase}/${event}`];
-    if (expected) expect(`${(next as RunState).status}/${(next as RunState).phase}`).toBe(expected);
-    else expect(next).toEqual({ code: 'INVALID_STATE_TRANSITION', message: `run: cannot ${event} while ${status}/${phase}` });
-  });
+  test.each(states.flatMap((s) => RUN_EVENTS.map((event) => [s.status, s.phase, event] as const)))(
+    '%s/%s --%s-->',
+    (status, phase, event) => {
+      const next = nextRunState({ status, phase }, event);
+      const expected = RUN_LEGAL[`${status}/${phase}/${event}`];
+      if (expected) expect(`${(next as RunState).status}/${(next as RunState).phase}`).toBe(expected);
+      else
+        expect(next).toEqual({
+          code: 'INVALID_STATE_TRANSITION',
+          message: `run: cannot ${event} while ${status}/${phase}`,
+        });
+    },
+  );
 
   test('every state a transition reaches is in the status × phase table', () => {
     for (const s of states) {
@@ -326,7 +409,11 @@ describe('run state machine', () => {
     ['suspend', facts({ status: 'EXPIRED' }), 'STALE_SANDBOX_ROUTE'],
     ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), undefined],
     ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'POLICY_HOLD' }), undefined],
-    ['resume', facts({ status: 'WAITING', phase: 'SUSPENDED', suspensionReason: 'INTERACTION' }), 'INVALID_STATE_TRANSITION'],
+    [
+      'resume',
+      facts({ status: 'WAITING', phase: 'SUSPENDED', suspensionReason: 'INTERACTION' }),
+      'INVALID_STATE_TRANSITION',
+    ],
     ['resume', facts({ phase: 'SUSPENDING', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
     ['resume', facts(), 'INVALID_STATE_TRANSITION'],
     ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL', expiring: true }), 'STALE_SANDBOX_ROUTE'],
@@ -340,8 +427,16 @@ describe('run state machine', () => {
   });
 
   test('once expiry begins, answers are a stale route', () => {
-    const pending = { id: 'int-1', kind: 'approval' as const, prompt: 'ok?', createdAt: 't', status: 'pending' as const };
+    const pending = {
+      id: 'int-1',
+      kind: 'approval' as const,
+      prompt: 'ok?',
+      createdAt: 't',
+      status: 'pending' as const,
+    };
     const run = { status: 'WAITING' as const, interactions: [pending], answeredBy: {}, expiring: true };
-    expect(checkRespond(run, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({ code: 'STALE_SANDBOX_ROUTE' });
+    expect(checkRespond(run, { interactionId: 'int-1', response: { decision: 'approve' } }, 'u')).toMatchObject({
+      code: 'STALE_SANDBOX_ROUTE',
+    });
   });
 });

@@ -31,22 +31,40 @@ describe('scripted driver', () => {
     ];
     const results = [{ written: true }, { decision: 'approve' }, { content: 'hi' }, { jobId: 'j' }, {}, { runId: 'c' }];
     const actions = (await walk(steps, results)).map((s) => s.action);
-    expect(actions.map((a) => a.type)).toEqual(['writeFile', 'interaction', 'readFile', 'job', 'hold', 'spawn', 'complete']);
-    expect(actions[3]).toEqual({ type: 'job', command: 'cat a.txt', pauseBehavior: 'CONTINUE', executionAffinity: 'SANDBOX', background: true });
+    expect(actions.map((a) => a.type)).toEqual([
+      'writeFile',
+      'interaction',
+      'readFile',
+      'job',
+      'hold',
+      'spawn',
+      'complete',
+    ]);
+    expect(actions[3]).toEqual({
+      type: 'job',
+      command: 'cat a.txt',
+      pauseBehavior: 'CONTINUE',
+      executionAffinity: 'SANDBOX',
+      background: true,
+    });
     expect(actions[6]).toEqual({ type: 'complete', output: { ok: true } });
   });
 
-  test('a denial fails the Run when onDeny is fail, continues otherwise', async () => {
+  test('a denial fails the Run when onDeny is fail (the default), continues when it is continue', async () => {
     const deny = { decision: 'deny' };
-    const failing = await walk([{ ask: 'x', onDeny: 'fail' }, { exec: 'true' }], [deny]);
+    const failing = await walk([{ ask: 'x' }, { exec: 'true' }], [deny]);
     expect(failing.at(-1)?.action).toMatchObject({ type: 'fail', code: 'DENIED' });
-    const going = await walk([{ ask: 'x' }, { exec: 'true' }], [deny]);
+    const going = await walk([{ ask: 'x', onDeny: 'continue' }, { exec: 'true' }], [deny]);
     expect(going.map((s) => s.action.type)).toEqual(['interaction', 'job', 'complete']);
   });
 
   test('expectFile fails on a mismatch, naming the file', async () => {
     const out = await walk([{ expectFile: { path: 'f', content: 'a' } }], [{ content: 'b' }]);
-    expect(out.at(-1)?.action).toMatchObject({ type: 'fail', code: 'EXPECT_FILE_MISMATCH', message: expect.stringContaining('f') });
+    expect(out.at(-1)?.action).toMatchObject({
+      type: 'fail',
+      code: 'EXPECT_FILE_MISMATCH',
+      message: expect.stringContaining('f'),
+    });
   });
 
   test('without a complete step the last result is the output', async () => {
@@ -77,12 +95,22 @@ describe('RunSpec', () => {
 });
 
 describe('hashes and durations', () => {
-  const spec = { agent: { driver: 'scripted' as const, steps: [{ exec: 'true' }] }, sandbox: { provider: 'local' }, policy: { ttl: '1h' } };
+  const spec = {
+    agent: { driver: 'scripted' as const, steps: [{ exec: 'true' }] },
+    sandbox: { provider: 'local' },
+    policy: { ttl: '1h' },
+  };
   test('hashes are canonical: key order does not matter, content does', () => {
-    const reordered = { sandbox: { provider: 'local' }, policy: { ttl: '1h' }, agent: { steps: [{ exec: 'true' }], driver: 'scripted' as const } };
+    const reordered = {
+      sandbox: { provider: 'local' },
+      policy: { ttl: '1h' },
+      agent: { steps: [{ exec: 'true' }], driver: 'scripted' as const },
+    };
     expect(computeRunHashes('r', spec)).toEqual(computeRunHashes('r', reordered));
     expect(computeRunHashes('r', spec).run).not.toBe(computeRunHashes('r2', spec).run);
-    expect(computeRunHashes('r', { ...spec, policy: { ttl: '2h' } }).policy).not.toBe(computeRunHashes('r', spec).policy);
+    expect(computeRunHashes('r', { ...spec, policy: { ttl: '2h' } }).policy).not.toBe(
+      computeRunHashes('r', spec).policy,
+    );
     expect(computeRunHashes('r', spec).spec).toMatch(/^[0-9a-f]{64}$/);
   });
   test('durations', () => {

@@ -33,9 +33,25 @@ afterAll(async () => {
 });
 
 const interaction = (page: Page, runId: string, id: string) =>
-  page.locator(`li.run[data-run-id="${runId}"] li.interaction[data-interaction-id="${id}"]`);
+  page.locator(`li.interaction[data-run-id="${runId}"][data-interaction-id="${id}"]`);
 
 const askSpec = (...steps: unknown[]) => ({ agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } });
+
+/** Starts a Run and waits until it waits on a person. */
+async function startWaiting(spec: unknown): Promise<string> {
+  const { runId } = await stack.client.runs.start(spec);
+  await eventually(async () => (await stack.client.runs.get(runId)).status === 'WAITING', 60_000, 'WAITING');
+  return runId;
+}
+
+/** A page signed in through a `?token=` link, at `hash` (a deep link) if given. */
+async function openPage(options: { hash?: string; search?: string; clock?: boolean } = {}): Promise<Page> {
+  const page = await browser.context.newPage();
+  if (options.clock) await page.clock.install();
+  await page.goto(`${base}/?token=${TOKEN}${options.search ?? ''}${options.hash ?? ''}`);
+  await page.locator('#waiting').waitFor();
+  return page;
+}
 
 /** Waits for the Run to complete and returns its snapshot. */
 const completed = (runId: string) =>
@@ -142,6 +158,221 @@ test('a wrong token is refused and the sign-in form comes back', async () => {
   expect(await page.evaluate('sessionStorage.getItem("stasis.token")')).toBeNull();
   await page.close();
 });
+
+test('details are Markdown rendered safely: no script, no javascript: link; the action, labels and CSP are shown; Enter in the comment never approves', async () => {
+  const details = [
+    '## Why',
+    'The keys expire **Friday**; see the `rotate` runbook.',
+    '',
+    '<script>window.__pwned = 1</script>',
+    '<img src=x onerror="window.__pwned = 2">',
+    '[runbook](https://example.com/rotate) and [this](javascript:window.__pwned=3)',
+    '',
+    '- staging first',
+    '- then production',
+  ].join('\n');
+  const runId = await startWaiting({
+    ...askSpec({
+      ask: 'Rotate the TLS keys?',
+      title: 'Rotate the TLS keys',
+      details,
+      action: {
+        command: 'rotate-keys --all',
+        files: ['tls/key.pem', 'tls/cert.pem'],
+        diff: ' keep\n-old-key\n+new-key',
+      },
+    }),
+    labels: { team: 'security', env: 'prod' },
+  });
+  const page = await openPage();
+  const pageErrors: string[] = [];
+  page.on('pageerror', (err) => pageErrors.push(err.message));
+  const item = interaction(page, runId, 'int-1');
+  await item.waitFor({ timeout: 60_000 });
+
+  await expectText(item.locator('.title'), 'Rotate the TLS keys');
+  await expectText(item.locator('.details h4'), 'Why');
+  await expectText(item.locator('.details strong'), 'Friday');
+  await expectText(item.locator('.details code'), 'rotate');
+  expect(await item.locator('.details li').allInnerTexts()).toEqual(['staging first', 'then production']);
+  // Markup in the details is text, and only the https link is a link.
+  const detailsText = await item.locator('.details').innerText();
+  expect(detailsText).toContain('<script>window.__pwned = 1</script>');
+  expect(detailsText).toContain('<img src=x onerror="window.__pwned = 2">');
+  expect(detailsText).toContain('[this](javascript:window.__pwned=3)');
+  expect(await item.locator('.details script, .details img').count()).toBe(0);
+  const hrefs = await item.locator('.details a').evaluateAll((as) => as.map((a) => a.getAttribute('href')));
+  expect(hrefs).toEqual(['https://example.com/rotate']);
+  await item.locator('.details').getByText('[this](javascript:window.__pwned=3)', { exact: false }).click();
+  expect(await page.evaluate('window.__pwned')).toBeUndefined();
+
+  await expectText(item.locator('.command'), 'rotate-keys --all');
+  expect(await item.locator('.files li').allInnerTexts()).toEqual(['tls/key.pem', 'tls/cert.pem']);
+  await expectText(item.locator('.diff .added'), /^\+new-key\s*$/);
+  await expectText(item.locator('.diff .removed'), /^-old-key\s*$/);
+  expect(await item.locator('.label').allInnerTexts()).toEqual(['team: security', 'env: prod']);
+  await expectText(item.locator('.meta'), /asks for approval · asked .* · run started /);
+  // Only the answers the interaction accepts are offered.
+  expect(await item.getByRole('button', { name: 'Edit…' }).count()).toBe(0);
+  const response = await page.request.get(`${base}/`);
+  expect(response.headers()['content-security-policy']).toContain("script-src 'self'");
+
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: path.join(ARTIFACTS, 'approval-page-details.png'), fullPage: true });
+
+  // Enter in the comment field does not answer; the Deny that follows is what counts.
+  await item.getByLabel('Comment').fill('not before the freeze ends');
+  await item.getByLabel('Comment').press('Enter');
+  await item.getByRole('button', { name: 'Deny' }).click();
+  await expectText(page.locator('#notice'), `Denied: “Rotate the TLS keys” (${runId})`);
+  const failed = await eventually(
+    async () => {
+      const snapshot = await stack.client.runs.get(runId);
+      return snapshot.status === 'FAILED' && snapshot;
+    },
+    60_000,
+    'the denied Run to fail',
+  );
+  expect(failed.interactions[0]).toMatchObject({
+    respondedBy: 'ops',
+    response: { decision: 'deny', comment: 'not before the freeze ends' },
+  });
+  expect(pageErrors).toEqual([]);
+  await page.close();
+});
+
+test('keyboard only: Edit changes the command, and the Run runs the edited command', async () => {
+  const runId = await startWaiting(
+    askSpec(
+      { ask: 'Clean the build directory?', action: { command: 'echo rm -rf /' }, accepts: ['approve', 'deny', 'edit'] },
+      { exec: 'echo rm -rf /' },
+    ),
+  );
+  const page = await openPage();
+  const item = interaction(page, runId, 'int-1');
+  await item.waitFor({ timeout: 60_000 });
+  await item.getByRole('button', { name: 'Edit…' }).focus();
+  await page.keyboard.press('Enter');
+  const edited = item.locator('.edit-command');
+  await expectFocused(edited);
+  expect(await edited.inputValue()).toBe('echo rm -rf /');
+  await page.keyboard.press('ControlOrMeta+A');
+  await page.keyboard.type('echo cleaned build only');
+  // Enter in the command is a new line, not an answer.
+  await page.keyboard.press('Tab');
+  await expectFocused(item.getByRole('button', { name: 'Approve edited' }));
+  await page.keyboard.press('Enter');
+  await expectText(page.locator('#notice'), `Approved (edited): “Clean the build directory?” (${runId})`);
+  const done = await completed(runId);
+  expect(done.output).toMatchObject({ exitCode: 0, stdout: 'cleaned build only\n' });
+  expect(done.interactions[0]).toMatchObject({
+    response: { decision: 'edit', action: { command: 'echo cleaned build only' } },
+  });
+  await page.close();
+});
+
+test('a deep link opens one interaction; option buttons answer it; the approver sees what they answered', async () => {
+  const other = await startWaiting(askSpec({ ask: 'Unrelated question?' }));
+  const runId = await startWaiting(
+    askSpec({
+      ask: 'Which rollout?',
+      title: 'Roll out web-43',
+      options: ['canary', 'full'],
+      accepts: ['option', 'deny'],
+    }),
+  );
+  const page = await openPage({ hash: `#/runs/${runId}/interactions/int-1` });
+  const item = interaction(page, runId, 'int-1');
+  await item.waitFor({ timeout: 60_000 });
+  await expectVisible(page.locator('#single-nav'));
+  expect(await page.locator('li.interaction').count()).toBe(1);
+  expect(await item.getByRole('button', { name: 'Approve' }).count()).toBe(0);
+  expect(await item.locator('.options button').allInnerTexts()).toEqual(['canary', 'full']);
+  await item.getByRole('button', { name: 'full' }).click();
+  await expectText(page.locator('#notice'), `Chose “full” for: “Roll out web-43” (${runId})`);
+  await expectText(
+    page.locator('#answered-list li').first(),
+    /^Chose “full” for: “Roll out web-43” \(.+\) · (just now|\d+ s ago)$/,
+  );
+  // The deep link now says what became of it.
+  await expectText(item.locator('.status'), 'Answered by ops: {"option":"full"}');
+  const done = await completed(runId);
+  expect(done.output).toEqual({ interactionId: 'int-1', option: 'full', respondedBy: 'ops' });
+
+  // Back to the list: the other Run is there, the answered one is not; the answered list stays.
+  await page.locator('#single-nav a').click();
+  await interaction(page, other, 'int-1').waitFor({ timeout: 60_000 });
+  await interaction(page, runId, 'int-1').waitFor({ state: 'detached' });
+  expect(await page.locator('#answered-list li').count()).toBe(1);
+  await stack.client.runs.respond(other, 'int-1', { decision: 'approve' });
+  await completed(other);
+  await page.close();
+});
+
+test('oldest first, a page at a time, with one list request per refresh', async () => {
+  // Two older waiting Runs stand for what other test files leave on the shared server.
+  const older = [await startWaiting(askSpec({ ask: 'Older 1?' })), await startWaiting(askSpec({ ask: 'Older 2?' }))];
+  const runIds: string[] = [];
+  for (const n of [1, 2, 3]) runIds.push(await startWaiting(askSpec({ ask: `Question ${n}?` })));
+  const page = await openPage({ search: '&per=2', clock: true });
+  const requests: string[] = [];
+  page.on('request', (request) => {
+    if (request.url().includes('/api/')) requests.push(`${request.method()} ${new URL(request.url()).pathname}`);
+  });
+  const shown = () =>
+    page.locator('li.interaction').evaluateAll((items) => items.map((li) => li.getAttribute('data-run-id')));
+  const next = page.getByRole('button', { name: 'Next page' });
+  // Other test files share the Temporal server, and their waiting Runs may be older than these
+  // three: walk the pages until all three were shown, and check their order among the rest.
+  await eventually(
+    async () => {
+      await page.clock.runFor(1_600);
+      return (await shown()).length > 0;
+    },
+    60_000,
+    'the first page',
+  );
+  await expectText(page.locator('#page-info'), 'Page 1');
+
+  // One poll is one request, whatever the number of Runs.
+  requests.length = 0;
+  await page.clock.runFor(1_600);
+  await eventually(async () => requests.length >= 1, 10_000, 'a poll');
+  expect(requests).toEqual(['GET /api/v1/interactions']);
+
+  const seen: string[] = [];
+  for (let pageNo = 1; ; pageNo++) {
+    await expectText(page.locator('#page-info'), `Page ${pageNo}`);
+    const ids = (await shown()).filter((id): id is string => id !== null);
+    expect(ids.length).toBeLessThanOrEqual(2);
+    seen.push(...ids);
+    if (runIds.every((id) => seen.includes(id))) break;
+    expect(await next.isDisabled()).toBe(false);
+    await next.click();
+  }
+  expect(seen.filter((id) => runIds.includes(id))).toEqual(runIds);
+  const last = Number((await page.locator('#page-info').innerText()).match(/Page (\d+)/)?.[1]);
+  if (last > 1) {
+    await page.getByRole('button', { name: 'Previous page' }).click();
+    await expectText(page.locator('#page-info'), `Page ${last - 1}`);
+  }
+
+  // A cursor the API did not give is a 400 naming it.
+  const refused = await page.request.get(`${base}/api/v1/interactions?after=not-a-cursor`, {
+    headers: { authorization: `Bearer ${TOKEN}` },
+  });
+  expect(refused.status()).toBe(400);
+  expect((await refused.json()).error.message).toMatch(/^query\.after: not a page cursor/);
+
+  expect(seen.indexOf(older[1])).toBeLessThan(seen.indexOf(runIds[0]));
+  for (const runId of [...older, ...runIds]) await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  for (const runId of [...older, ...runIds]) await completed(runId);
+  await page.close();
+});
+
+async function expectFocused(locator: ReturnType<Page['locator']>): Promise<void> {
+  await eventually(async () => locator.evaluate((el) => el === el.ownerDocument.activeElement), 20_000, 'focus');
+}
 
 async function expectText(locator: ReturnType<Page['locator']>, expected: string | RegExp): Promise<void> {
   await eventually(

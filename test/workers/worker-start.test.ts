@@ -6,7 +6,11 @@ import type { SandboxProvider } from '../../providers/api';
 import { createStasisWorker } from '../../workers/worker';
 
 const config = () =>
-  loadConfig({ ...process.env, STASIS_DATA_DIR: mkdtempSync(path.join(os.tmpdir(), 'worker-start-')), STASIS_TASK_QUEUE: 'never-polled' });
+  loadConfig({
+    ...process.env,
+    STASIS_DATA_DIR: mkdtempSync(path.join(os.tmpdir(), 'worker-start-')),
+    STASIS_TASK_QUEUE: 'never-polled',
+  });
 
 test('a provider declaring apiVersion 2 stops the worker start with an error naming it', async () => {
   const legacy = { apiVersion: 2, name: 'legacy-cloud' } as unknown as SandboxProvider;
@@ -19,5 +23,7 @@ test('a provider module loaded by path (STASIS_PROVIDERS) without apiVersion is 
   const dir = mkdtempSync(path.join(os.tmpdir(), 'provider-module-'));
   const modulePath = path.join(dir, 'old-provider.js');
   writeFileSync(modulePath, "module.exports = { provider: { name: 'old-style', release() {} } };");
-  await expect(createStasisWorker({ config: { ...config(), STASIS_PROVIDERS: modulePath } })).rejects.toThrow(/old-style.*no apiVersion/);
+  await expect(createStasisWorker({ config: { ...config(), STASIS_PROVIDERS: modulePath } })).rejects.toThrow(
+    /old-style.*no apiVersion/,
+  );
 });

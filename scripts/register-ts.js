@@ -1,4 +1,4 @@
-// Lets `node -r ./test/cli/register-ts.js cli/main.ts` run the TypeScript
+// Lets `node -r ./scripts/register-ts.js cli/main.ts` run the TypeScript
 // sources directly (tests spawn the real CLI without a build step), compiling
 // each file with swc as jest does.
 'use strict';

@@ -1,4 +1,10 @@
-import type { CreateSandboxInput, ExecutionResourceRecord, RunError, SandboxState, SandboxView } from '../common/schemas';
+import type {
+  CreateSandboxInput,
+  ExecutionResourceRecord,
+  RunError,
+  SandboxState,
+  SandboxView,
+} from '../common/schemas';
 import type { Capabilities } from '../providers/api';
 import type { SandboxFacts } from './lifecycle';
 
@@ -28,9 +34,15 @@ export function toSandboxView(s: SandboxAggregate): SandboxView {
     ...(s.create.policy ? { policy: s.create.policy } : {}),
     record: s.record,
     ...(s.error ? { error: s.error } : {}),
+    ...(s.create.labels ? { labels: s.create.labels } : {}),
   };
 }
 
-export function sandboxFacts(s: SandboxAggregate, changing: boolean, runningExecs: number, fileOps: number): SandboxFacts {
+export function sandboxFacts(
+  s: SandboxAggregate,
+  changing: boolean,
+  runningExecs: number,
+  fileOps: number,
+): SandboxFacts {
   return { state: s.state, changing, runningExecs, fileOps, expired: s.expired };
 }

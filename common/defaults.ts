@@ -1,0 +1,8 @@
+// Defaults that several layers apply, each with one home. Free of zod so workflow
+// code can import them.
+
+/** How long a suspended Run or sandbox is kept before it expires: 30 days (0 keeps it forever). */
+export const DEFAULT_SUSPENDED_RETENTION_SECONDS = 2_592_000;
+
+/** The shared task queue every Stasis worker polls (STASIS_TASK_QUEUE). */
+export const DEFAULT_TASK_QUEUE = 'stasis';

@@ -1,0 +1,38 @@
+// Sizes that bound what travels inside one Temporal payload. Kept free of zod so
+// workflow code can import them.
+
+/**
+ * Largest JSON input (a RunSpec, a sandbox create, an exec, an answer), whatever the surface: the
+ * REST body limit, and checked by the typed client before it reaches Temporal, whose payloads
+ * must stay under 2 MiB (an exec's input and result both travel in the sandbox's history).
+ */
+export const JSON_INPUT_LIMIT_BYTES = 1024 * 1024;
+
+/** The length of `text` in UTF-8 bytes, without Buffer (workflow code uses it too). */
+export function utf8Length(text: string): number {
+  let bytes = 0;
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i);
+    if (unit < 0x80) bytes += 1;
+    else if (unit < 0x800) bytes += 2;
+    else if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) {
+        bytes += 4; // a surrogate pair: one code point
+        i += 1;
+      } else bytes += 3;
+    } else bytes += 3;
+  }
+  return bytes;
+}
+
+/** Why `value` is too large as JSON input (PAYLOAD_TOO_LARGE's message), or undefined. */
+export function inputTooLarge(what: string, value: unknown): string | undefined {
+  const bytes = utf8Length(JSON.stringify(value) ?? '');
+  return bytes > JSON_INPUT_LIMIT_BYTES
+    ? `${what}: must be at most ${JSON_INPUT_LIMIT_BYTES} bytes as JSON (is ${bytes})`
+    : undefined;
+}
+
+/** Largest file the sandbox file routes carry through a Temporal payload (base64 inside an Update). */
+export const FILE_LIMIT_BYTES = 1024 * 1024;

@@ -1,0 +1,9 @@
+// The package's main entry (`import … from 'stasis'`): the typed client, the wire
+// schemas and types, and the plugin APIs for agent drivers and sandbox providers.
+// It loads no worker SDK; the worker factory is `stasis/worker`.
+
+export { StasisClient, RunsApi, SandboxesApi, type StasisClientOptions } from '../client';
+export { StasisError, ERROR_STATUS, isErrorCode, type ErrorCode } from '../common/errors';
+export * from '../common/schemas';
+export * from './drivers';
+export * from './providers';

@@ -1,0 +1,227 @@
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { StasisError } from '../../common/errors';
+import type { Checkpoint } from '../../common/schemas';
+// Through the index: a path ending in /api reads as the REST layer to the import rules.
+import type { CheckpointStore } from '../index';
+import type { ArchiveLimits } from '../archive';
+import { writeAll } from '../atomic-file';
+import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
+import { hashRanges } from './hasher';
+import { decodeManifest, invalid, packsPrefixOf, type Manifest, type ManifestEntry } from './manifest';
+import { zstdDecompressFile } from './zstd';
+
+// Restoring a content-addressed checkpoint into an empty directory of the worker's
+// own: the manifest is checked whole before anything is written, then the packs
+// it needs are downloaded a few at a time ahead of the writer, each chunk is
+// verified against its hash, and files are written directly. Symlinks come
+// last, so nothing is ever written through one; then directory modes and times.
+
+/** Packs downloading (and held decompressed) at once. */
+const PACKS_AHEAD = 4;
+
+const NEW_FILE = fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW;
+
+/**
+ * Restores `checkpoint` into `targetDir` (empty). Temporary downloads go to
+ * `${tempPrefix}.*`. Returns the checkpoint's labels and the baseline for the
+ * next checkpoint of these files. A missing or corrupt pack or chunk is
+ * CHECKPOINT_INVALID naming it; any other failure (a full disk, the store down)
+ * is thrown as it is, to be retried.
+ */
+export async function restoreCheckpoint(input: {
+  store: CheckpointStore;
+  checkpoint: Checkpoint;
+  targetDir: string;
+  tempPrefix: string;
+  limits: ArchiveLimits;
+  progress: { bytes: number };
+  signal?: AbortSignal;
+}): Promise<{ labels: Record<string, string>; baseline: Baseline }> {
+  const { checkpoint, signal } = input;
+  const manifestFile = `${input.tempPrefix}.manifest`;
+  let labels: Record<string, string>;
+  let data: Buffer;
+  try {
+    ({ labels } = await input.store.download(checkpoint, manifestFile, signal));
+    data = await fs.readFile(manifestFile);
+  } finally {
+    await fs.rm(manifestFile, { force: true });
+  }
+  const manifest = await decodeManifest(data, checkpoint.uri, packsPrefixOf(checkpoint.uri), input.limits);
+  const packs = new PackReader(input.store, checkpoint.uri, manifest, input.tempPrefix, input.progress, signal);
+  const target = path.resolve(input.targetDir);
+  const absolute = (entry: ManifestEntry) => path.join(target, ...entry.p.split('/'));
+  const local: Baseline['local'] = {};
+  const restored: ManifestEntry[] = [];
+  try {
+    for (const entry of manifest.entries) {
+      if (entry.k === 'd') await fs.mkdir(absolute(entry), { recursive: true, mode: 0o700 });
+    }
+    for (const entry of manifest.entries) {
+      signal?.throwIfAborted();
+      if (entry.k === 'f') {
+        const written = await writeFile(absolute(entry), entry, packs);
+        local[entry.p] = [written.ino.toString(), written.ctimeNs.toString()];
+        // The baseline holds the mtime as written here (utimes keeps microseconds, not nanoseconds).
+        restored.push({ ...entry, mt: written.mtimeNs.toString() });
+        continue;
+      }
+      restored.push(entry);
+      // link(2) does not follow a symlink at the source, and the manifest's checks made it a regular file anyway.
+      if (entry.k === 'h') await fs.link(path.join(target, ...(entry.l ?? '').split('/')), absolute(entry));
+    }
+  } finally {
+    await packs.close();
+  }
+  for (const entry of manifest.entries) {
+    if (entry.k !== 'l') continue;
+    await fs.symlink(entry.l ?? '', absolute(entry));
+    const time = seconds(entry.mt);
+    await fs.lutimes(absolute(entry), time, time);
+  }
+  // Directories last (writing into one changes its mtime), deepest first.
+  const directories = manifest.entries.filter((entry) => entry.k === 'd');
+  directories.sort((a, b) => b.p.split('/').length - a.p.split('/').length);
+  for (const dir of directories) {
+    await fs.chmod(absolute(dir), dir.m);
+    const time = seconds(dir.mt);
+    await fs.utimes(absolute(dir), time, time);
+  }
+  // Nothing but this restore wrote these files, and whatever writes them next also sets their mtime to the
+  // present, unlike the restored (older) mtimes: so the restored stats are trusted however recent their
+  // ctime (counted from the latest ctime written too: the filesystem's clock need not agree with ours).
+  let latest = nowNs();
+  for (const [, ctime] of Object.values(local)) if (BigInt(ctime) > latest) latest = BigInt(ctime);
+  return {
+    labels,
+    baseline: {
+      uri: checkpoint.uri,
+      takenAtNs: (latest + RACY_MARGIN_NS).toString(),
+      manifest: { ...manifest, entries: restored },
+      local,
+    },
+  };
+}
+
+async function writeFile(file: string, entry: ManifestEntry, packs: PackReader) {
+  const handle = await fs.open(file, NEW_FILE, 0o600);
+  try {
+    let written = 0;
+    for (const hash of entry.c ?? []) written += await writeAll(handle, await packs.chunk(hash, entry.p));
+    // A short write (a full disk can end one without an error) must never pass for the whole file.
+    if (written !== entry.s) throw new Error(`${file}: wrote ${written} of ${entry.s} bytes`);
+    await handle.chmod(entry.m);
+    const time = seconds(entry.mt);
+    await handle.utimes(time, time);
+    return await handle.stat({ bigint: true });
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * Seconds for utimes: Node passes them as a double, which keeps about a quarter
+ * of a microsecond at today's dates and is truncated to whole nanoseconds: aimed
+ * at the middle of the microsecond, so the microsecond always comes back.
+ */
+function seconds(ns: string): number {
+  const value = BigInt(ns);
+  const micros = (value % 1_000_000_000n) / 1000n;
+  return Number(value / 1_000_000_000n) + (Number(micros) * 1000 + 500) / 1e9;
+}
+
+/**
+ * The chunks of a manifest, in the order the files need them: packs are fetched
+ * a few ahead, held decompressed only until their last chunk is taken, and
+ * every chunk is checked against its hash before it is handed out.
+ */
+class PackReader {
+  /** Pack indexes in the order of first use, and how many chunk reads each still has. */
+  private readonly order: number[] = [];
+  private readonly uses = new Map<number, number>();
+  private readonly loading = new Map<number, Promise<Buffer>>();
+  private readonly started = new Set<Promise<Buffer>>();
+  private next = 0;
+  private closed = false;
+
+  constructor(
+    private readonly store: CheckpointStore,
+    private readonly uri: string,
+    private readonly manifest: Manifest,
+    private readonly tempPrefix: string,
+    private readonly progress: { bytes: number },
+    private readonly signal: AbortSignal | undefined,
+  ) {
+    for (const entry of manifest.entries) {
+      for (const hash of entry.c ?? []) {
+        const pack = manifest.chunks[hash][0];
+        if (!this.uses.has(pack)) this.order.push(pack);
+        this.uses.set(pack, (this.uses.get(pack) ?? 0) + 1);
+      }
+    }
+  }
+
+  async chunk(hash: string, entryPath: string): Promise<Buffer> {
+    const [pack, offset, length] = this.manifest.chunks[hash];
+    this.fetchAhead(pack);
+    const loading = this.loading.get(pack);
+    if (!loading) throw new Error(`pack ${pack} of ${this.uri} read more often than its manifest says`);
+    const bytes = (await loading).subarray(offset, offset + length);
+    const [actual] = (await hashRanges(bytes, [bytes.length])).hashes;
+    if (actual !== hash) {
+      throw invalid(
+        this.uri,
+        `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${actual})`,
+      );
+    }
+    const left = (this.uses.get(pack) ?? 1) - 1;
+    this.uses.set(pack, left);
+    if (left === 0) this.loading.delete(pack);
+    return bytes;
+  }
+
+  /** Keeps the pack needed now and the next few loading. */
+  private fetchAhead(needed: number): void {
+    if (!this.loading.has(needed) && (this.uses.get(needed) ?? 0) > 0) this.load(needed);
+    while (this.next < this.order.length && this.loading.size < PACKS_AHEAD) {
+      const pack = this.order[this.next];
+      this.next += 1;
+      if (!this.loading.has(pack) && (this.uses.get(pack) ?? 0) > 0) this.load(pack);
+    }
+  }
+
+  private load(pack: number): void {
+    const loading = this.download(pack);
+    loading.catch(() => undefined); // awaited by the chunk that needs it
+    this.loading.set(pack, loading);
+    this.started.add(loading);
+  }
+
+  private async download(pack: number): Promise<Buffer> {
+    const ref = this.manifest.packs[pack];
+    const file = `${this.tempPrefix}.pack-${pack}`;
+    const plain = `${file}.plain`;
+    try {
+      await this.store.download(ref, file, this.signal);
+      if (this.closed) return Buffer.alloc(0);
+      this.progress.bytes += ref.bytes;
+      return await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+    } catch (err) {
+      if (err instanceof StasisError && err.code === 'NOT_FOUND') {
+        throw invalid(this.uri, `needs pack ${ref.uri}, which is missing from the store`);
+      }
+      throw err;
+    } finally {
+      await fs.rm(file, { force: true });
+      await fs.rm(plain, { force: true });
+    }
+  }
+
+  /** Drops what is held and waits for the downloads under way (their temporary files go with them). */
+  async close(): Promise<void> {
+    this.closed = true;
+    this.loading.clear();
+    await Promise.allSettled(this.started);
+  }
+}

@@ -1,0 +1,73 @@
+import { constants, type Stats } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import { StasisError } from '../common/errors';
+import { hasErrorCode } from './atomic-file';
+
+// Walking a tree that someone else may rename and relink while we look (a
+// sandbox's files) without ever following a link of theirs: one name at a time,
+// from a descriptor of the directory before.
+//
+// Node has no openat(), so each step opens `/proc/self/fd/<dirfd>/<name>`. The
+// kernel jumps from that magic link straight to the directory the descriptor
+// holds (whatever its path has become since) and then looks up one name, which
+// must be neither `..` nor `.` and have no `/`; O_NOFOLLOW refuses it if it is a
+// symlink. Every step opens with O_PATH, which opens nothing (a FIFO cannot
+// block, a device sees no open) and lets the caller fstat what it got before
+// deciding; a regular file is then reopened for reading through its own
+// descriptor's magic link. Race-free in pure Node on any Linux; openat2
+// (RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS) would need a native helper for the same.
+
+/** Linux's O_PATH (the same on x86-64 and arm64); Node does not export it. */
+export const O_PATH = 0o10000000;
+
+/** An entry opened with O_PATH (never followed), and what it is. */
+export interface Opened {
+  handle: fs.FileHandle;
+  stat: Stats;
+}
+
+/**
+ * Opens `name` in the directory `dir` holds without following it or opening what
+ * it is; undefined if there is none. Other errors are thrown as they are.
+ */
+export async function openBeneath(dir: fs.FileHandle, name: string): Promise<Opened | undefined> {
+  if (name === '' || name === '.' || name === '..' || name.includes('/')) {
+    throw new StasisError('INVALID_ARGUMENT', `${JSON.stringify(name)} is not one name in a directory`);
+  }
+  let handle: fs.FileHandle;
+  try {
+    handle = await fs.open(at(dir, name), O_PATH | constants.O_NOFOLLOW);
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return undefined;
+    throw err;
+  }
+  try {
+    return { handle, stat: await handle.stat() };
+  } catch (err) {
+    await handle.close();
+    throw err;
+  }
+}
+
+/** The path that looks `name` up in the directory `dir` holds, whatever its path is now. */
+export function at(dir: fs.FileHandle, name: string): string {
+  return `${magic(dir)}/${name}`;
+}
+
+/** The magic link of a descriptor: opening it reaches what the descriptor holds, wherever that is now. */
+export function magic(handle: fs.FileHandle): string {
+  return `/proc/self/fd/${handle.fd}`;
+}
+
+let procChecked: Promise<void> | undefined;
+/** Walking by descriptor relies on /proc's descriptor links; without them it refuses rather than guess. */
+export function procReady(): Promise<void> {
+  procChecked ??= fs.stat('/proc/self/fd').then(
+    () => undefined,
+    () => {
+      procChecked = undefined;
+      throw new StasisError('NOT_SUPPORTED', 'access to sandbox files needs /proc mounted on the worker’s host');
+    },
+  );
+  return procChecked;
+}

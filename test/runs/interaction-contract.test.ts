@@ -1,0 +1,189 @@
+import * as fc from 'fast-check';
+import type { InteractionResponse } from '../../common/schemas';
+import { eventually, startStack, type TestStack } from '../helpers/stack';
+
+// The structured interaction contract end to end on a real worker: what an
+// interaction carries, which answers it takes (anything else is refused and
+// changes nothing), what the agent gets back, and answering by signal.
+
+let stack: TestStack;
+beforeAll(async () => {
+  stack = await startStack();
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+const spec = (steps: unknown[], labels?: Record<string, string>) => ({
+  agent: { driver: 'scripted', steps },
+  sandbox: { provider: 'local' },
+  ...(labels ? { labels } : {}),
+});
+
+const waiting = (runId: string) =>
+  eventually(
+    async () => {
+      const snapshot = await stack.client.runs.get(runId);
+      return snapshot.status === 'WAITING' && snapshot;
+    },
+    60_000,
+    'WAITING',
+  );
+
+/**
+ * The history's length once no workflow task and no activity is in flight (a running
+ * activity, e.g. the release after the ask, writes its events only when it ends).
+ */
+async function quietHistoryLength(runId: string): Promise<number> {
+  const handle = stack.temporal.workflow.getHandle(runId);
+  return eventually(
+    async () => {
+      const first = (await handle.fetchHistory()).events ?? [];
+      const { raw } = await handle.describe();
+      const busy = (raw.pendingActivities?.length ?? 0) > 0 || Boolean(raw.pendingWorkflowTask);
+      await new Promise((r) => setTimeout(r, 300));
+      const again = (await handle.fetchHistory()).events ?? [];
+      const last = again[again.length - 1];
+      const taskPending = Boolean(
+        last?.workflowTaskScheduledEventAttributes || last?.workflowTaskStartedEventAttributes,
+      );
+      return first.length === again.length && !busy && !taskPending ? again.length : undefined;
+    },
+    30_000,
+    'a quiet history',
+  );
+}
+
+test('an interaction carries title, details, the action, options, resolved accepts and the Run labels', async () => {
+  const ask = {
+    ask: 'Roll out web-42?',
+    title: 'Roll out web-42',
+    details: '## Plan\n- canary first',
+    action: { command: 'deploy web-42', files: ['deploy/web.yaml'], diff: '-replicas: 2\n+replicas: 4\n' },
+    options: ['canary', 'full'],
+  };
+  const { runId } = await stack.client.runs.start(spec([ask], { team: 'web', env: 'prod' }));
+  const snapshot = await waiting(runId);
+  expect(snapshot.interactions[0]).toMatchObject({
+    id: 'int-1',
+    kind: 'approval',
+    prompt: 'Roll out web-42?',
+    title: 'Roll out web-42',
+    details: '## Plan\n- canary first',
+    action: ask.action,
+    options: ['canary', 'full'],
+    accepts: ['approve', 'deny', 'option'],
+    labels: { team: 'web', env: 'prod' },
+    status: 'pending',
+  });
+  await stack.client.runs.respond(runId, 'int-1', { option: 'canary', comment: 'canary only' }, { respondedBy: 'bob' });
+  // Without further steps the Run's output is the last result: what the agent got for its ask.
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({
+    interactionId: 'int-1',
+    option: 'canary',
+    comment: 'canary only',
+    respondedBy: 'bob',
+  });
+});
+
+test('property: an answer outside accepts, or an option not offered, is refused with 400 naming it, and changes nothing', async () => {
+  const options = ['canary', 'full'];
+  const { runId } = await stack.client.runs.start(
+    spec([{ ask: 'Which rollout?', options, accepts: ['option', 'deny'] }, { complete: 'done' }]),
+  );
+  await waiting(runId);
+  const before = await quietHistoryLength(runId);
+  const snapshotBefore = await stack.client.runs.get(runId);
+  const wrong = fc.oneof(
+    fc.record({ decision: fc.constant('approve' as const), comment: fc.string({ maxLength: 20 }) }),
+    fc.record({
+      decision: fc.constant('edit' as const),
+      action: fc.record({ command: fc.string({ minLength: 1, maxLength: 20 }) }),
+    }),
+    fc.record({ input: fc.string({ maxLength: 20 }) }),
+    fc.record({ option: fc.string({ minLength: 1, maxLength: 20 }).filter((o) => !options.includes(o)) }),
+  );
+  await fc.assert(
+    fc.asyncProperty(wrong, async (response: InteractionResponse) => {
+      const refusal = await stack.client.runs.respond(runId, 'int-1', response).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(refusal).toMatchObject({ code: 'INVALID_ARGUMENT', httpStatus: 400 });
+      const message = (refusal as Error).message;
+      if ('option' in response) expect(message).toContain('response.option:');
+      else
+        expect(message).toMatch(
+          /response: the answer "(approve|edit|input)" is not accepted here; this interaction accepts option, deny/,
+        );
+    }),
+    { numRuns: 20 },
+  );
+  // Refused Updates leave no event, and the Run is as it was.
+  expect(await quietHistoryLength(runId)).toBe(before);
+  expect(await stack.client.runs.get(runId)).toEqual(snapshotBefore);
+
+  await stack.client.runs.respond(runId, 'int-1', { option: 'full' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+});
+
+test('an edit reaches the agent: the next exec step runs the edited command', async () => {
+  const { runId } = await stack.client.runs.start(
+    spec([
+      {
+        ask: 'Clean the build?',
+        action: { command: 'echo would-delete-everything' },
+        accepts: ['approve', 'deny', 'edit'],
+      },
+      { exec: 'echo would-delete-everything' },
+    ]),
+  );
+  await waiting(runId);
+  await stack.client.runs.respond(
+    runId,
+    'int-1',
+    { decision: 'edit', action: { command: 'echo edited-by-a-person' }, comment: 'safer' },
+    { respondedBy: 'carol' },
+  );
+  const output = (await stack.temporal.workflow.getHandle(runId).result()) as { stdout: string; exitCode: number };
+  expect(output).toMatchObject({ exitCode: 0, stdout: 'edited-by-a-person\n' });
+  const done = await stack.client.runs.get(runId);
+  expect(done.interactions[0]).toMatchObject({
+    status: 'answered',
+    respondedBy: 'carol',
+    response: { decision: 'edit', action: { command: 'echo edited-by-a-person' }, comment: 'safer' },
+  });
+});
+
+test('a denied gate fails the Run by default', async () => {
+  const { runId } = await stack.client.runs.start(spec([{ ask: 'Drop the table?' }, { exec: 'echo dropped' }]));
+  await waiting(runId);
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'deny' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'FAILED', error: { code: 'DENIED' } });
+});
+
+test('the respondSignal signal answers through the typed client; a refused signal answer changes nothing', async () => {
+  const { runId } = await stack.client.runs.start(spec([{ ask: 'Release name?', kind: 'input' }]));
+  const snapshot = await waiting(runId);
+  // A well-formed answer the interaction does not accept: the Run logs and ignores it.
+  await stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'mallory' });
+  await stack.client.runs.respondBySignal(runId, 'int-9', { input: 'v0' }, { respondedBy: 'mallory' });
+  await quietHistoryLength(runId);
+  expect(await stack.client.runs.get(runId)).toEqual(snapshot);
+  // A malformed one never leaves the client.
+  await expect(stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'maybe' })).rejects.toMatchObject({
+    code: 'INVALID_ARGUMENT',
+  });
+
+  await stack.client.runs.respondBySignal(runId, 'int-1', { input: 'v2.0' }, { respondedBy: 'dave' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({
+    interactionId: 'int-1',
+    input: 'v2.0',
+    respondedBy: 'dave',
+  });
+  expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({
+    status: 'answered',
+    respondedBy: 'dave',
+  });
+});

@@ -1,0 +1,184 @@
+import fc from 'fast-check';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
+import { PutObjectCommand } from '@aws-sdk/client-s3';
+import { testS3 } from '../helpers/s3';
+import { RACY_MARGIN_NS } from '../../stores/cas/baseline';
+import { cutPoints, gearTable } from '../../stores/cas/fastcdc';
+import { s3StoreFromEnv, stasisError, uniqueId } from '../providers/helpers';
+import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
+
+// The content-addressed checkpoint engine against a real MinIO: what is restored
+// from the store equals what was taken, byte for byte and in its metadata; an
+// unchanged tree uploads nothing; a corrupt or missing pack is named, never skipped.
+
+const store = s3StoreFromEnv(5 * 1024 * 1024);
+const racyMarginMs = Number(RACY_MARGIN_NS / 1_000_000n) + 10;
+
+describe('FastCDC', () => {
+  const gear = gearTable();
+  test('cuts do not depend on how the stream is split; no chunk is longer than max', () => {
+    fc.assert(
+      fc.property(
+        fc.uint8Array({ minLength: 0, maxLength: 20_000 }),
+        fc.array(fc.nat(20_000), { maxLength: 6 }),
+        (data, splits) => {
+          const whole = cutPoints(data, true, 64, 256, 1024, gear);
+          // Fed in pieces, carrying what is not cut yet, as the uploader does.
+          const cuts: number[] = [];
+          let carried = new Uint8Array(0);
+          let base = 0;
+          const points = [...new Set(splits.map((s) => s % (data.length + 1)))].sort((a, b) => a - b);
+          let from = 0;
+          for (const to of [...points, data.length]) {
+            const piece = new Uint8Array([...carried, ...data.subarray(from, to)]);
+            const eof = to === data.length;
+            const ends = cutPoints(piece, eof, 64, 256, 1024, gear);
+            for (const end of ends) cuts.push(base + end);
+            const last = ends.length > 0 ? ends[ends.length - 1] : 0;
+            carried = piece.subarray(last);
+            base += last;
+            from = to;
+          }
+          expect(cuts).toEqual(whole);
+          expect(whole.length === 0 ? 0 : whole[whole.length - 1]).toBe(data.length);
+          for (let i = 0; i < whole.length; i += 1) expect(whole[i] - (whole[i - 1] ?? 0)).toBeLessThanOrEqual(1024);
+        },
+      ),
+      { numRuns: 200 },
+    );
+  });
+
+  test('an insertion near the start of 200 KiB of data leaves most chunks as they were', () => {
+    const data = bytes(200 * 1024);
+    const edited = Buffer.concat([data.subarray(0, 1000), Buffer.from('inserted'), data.subarray(1000)]);
+    const chunksOf = (buf: Buffer) => {
+      const ends = cutPoints(buf, true, 256, 1024, 4096, gear);
+      return new Set(ends.map((end, i) => buf.subarray(ends[i - 1] ?? 0, end).toString('hex')));
+    };
+    const before = chunksOf(data);
+    const after = [...chunksOf(edited)];
+    const kept = after.filter((chunk) => before.has(chunk)).length;
+    expect(kept).toBeGreaterThan(after.length * 0.9);
+  });
+});
+
+describe('content-addressed checkpoints', () => {
+  test('random trees restore from the store byte for byte, with modes, mtimes and symlinks verbatim', async () => {
+    const name = fc.stringMatching(/^[a-z0-9._ -]{1,12}$/).filter((n) => n !== '.' && n !== '..');
+    const node = fc.oneof(
+      fc.record({
+        kind: fc.constant('file' as const),
+        size: fc.oneof(fc.constant(0), fc.nat(3000), fc.integer({ min: 900_000, max: 1_300_000 })),
+        mode: fc.constantFrom(0o644, 0o600, 0o755, 0o4755, 0o2775),
+      }),
+      fc.record({
+        kind: fc.constant('link' as const),
+        target: fc.oneof(fc.constant('/usr/bin/python3'), fc.constant('../x'), name, fc.constant('/etc/passwd')),
+      }),
+      fc.record({ kind: fc.constant('dir' as const), mode: fc.constantFrom(0o755, 0o700, 0o555) }),
+    );
+    const tree = fc.array(
+      fc.record({ top: fc.constantFrom('workspace', 'home', 'envs'), dir: fc.option(name), name, node }),
+      { maxLength: 12 },
+    );
+    await fc.assert(
+      fc.asyncProperty(tree, async (entries) => {
+        const root = await newSandboxRoot();
+        for (const { top, dir, name: leaf, node: n } of entries) {
+          const parent = path.join(root, top, dir ?? '');
+          await fs.mkdir(parent, { recursive: true });
+          const file = path.join(parent, leaf);
+          const exists = await fs.lstat(file).then(
+            () => true,
+            () => false,
+          );
+          if (exists) continue;
+          if (n.kind === 'file') {
+            await fs.writeFile(file, bytes(n.size));
+            await fs.chmod(file, n.mode);
+            await fs.utimes(file, 1_600_000_000.123456, 1_600_000_000.123456 + Math.random());
+          } else if (n.kind === 'link') await fs.symlink(n.target, file);
+          else await fs.mkdir(file, { mode: n.mode });
+        }
+        const sandboxId = uniqueId('cas-prop');
+        const before = await describeTree(root);
+        const taken = await take(store, root, sandboxId);
+        const restored = await restoreFresh(store, taken.checkpoint);
+        expect(await describeTree(restored.target)).toEqual(before);
+        expect(restored.labels).toEqual({ run: 'r1' });
+        await fs.chmod(root, 0o755);
+        await store.deletePrefix(`checkpoints/${sandboxId}/`);
+      }),
+      { numRuns: 12 },
+    );
+  });
+
+  test('an unchanged tree uploads no file data; one changed file uploads about that file; an append to a large file reuses its chunks', async () => {
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId('cas-incr');
+    await fs.mkdir(path.join(root, 'workspace', 'src'));
+    for (let i = 0; i < 50; i += 1) await fs.writeFile(path.join(root, 'workspace', 'src', `f${i}.ts`), bytes(4000));
+    await fs.writeFile(path.join(root, 'workspace', 'big.bin'), bytes(12 * 1024 * 1024));
+    // Past the racy window, so the stats alone can tell the files did not change.
+    await delay(racyMarginMs);
+    const first = await take(store, root, sandboxId);
+    expect(first.stats.filesHashed).toBe(51);
+    expect(first.stats.packBytes).toBeGreaterThan(12 * 1024 * 1024);
+    await delay(racyMarginMs);
+
+    const unchanged = await take(store, root, sandboxId, first.baseline);
+    expect(unchanged.stats).toMatchObject({ filesHashed: 0, packBytes: 0, packs: 0 });
+
+    await fs.writeFile(path.join(root, 'workspace', 'src', 'f7.ts'), bytes(5000));
+    await delay(racyMarginMs);
+    const oneFile = await take(store, root, sandboxId, unchanged.baseline);
+    expect(oneFile.stats.filesHashed).toBe(1);
+    expect(oneFile.stats.packBytes).toBeGreaterThan(4000);
+    expect(oneFile.stats.packBytes).toBeLessThan(5100);
+
+    await fs.appendFile(path.join(root, 'workspace', 'big.bin'), bytes(1024 * 1024));
+    const appended = await take(store, root, sandboxId, oneFile.baseline);
+    expect(appended.stats.filesHashed).toBe(1);
+    // The new MiB and at most the chunk it joined (chunks are 4 MiB at most).
+    expect(appended.stats.packBytes).toBeLessThan(5.1 * 1024 * 1024);
+
+    // Restored from the store alone (another host), then taken again from the restore's baseline: nothing to upload.
+    const restored = await restoreFresh(store, appended.checkpoint);
+    expect(await describeTree(restored.target)).toEqual(await describeTree(root));
+    await delay(racyMarginMs);
+    const afterResume = await take(store, restored.target, sandboxId, restored.baseline);
+    expect(afterResume.stats).toMatchObject({ filesHashed: 0, packBytes: 0 });
+    const again = await restoreFresh(store, afterResume.checkpoint);
+    expect(await describeTree(again.target)).toEqual(await describeTree(root));
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+
+  test('a corrupt pack and a missing pack are CHECKPOINT_INVALID naming them; nothing is skipped', async () => {
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId('cas-bad');
+    await fs.writeFile(path.join(root, 'workspace', 'a.txt'), bytes(3000));
+    const taken = await take(store, root, sandboxId);
+    const [pack] = taken.baseline.manifest.packs;
+    const key = pack.uri.replace(/^s3:\/\/[^/]+\//, '');
+    const client = testS3();
+    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+    await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: bytes(pack.bytes) }));
+    const corrupt = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
+    expect(corrupt.message).toContain(key);
+    await store.delete(pack.uri);
+    const missing = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
+    expect(missing.message).toContain(pack.uri);
+    expect(missing.message).toContain('missing');
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+});
+
+describe('zstd command', () => {
+  test('is found on this host and a missing command is reported absent, not thrown', async () => {
+    const { zstdAvailable } = await import('../../stores/cas/zstd');
+    expect(await zstdAvailable()).toBe(true);
+    expect(await zstdAvailable('stasis-no-such-zstd')).toBe(false);
+  });
+});
