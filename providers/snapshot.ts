@@ -51,9 +51,8 @@ export async function uploadSnapshot(input: {
   if (format === 'tar') return uploadTarGz(input, `${checkpointPrefix(input.sandboxId)}${name}.tar.gz`);
   const baselineFile = path.join(input.paths.meta, BASELINE_FILE);
   const attemptFile = path.join(input.paths.meta, ATTEMPT_FILE);
-  // The baseline's chunks are reused only while its checkpoint (whose manifest keeps its packs) exists.
-  let baseline = await readBaseline(baselineFile);
-  if (baseline && !(await input.store.exists(baseline.uri))) baseline = undefined;
+  // takeCheckpoint reuses its chunks only while its checkpoint (whose manifest keeps its packs) exists.
+  const baseline = await readBaseline(baselineFile);
   const unfinished = await fs.stat(attemptFile).then(
     () => true,
     () => false,

@@ -130,16 +130,31 @@ export async function maintainHost(options: MaintenanceOptions, now?: () => Date
   return { destroyed, orphans, eviction };
 }
 
-/** Runs maintainHost every `intervalMs` until the returned function is called. */
-export function startMaintenance(options: MaintenanceOptions, intervalMs = 60_000): () => void {
-  let busy = false;
+/**
+ * Runs maintainHost every `intervalMs` until the returned function is called. That function cancels the
+ * Temporal calls of a pass in flight and resolves once the pass has finished, so the worker closes its
+ * connection after the pass's last call: a call retried after the close threw "Channel has been shut
+ * down" outside any caller and failed the process.
+ */
+export function startMaintenance(options: MaintenanceOptions, intervalMs = 60_000): () => Promise<void> {
+  const stopping = new AbortController();
+  let pass: Promise<void> | undefined;
   const timer = setInterval(() => {
-    if (busy) return;
-    busy = true;
-    maintainHost(options)
-      .catch((err: unknown) => console.warn(`host maintenance on ${options.hostId} failed: ${String(err)}`))
-      .finally(() => (busy = false));
+    if (pass) return;
+    pass = options.client
+      .withAbortSignal(stopping.signal, () => maintainHost(options))
+      .then(
+        () => undefined,
+        (err: unknown) => {
+          if (!stopping.signal.aborted) console.warn(`host maintenance on ${options.hostId} failed: ${String(err)}`);
+        },
+      )
+      .finally(() => (pass = undefined));
   }, intervalMs);
   timer.unref();
-  return () => clearInterval(timer);
+  return async () => {
+    clearInterval(timer);
+    stopping.abort();
+    await pass;
+  };
 }

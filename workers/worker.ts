@@ -146,7 +146,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
           if (stopRequested) stopWorkers();
           await both;
         } finally {
-          stopMaintenance();
+          await stopMaintenance();
           await metrics.flushed();
           await client.connection.close();
           await registry.closeAll();

@@ -58,7 +58,7 @@ export async function takeCheckpoint(input: {
   signal?: AbortSignal;
 }): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats }> {
   const { signal } = input;
-  const baseline = ownBaseline(input.baseline, input.prefix);
+  const baseline = await usableBaseline(input.store, input.baseline, input.prefix);
   const takenAtNs = nowNs();
   const checker = new CheckpointChecker(input.limits);
   const packer = new Packer(input.store, `${input.prefix}${PACKS_DIR}`, input.name, input.progress, signal);
@@ -120,14 +120,20 @@ function describe(walked: WalkEntry): ManifestEntry {
 }
 
 /**
- * The baseline if its checkpoint and every pack it names are this sandbox's own: a manifest naming
- * another sandbox's packs is refused by restore (and those packs are not kept alive for this one).
+ * The baseline if its checkpoint and every pack it names are this sandbox's own (a manifest naming
+ * another sandbox's packs is refused by restore, and those packs are not kept alive for this one), and
+ * its checkpoint still exists: only a live manifest keeps its packs from garbage collection, so the
+ * chunks of a deleted checkpoint may be gone and are uploaded again.
  */
-function ownBaseline(baseline: Baseline | undefined, prefix: string): Baseline | undefined {
+async function usableBaseline(
+  store: CheckpointStore,
+  baseline: Baseline | undefined,
+  prefix: string,
+): Promise<Baseline | undefined> {
   if (!baseline) return undefined;
   const packs = packsPrefixOf(baseline.uri);
   const own = packs.endsWith(`/${prefix}${PACKS_DIR}`) && baseline.manifest.packs.every((p) => p.uri.startsWith(packs));
-  return own ? baseline : undefined;
+  return own && (await store.exists(baseline.uri)) ? baseline : undefined;
 }
 
 /** The chunks the baseline's checkpoint holds: reused without upload. */

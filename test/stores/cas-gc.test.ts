@@ -84,6 +84,20 @@ describe('checkpoint garbage collection', () => {
     );
   });
 
+  test('a baseline whose checkpoint was deleted and collected is not reused: its chunks are uploaded again', async () => {
+    // The counterexample fast-check found (seed 4434040): a take from such a baseline named packs GC had deleted.
+    const store = new FsCheckpointStore(await tempDir('cas-gc-gone'));
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId('gc-gone');
+    await fs.writeFile(path.join(root, 'workspace', 'f0'), bytes(1));
+    const first = await take(store, root, sandboxId);
+    await store.delete(first.checkpoint.uri);
+    expect((await collectGarbage(store, `checkpoints/${sandboxId}/`, { graceMs: 0 })).packsDeleted).toBe(1);
+    const second = await take(store, root, sandboxId, first.baseline);
+    expect(second.stats.packs).toBe(1);
+    expect(await describeTree((await restoreFresh(store, second.checkpoint)).target)).toEqual(await describeTree(root));
+  });
+
   test('packs younger than the grace period are kept: a release in flight has not written its manifest yet', async () => {
     const store = new FsCheckpointStore(await tempDir('cas-gc-grace'));
     const root = await newSandboxRoot();
