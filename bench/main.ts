@@ -9,6 +9,7 @@ import { processesMentioning, startEnv, HOST_ID, type BenchEnv } from './env';
 import { runHistoryCost } from './history-cost';
 import { killSandboxProcesses, sandboxProcessCount } from './leftovers';
 import { machineInfo } from './machine';
+import { probeWorkflowThreads } from './memory';
 import { profiled } from './profile';
 import { renderMarkdown } from './report';
 import type { BenchResults } from './results';
@@ -162,6 +163,8 @@ async function main(): Promise<void> {
     // Sandboxes an interrupted earlier run left would count as this run's leftovers.
     const stale = await killSandboxProcesses(BENCH_HOSTS);
     if (stale > 0) log(`killed ${stale} sandbox processes an earlier, interrupted run left`);
+    // Before the worker exists: its workflow threads then report their V8 heaps (figure 5).
+    probeWorkflowThreads();
     env = await startEnv(log);
     const e = env;
     const left = () => plan.budgetMs - (Date.now() - started);

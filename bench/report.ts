@@ -3,6 +3,7 @@ import type { ModeResult } from './cycle';
 import type { CpuUse } from './cpu';
 import type { BenchResults } from './results';
 import type { Summary } from './stats';
+import type { WaitingResult } from './waiting';
 
 // BENCHMARKS.md, rendered from bench/results.json only: every figure in it is
 // a measured number of the run that wrote it.
@@ -315,6 +316,22 @@ function throughputSection(r: BenchResults): string {
   ].join('\n');
 }
 
+/** Where a waiting Run's memory goes, part by part (bench/memory.ts). */
+function memoryLines(x: WaitingResult): string[] {
+  const m = x.memory;
+  if (!m) return [];
+  const p = m.perRun;
+  const kib = (v: number | undefined) => `${Math.round((v ?? 0) * 1024)} KiB`;
+  return [
+    '',
+    `**Where a waiting Run's memory goes** (${m.halfRuns} → ${x.runs} Runs waiting, each heap after a full GC; per Run added): RSS ${kib(p.rssMiB)}; ` +
+      `workflow threads' V8 heap ${kib(p.threadHeapMiB)} (live objects ${kib(p.threadHeapUsedMiB)}); main thread's V8 heap ${kib(p.mainHeapMiB)} (live ${kib(p.mainHeapUsedMiB)}); ` +
+      `outside any V8 heap (the SDK core in Rust, malloc, code) ${kib(p.outsideV8MiB)}. With 0 Runs: RSS ${m.base.rssMiB} MiB, ` +
+      `workflow threads' heap ${m.base.threadHeapMiB ?? '?'} MiB, main heap ${m.base.mainHeapMiB} MiB, outside V8 ${m.base.outsideV8MiB} MiB; ` +
+      `all ${x.runs} waiting: RSS ${m.all.rssMiB} MiB, ${m.all.threadHeapMiB ?? '?'}, ${m.all.mainHeapMiB} and ${m.all.outsideV8MiB} MiB.`,
+  ];
+}
+
 function waitingSection(r: BenchResults): string {
   const rows = [...(r.waiting ? [r.waiting] : []), ...(r.waitingMore ?? [])];
   const w = rows[0];
@@ -327,6 +344,7 @@ function waitingSection(r: BenchResults): string {
         'processes held',
         'worker RSS MiB: 0 Runs → all waiting → all completed',
         'per waiting Run over 0 Runs, MiB',
+        'per waiting Run, second half (after a full GC), MiB',
         'peak RSS MiB',
         'dev-server database MiB (growth)',
         'answer all (respond calls)',
@@ -343,6 +361,7 @@ function waitingSection(r: BenchResults): string {
           ? String(x.rssWhileWaitingMiB)
           : `${x.rssBaseMiB} → ${x.rssWhileWaitingMiB} → ${x.rssAfterMiB}`,
         x.perRunMiB === undefined ? '' : fmt(x.perRunMiB),
+        x.memory ? `${fmt(x.memory.perRun.rssMiB)} (${x.memory.halfRuns} → ${x.runs} Runs)` : '',
         String(x.peakRssMiB),
         `${fmt(x.databaseMiB)} (+${fmt(x.databaseGrowthMiB)})`,
         secs(x.answerAllMs),
@@ -356,6 +375,7 @@ function waitingSection(r: BenchResults): string {
     'Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time. Answers are `respond` updates, 50 in flight. RSS is the bench process, which holds the worker (its workflow cache is `STASIS_MAX_CACHED_WORKFLOWS`, 1,000 by default: a Run evicted while it waits replays its history when answered); "0 Runs" is measured just before the phase starts its first Run. The database is the dev server\'s SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox\'s processes alive — one or more processes and their memory per waiting Run (here ' +
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
     ...rows.flatMap((x) => [
+      ...memoryLines(x),
       ...x.errors.map((e) => `- ${e}`),
       ...failureLines(`${x.runs} waiting Runs`, x.failures),
       ...cpuLines(`suspending ${x.runs} Runs`, x.cpuSuspending),
