@@ -198,10 +198,9 @@ async function main(): Promise<void> {
         });
     if (first) results.throughput.push(first);
     save(results, started);
-    // Waiting: ramp for a share of what is left, then answer everything that was started. Answering
-    // and completing a Run (restore, exec, complete, destroy) takes longer than suspending it
-    // (1.2x in the last full run, 2.2x before the process starter and WAL).
-    const rampMs = Math.max(20_000, (left() - 30_000) * 0.3);
+    // Waiting: start Runs until all planned are, or until those started could no longer be answered
+    // and completed in the time left at the rate seen (bench/waiting.ts), then answer them all.
+    const rampMs = Math.max(20_000, left() - 30_000);
     if (wanted(5))
       results.waiting = await phase('5 scale of waiting', results, () =>
         runWaiting(e, plan.waitingRuns[0], rampMs, Math.max(60_000, left() - 20_000), log),

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
+import workerThreadsModule from 'node:worker_threads';
 import type * as WorkerThreads from 'node:worker_threads';
 
 // The worker's memory by part: its process RSS, the main thread's V8 heap (activities, the
@@ -16,8 +17,8 @@ const probes: WorkerThreads.MessagePort[] = [];
  * the worker is created. The thread runs the SDK's file unchanged after a small preamble.
  */
 export function probeWorkflowThreads(): void {
-  // The module object itself (an `import * as` binding may be a copy): the SDK reads `Worker` from it.
-  const threads = require('node:worker_threads') as typeof WorkerThreads;
+  // The module object itself (a default import; an `import * as` binding may be a copy): the SDK reads `Worker` from it.
+  const threads = workerThreadsModule;
   const Original = threads.Worker;
   if ((Original as { probed?: boolean }).probed) return;
   class Probed extends Original {
@@ -37,20 +38,21 @@ export function probeWorkflowThreads(): void {
   (threads as { Worker: typeof WorkerThreads.Worker }).Worker = Probed;
 }
 
-const PREAMBLE = `
-const { workerData } = require('node:worker_threads');
-const v8 = require('node:v8');
-const vm = require('node:vm');
-v8.setFlagsFromString('--expose-gc');
-const gc = vm.runInNewContext('gc');
-const port = workerData.probePort;
-port.on('message', () => {
-  gc();
-  port.postMessage(v8.getHeapStatistics());
-});
-port.unref();
-require(workerData.probeFile);
-`;
+// In a block: the thread's global scope may already have a gc function (the flag is process-wide).
+const PREAMBLE = `{
+  const { workerData } = require('node:worker_threads');
+  const v8 = require('node:v8');
+  const vm = require('node:vm');
+  v8.setFlagsFromString('--expose-gc');
+  const collect = vm.runInNewContext('gc');
+  const port = workerData.probePort;
+  port.on('message', () => {
+    collect();
+    port.postMessage(v8.getHeapStatistics());
+  });
+  port.unref();
+  require(workerData.probeFile);
+}`;
 
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc') as () => void;

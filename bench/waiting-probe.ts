@@ -1,4 +1,5 @@
 import * as v8 from 'node:v8';
+import workerThreadsModule from 'node:worker_threads';
 import * as workerThreads from 'node:worker_threads';
 import { readFileSync } from 'node:fs';
 
@@ -34,8 +35,8 @@ class ProbedWorker extends OriginalWorker {
     probes.push(port1);
   }
 }
-// The module object itself (an `import * as` binding may be a copy): the SDK reads `Worker` from it.
-(require('node:worker_threads') as { Worker: typeof workerThreads.Worker }).Worker = ProbedWorker;
+// The module object itself (a default import; an `import * as` binding may be a copy): the SDK reads `Worker` from it.
+(workerThreadsModule as { Worker: typeof workerThreads.Worker }).Worker = ProbedWorker;
 
 function threadHeap(port: workerThreads.MessagePort): Promise<v8.HeapInfo> {
   return new Promise((resolve) => {
