@@ -344,7 +344,7 @@ function waitingSection(r: BenchResults): string {
         'processes held',
         'worker RSS MiB: 0 Runs → all waiting → all completed',
         'per waiting Run over 0 Runs, MiB',
-        'per waiting Run, second half (after a full GC), MiB',
+        'per waiting Run, second half (after a full GC)',
         'peak RSS MiB',
         'dev-server database MiB (growth)',
         'answer all (respond calls)',
@@ -361,7 +361,7 @@ function waitingSection(r: BenchResults): string {
           ? String(x.rssWhileWaitingMiB)
           : `${x.rssBaseMiB} → ${x.rssWhileWaitingMiB} → ${x.rssAfterMiB}`,
         x.perRunMiB === undefined ? '' : fmt(x.perRunMiB),
-        x.memory ? `${fmt(x.memory.perRun.rssMiB)} (${x.memory.halfRuns} → ${x.runs} Runs)` : '',
+        x.memory ? `${fmt(x.memory.perRun.rssMiB * 1024)} KiB (${x.memory.halfRuns} → ${x.runs} Runs)` : '',
         String(x.peakRssMiB),
         `${fmt(x.databaseMiB)} (+${fmt(x.databaseGrowthMiB)})`,
         secs(x.answerAllMs),

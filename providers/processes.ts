@@ -164,6 +164,11 @@ export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessIn
   if (cgroupTracking()) return withStates(groupPids(marker));
   // A process that starts none (a test, a CLI) cannot know what a worker started since: it scans.
   if (spawnerPid() === undefined) return (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+  return indexedProcesses(marker);
+}
+
+/** Through the index; the first look at a host in this process scans /proc once, to adopt what was started before. */
+async function indexedProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
   if (!seededHosts.has(marker.hostId)) seeded(marker.hostId, await scanByEnvironment(marker.hostId));
   return walkSandbox(marker);
 }
@@ -204,7 +209,7 @@ function adopt(key: string, pid: number, stat: { startTime: string; session: num
   const owner = owners.get(pid);
   if (owner && owner.startTime === stat.startTime) {
     if (owner.key === key) return;
-    index.get(owner.key)?.pids.delete(pid); // a full scan (by namespace or marker) has the last word
+    index.get(owner.key)?.pids.delete(pid);
   }
   owners.set(pid, { key, startTime: stat.startTime });
   trackedOf(key).pids.set(pid, stat.startTime);
@@ -218,6 +223,11 @@ function seeded(hostId: string, bySandbox: Map<string, ProcessInfo[]>): Map<stri
     for (const pid of pids) {
       const stat = processStat(pid);
       if (!stat) continue;
+      // What the index already knows by lineage or session stays: a marker can be forged.
+      const owner = owners.get(pid);
+      if (owner?.startTime === stat.startTime && owner.key !== key) continue;
+      const session = sessionOwners.get(stat.session);
+      if (session !== undefined && session !== key) continue;
       adopt(key, pid, stat);
       // Only a session whose leader is the sandbox's: a marker alone can be forged.
       if (pids.has(stat.session) && !sessionOwners.has(stat.session)) {
@@ -492,13 +502,10 @@ export const byEnvironment = {
   kill: (marker: SandboxMarker) => killFound(marker, 10_000, byEnvironment.processes),
 };
 
-/** The index alone (what a worker that starts processes uses): for the tests of it. */
+/** The index (what a worker without cgroups uses), whatever the host offers: for the tests of it. */
 export const byIndex = {
-  processes: (marker: SandboxMarker) => {
-    seededHosts.add(marker.hostId); // the tests' hosts are new: nothing to adopt
-    return walkSandbox(marker);
-  },
-  kill: (marker: SandboxMarker) => killFound(marker, 10_000, byIndex.processes),
+  processes: indexedProcesses,
+  kill: (marker: SandboxMarker) => killFound(marker, 10_000, indexedProcesses),
 };
 
 /** Signals a process or, with a negative id, a process group; one that is already gone is no error. */

@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { hostCommands, spawnInSandbox } from '../../providers/command';
@@ -111,6 +112,31 @@ test('a process that keeps forking while it is killed is killed with all it fork
   await byIndex.kill(marker);
   expect(running(21)).toEqual([]);
   expect(await byIndex.processes(marker)).toEqual([]);
+});
+
+test('a worker adopts what an earlier worker started, then follows it by lineage', async () => {
+  // Another host id: the first look at it scans /proc once, as a restarted worker's does.
+  const marker = { hostId: uniqueId('host-restarted'), sandboxId: uniqueId('sbx-adopted') };
+  started.push(marker);
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // Started outside this process's starter, as by a worker that has since died; it runs a child that
+  // later drops its marker and renames itself.
+  const earlier = spawn(
+    '/bin/bash',
+    ['-c', `bash -c 'while [ ! -e ${gate} ]; do sleep 0.05; done; exec -c -a renamed sleep ${sleeper(31)}' & wait`],
+    { env: { PATH: '/usr/bin:/bin', ...markerEnv(marker) }, detached: true, stdio: 'ignore' },
+  );
+  earlier.unref();
+  await waitFor('the earlier worker’s processes', async () => pidsMentioning(gate).length === 2);
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toEqual(expect.arrayContaining(pidsMentioning(gate)));
+  writeFileSync(gate, '');
+  await waitFor('the child renamed', async () => running(31, 'renamed').length === 1);
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toEqual(
+    expect.arrayContaining([earlier.pid, ...running(31, 'renamed')]),
+  );
+  await byIndex.kill(marker);
+  expect(running(31, 'renamed')).toEqual([]);
+  expect(alive(earlier.pid!)).toBe(false);
 });
 
 function alive(pid: number): boolean {
