@@ -650,7 +650,9 @@ const IMPROVEMENTS: string[] = [
     "added 1.15 MiB each (JIT code, heaps and the SDK core's buffers growing to the ramp's 150 Runs in flight), each later one 0.44 MiB: 0.19 MiB of live objects in the workflow thread's " +
     "V8 heap (the Run's cached workflow state), 0.05 MiB on the main thread, the rest heap headroom V8 keeps and memory outside V8 (the SDK core, malloc). With no workflow cache " +
     '(`STASIS_MAX_CACHED_WORKFLOWS=0`) 200 waiting Runs added 0.26 MiB each over 0 Runs, most of it the same warm-up: a waiting Run evicted from the cache costs the worker little. ' +
-    'Figure 5 now reports both the cost over 0 Runs and the marginal cost (half → all Runs), and the parts.',
+    "With a cache of 100 (`STASIS_MAX_CACHED_WORKFLOWS=100`), the Runs from 100 to 300 waiting added 0.05 MiB each (RSS 422 → 432 MiB, the workflow thread's live heap flat at 41 MiB): " +
+    'a Run beyond the cache costs the worker a tenth of a cached one, so the cache is best sized to the Runs active at once, not to those waiting (the default stays 1,000; a smaller one ' +
+    'replays the history of every Run answered after eviction). Figure 5 now reports both the cost over 0 Runs and the marginal cost (half → all Runs), and the parts.',
   '- **Provider calls no longer scan all of /proc where there is no cgroup** (`providers/processes.ts`). The process starter reports each process it starts; a look at a sandbox reads ' +
     'its known processes, their descendants, and the children of init, the worker and its ancestors (where orphans go), re-reading only pids handed out since the last look. With 1,145 ' +
     'processes on the machine (500 of them orphans of init) finding a 3-process sandbox took 3.1 ms instead of 58 ms (50 calls each, load average 13). Where the worker can create ' +
