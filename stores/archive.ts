@@ -65,7 +65,7 @@ async function* tarBlocks(rootDir: string, names: readonly string[]): AsyncGener
       case 'file': {
         const size = Number(entry.stat.size);
         yield header({ path: entry.path, type: 'File', stat: entry.stat, size });
-        if (entry.file) yield* readExactly(entry.file, size, entry.path);
+        if (entry.file !== undefined) yield* readExactly(entry.file, size, entry.path);
         const padding = (512 - (size % 512)) % 512;
         if (padding > 0) yield Buffer.alloc(padding);
         break;

@@ -4,9 +4,9 @@ import { CHUNK_SIZES, cutPoints, gearTable, type ChunkSizes } from './fastcdc';
 
 // Chunking and sha-256 of chunk data run in one worker thread, so a checkpoint of
 // gigabytes never holds the worker's event loop (activities, heartbeats) for more
-// than a copy. Pieces below INLINE_BYTES are hashed in place: a message costs more.
+// than a copy. Pieces below INLINE_HASH_BYTES are hashed in place: a message costs more.
 
-const INLINE_BYTES = 64 * 1024;
+export const INLINE_HASH_BYTES = 64 * 1024;
 
 /** The chunks of a piece: their ends (offsets past their last byte) and sha-256 hashes (hex). */
 export interface Chunked {
@@ -26,7 +26,7 @@ export function cutAndHash(data: Buffer, eof: boolean, sizes: ChunkSizes = CHUNK
 
 /** Hashes the pieces of `data` that `ends` delimit. */
 export function hashRanges(data: Buffer, ends: number[]): Promise<Chunked> {
-  if (data.length < INLINE_BYTES) {
+  if (data.length < INLINE_HASH_BYTES) {
     let start = 0;
     return Promise.resolve({ ends, hashes: ends.map((end) => chunkHash(data.subarray(start, (start = end)))) });
   }
@@ -72,8 +72,10 @@ function request(message: Request): Promise<Chunked> {
     // Kept alive only while it has work: an idle hasher never holds the process open.
     if (pending.size === 1) running.ref();
     // A view posts its whole underlying buffer (structured clone copies all of it): only the view's bytes go.
+    // Shared memory is shared, not copied, whatever the view.
     const { data } = message;
-    const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : Buffer.from(data);
+    const whole = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+    const own = whole || data.buffer instanceof SharedArrayBuffer ? data : Buffer.from(data);
     running.postMessage({ id, ...message, data: own });
   });
 }
