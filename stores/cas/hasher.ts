@@ -24,6 +24,12 @@ export function cutAndHash(data: Buffer, eof: boolean, sizes: ChunkSizes = CHUNK
   return request({ data, cut: { eof, ...sizes } });
 }
 
+/** Hashes the byte ranges `[start, end)` of `data` (in the hashing thread, unless `data` is small). */
+export function hashSpans(data: Buffer, spans: [number, number][]): Promise<string[]> {
+  if (data.length < INLINE_HASH_BYTES) return Promise.resolve(spans.map(([a, b]) => chunkHash(data.subarray(a, b))));
+  return request({ data, spans }).then((reply) => reply.hashes);
+}
+
 /** Hashes the pieces of `data` that `ends` delimit. */
 export function hashRanges(data: Buffer, ends: number[]): Promise<Chunked> {
   if (data.length < INLINE_HASH_BYTES) {
@@ -36,6 +42,7 @@ export function hashRanges(data: Buffer, ends: number[]): Promise<Chunked> {
 interface Request {
   data: Buffer;
   ends?: number[];
+  spans?: [number, number][];
   cut?: ChunkSizes & { eof: boolean };
 }
 
@@ -43,9 +50,14 @@ const WORKER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
 const cutPoints = ${cutPoints.toString()};
-parentPort.on('message', ({ id, data, ends, cut }) => {
+parentPort.on('message', ({ id, data, ends, spans, cut }) => {
   try {
     const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    if (spans) {
+      const hashes = spans.map(([a, b]) => createHash('sha256').update(bytes.subarray(a, b)).digest('hex'));
+      parentPort.postMessage({ id, ends: [], hashes });
+      return;
+    }
     const cuts = cut ? cutPoints(bytes, cut.eof, cut.min, cut.avg, cut.max, workerData.gear) : ends;
     const hashes = [];
     let start = 0;

@@ -8,7 +8,7 @@ import type { CheckpointStore } from '../index';
 import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
-import { hashRanges } from './hasher';
+import { hashSpans } from './hasher';
 import { decodeManifest, invalid, packsPrefixOf, type Manifest, type ManifestEntry } from './manifest';
 import { zstdDecompressFile } from './zstd';
 
@@ -154,6 +154,12 @@ function seconds(ns: string): number {
   return Number(value / 1_000_000_000n) + (Number(micros) * 1000 + 500) / 1e9;
 }
 
+/** A pack's decompressed bytes, and the chunks in it whose bytes do not hash to their name (→ what they hash to). */
+interface LoadedPack {
+  bytes: Buffer;
+  corrupt: Map<string, string>;
+}
+
 /**
  * The chunks of a manifest, in the order the files need them: packs are fetched
  * a few ahead, held decompressed only until their last chunk is taken, and
@@ -163,8 +169,10 @@ class PackReader {
   /** Pack indexes in the order of first use, and how many chunk reads each still has. */
   private readonly order: number[] = [];
   private readonly uses = new Map<number, number>();
-  private readonly loading = new Map<number, Promise<Buffer>>();
-  private readonly started = new Set<Promise<Buffer>>();
+  private readonly loading = new Map<number, Promise<LoadedPack>>();
+  private readonly started = new Set<Promise<LoadedPack>>();
+  /** Each pack's chunks that this manifest names, by hash. */
+  private readonly chunksOf = new Map<number, Set<string>>();
   private next = 0;
   private closed = false;
 
@@ -180,6 +188,9 @@ class PackReader {
       for (const hash of entry.c ?? []) {
         const pack = manifest.chunks[hash][0];
         if (!this.uses.has(pack)) this.order.push(pack);
+        const chunks = this.chunksOf.get(pack) ?? new Set<string>();
+        this.chunksOf.set(pack, chunks);
+        chunks.add(hash);
         this.uses.set(pack, (this.uses.get(pack) ?? 0) + 1);
       }
     }
@@ -190,18 +201,18 @@ class PackReader {
     this.fetchAhead(pack);
     const loading = this.loading.get(pack);
     if (!loading) throw new Error(`pack ${pack} of ${this.uri} read more often than its manifest says`);
-    const bytes = (await loading).subarray(offset, offset + length);
-    const [actual] = (await hashRanges(bytes, [bytes.length])).hashes;
-    if (actual !== hash) {
+    const { bytes, corrupt } = await loading;
+    const bad = corrupt.get(hash);
+    if (bad !== undefined) {
       throw invalid(
         this.uri,
-        `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${actual})`,
+        `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${bad})`,
       );
     }
     const left = (this.uses.get(pack) ?? 1) - 1;
     this.uses.set(pack, left);
     if (left === 0) this.loading.delete(pack);
-    return bytes;
+    return bytes.subarray(offset, offset + length);
   }
 
   /** Keeps the pack needed now and the next few loading. */
@@ -221,15 +232,32 @@ class PackReader {
     this.started.add(loading);
   }
 
-  private async download(pack: number): Promise<Buffer> {
+  /**
+   * Downloads and decompresses a pack, and hashes every chunk of it the manifest names in one go, in
+   * the hashing thread: the writer only looks the verdicts up, and hashing overlaps with its writes.
+   */
+  private async download(pack: number): Promise<LoadedPack> {
     const ref = this.manifest.packs[pack];
     const file = `${this.tempPrefix}.pack-${pack}`;
     const plain = `${file}.plain`;
     try {
       await this.store.download(ref, file, this.signal);
-      if (this.closed) return Buffer.alloc(0);
+      if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
-      return await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+      const bytes = await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+      const chunks = [...(this.chunksOf.get(pack) ?? [])];
+      const hashes = await hashSpans(
+        bytes,
+        chunks.map((hash) => {
+          const [, offset, length] = this.manifest.chunks[hash];
+          return [offset, offset + length];
+        }),
+      );
+      const corrupt = new Map<string, string>();
+      chunks.forEach((hash, i) => {
+        if (hashes[i] !== hash) corrupt.set(hash, hashes[i]);
+      });
+      return { bytes, corrupt };
     } catch (err) {
       if (err instanceof StasisError && err.code === 'NOT_FOUND') {
         throw invalid(this.uri, `needs pack ${ref.uri}, which is missing from the store`);

@@ -34,8 +34,8 @@ import { zstdCompressFile } from './zstd';
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
-/** Packs compressed and uploading at once. */
-const UPLOADS_IN_FLIGHT = 2;
+/** Packs compressed and uploading at once: with 2, the walk waited on the store and zstd in turn. */
+const UPLOADS_IN_FLIGHT = 4;
 /** Bytes of a large file read (and cut) at once. */
 const READ_BYTES = 8 * 1024 * 1024;
 
