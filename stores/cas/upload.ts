@@ -10,7 +10,7 @@ import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { readWhole, walkSandbox, type WalkEntry } from '../walk';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
-import { chunkHash, cutAndHash, hashRanges, INLINE_HASH_BYTES } from './hasher';
+import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES } from './hasher';
 import {
   admitEntry,
   encodeManifest,
@@ -74,6 +74,8 @@ export async function takeCheckpoint(input: {
   const entries: ManifestEntry[] = [];
   const local: Baseline['local'] = {};
   const stats: TakeStats = { files: 0, filesHashed: 0, packBytes: 0, packs: 0 };
+  const onChunk = (hash: string, bytes: Buffer) => (known.has(hash) ? undefined : packer.add(hash, bytes));
+  const smallFiles = new SmallFiles(onChunk);
   try {
     // A file the baseline vouches for is never opened: only its lstat is taken.
     const wants = (entryPath: string, stat: BigIntStats) => !unchangedChunks(baseline, entryPath, stat);
@@ -90,17 +92,22 @@ export async function takeCheckpoint(input: {
           throw new Error(`${entry.p} was not opened, yet its baseline does not hold it`);
         else {
           stats.filesHashed += 1;
-          entry.c = await chunkFile(walked, entry.s, (hash, bytes) => {
-            if (!known.has(hash)) return packer.add(hash, bytes);
-          });
+          if (entry.s > 0 && entry.s < WHOLE_FILE_BYTES) await smallFiles.add(entry, walked.file, walked.path);
+          else {
+            // The small files before it are packed first: packs hold chunks in walk order, whatever the timing.
+            await smallFiles.finish();
+            entry.c = await chunkFile(walked, entry.s, onChunk);
+          }
         }
         local[entry.p] = [walked.stat.ino.toString(), walked.stat.ctimeNs.toString()];
       }
       entries.push(entry);
     }
     checker.finish();
+    await smallFiles.finish();
     await packer.finish();
   } catch (err) {
+    await smallFiles.abandon();
     await packer.abandon();
     throw err;
   }
@@ -235,6 +242,69 @@ async function chunkFile(
     carry = data.subarray(start);
   }
   return hashes;
+}
+
+/** Bytes of small files read into one batch before it goes to the hashing thread. */
+const BATCH_BYTES = 4 * 1024 * 1024;
+
+/**
+ * Files under WHOLE_FILE_BYTES (one chunk each), read into a shared batch and hashed in the
+ * hashing thread a batch at a time while the walk fills the next one: hashed in place, tens of
+ * thousands of them kept the event loop, the walk's one thread, busy hashing. Each entry gets its
+ * chunk hash, and its chunk goes to the packer, when its batch comes back (batches in walk order).
+ */
+class SmallFiles {
+  private buffer = shared(BATCH_BYTES);
+  private used = 0;
+  private pending: { entry: ManifestEntry; start: number; end: number }[] = [];
+  /** The batch in the hashing thread (and then packed), if any. */
+  private inFlight: Promise<void> = Promise.resolve();
+
+  constructor(private readonly onChunk: (hash: string, bytes: Buffer) => Promise<void> | undefined) {}
+
+  async add(entry: ManifestEntry, file: number, entryPath: string): Promise<void> {
+    if (this.used + entry.s > this.buffer.length) await this.flush();
+    const start = this.used;
+    readWhole(file, entry.s, entryPath, 0, this.buffer.subarray(start, start + entry.s));
+    this.pending.push({ entry, start, end: start + entry.s });
+    this.used += entry.s;
+  }
+
+  async finish(): Promise<void> {
+    await this.flush();
+    await this.inFlight;
+  }
+
+  /** Waits for the batch under way, so nothing is still packing once the attempt has failed. */
+  async abandon(): Promise<void> {
+    await this.inFlight.catch(() => undefined);
+  }
+
+  /** Sends the batch being filled; returns once the batch before it is packed (one batch in the thread at a time). */
+  private async flush(): Promise<void> {
+    if (this.pending.length === 0) return;
+    const { buffer, pending } = this;
+    const hashing = hashSpans(
+      buffer.subarray(0, this.used),
+      pending.map(({ start, end }) => [start, end]),
+    );
+    hashing.catch(() => undefined); // awaited in its turn below
+    this.buffer = shared(BATCH_BYTES);
+    this.used = 0;
+    this.pending = [];
+    const previous = this.inFlight;
+    this.inFlight = (async () => {
+      await previous;
+      const hashes = await hashing;
+      for (let i = 0; i < pending.length; i += 1) {
+        const { entry, start, end } = pending[i];
+        entry.c = [hashes[i]];
+        await this.onChunk(hashes[i], buffer.subarray(start, end));
+      }
+    })();
+    this.inFlight.catch(() => undefined); // awaited by the next flush, finish or abandon
+    await previous;
+  }
 }
 
 /** A buffer in shared memory: posted to the hashing thread, it is shared, not copied. */
