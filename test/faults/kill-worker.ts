@@ -66,10 +66,13 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
         let bytes = 0;
         const gate = new Transform({
           transform(chunk: Buffer, _encoding, callback) {
+            // Feed the upload up to MID_UPLOAD_BYTES (more than one part, so a multipart upload is in
+            // progress), then stop feeding it. A chunk may be a whole pack: pass its head on first.
+            const room = MID_UPLOAD_BYTES - bytes;
             bytes += chunk.length;
-            // The first part has gone out (a multipart upload is in progress): stop feeding the upload.
-            if (bytes > MID_UPLOAD_BYTES) void stopHere(sandboxId, 'release:mid-upload', undefined, key);
-            else callback(null, chunk);
+            if (bytes <= MID_UPLOAD_BYTES) return callback(null, chunk);
+            if (room > 0) this.push(chunk.subarray(0, room));
+            void stopHere(sandboxId, 'release:mid-upload', undefined, key);
           },
         });
         body.on('error', (err) => gate.destroy(err));
