@@ -86,11 +86,15 @@ async function destroyedRecord(client: Client, sandboxId: string): Promise<Execu
  * record says DESTROYED, its workflow has ended): their processes, directory and checkpoints
  * are removed now, through the provider that made them.
  */
-export async function removeDestroyed({ registry, client, hostId }: HostContext): Promise<string[]> {
+export async function removeDestroyed(
+  { registry, client, hostId }: HostContext,
+  signal?: AbortSignal,
+): Promise<string[]> {
   const seen = new Set<string>();
   const removed: string[] = [];
   for (const provider of registry.names().map((name) => registry.get(name))) {
     for (const { sandboxId } of await provider.listSandboxes()) {
+      signal?.throwIfAborted();
       if (seen.has(sandboxId)) continue;
       seen.add(sandboxId);
       const record = await destroyedRecord(client, sandboxId);
@@ -112,13 +116,16 @@ export interface MaintenanceOptions extends HostContext {
 }
 
 /** One maintenance pass: what destroy left behind, orphaned dormant copies, then disk pressure. */
-export async function maintainHost(options: MaintenanceOptions, now?: () => Date) {
+export async function maintainHost(options: MaintenanceOptions, now?: () => Date, signal?: AbortSignal) {
   const dir = sandboxesDir(options.dataDir);
   await mkdir(dir, { recursive: true });
-  const destroyed = await removeDestroyed(options);
+  const destroyed = await removeDestroyed(options, signal);
   const orphans = await orphanSweep({
     sandboxesDir: dir,
-    isLive: (sandboxId) => isLiveHere(options.client, options.hostId, sandboxId),
+    isLive: (sandboxId) => {
+      signal?.throwIfAborted();
+      return isLiveHere(options.client, options.hostId, sandboxId);
+    },
     ttlSeconds: options.config.STASIS_ORPHAN_DORMANT_DIR_TTL_SECONDS,
     ...(now ? { now } : {}),
   });
@@ -132,7 +139,7 @@ export async function maintainHost(options: MaintenanceOptions, now?: () => Date
 
 /**
  * Runs maintainHost every `intervalMs` until the returned function is called. That function cancels the
- * Temporal calls of a pass in flight and resolves once the pass has finished, so the worker closes its
+ * Temporal calls of a pass in flight, stops it before its next sandbox, and resolves once it has ended, so the worker closes its
  * connection after the pass's last call: a call retried after the close threw "Channel has been shut
  * down" outside any caller and failed the process.
  */
@@ -142,7 +149,7 @@ export function startMaintenance(options: MaintenanceOptions, intervalMs = 60_00
   const timer = setInterval(() => {
     if (pass) return;
     pass = options.client
-      .withAbortSignal(stopping.signal, () => maintainHost(options))
+      .withAbortSignal(stopping.signal, () => maintainHost(options, undefined, stopping.signal))
       .then(
         () => undefined,
         (err: unknown) => {

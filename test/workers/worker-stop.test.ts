@@ -25,7 +25,7 @@ test('a worker asked to stop right after it starts, while it still reconciles it
   expect(stack.workers.has('host-quick')).toBe(false);
 }, 60_000);
 
-test('stopping host maintenance cancels the Temporal calls of a pass in flight and waits for it to end', async () => {
+test('stopping host maintenance stops a pass in flight before its next Temporal call and waits for it to end', async () => {
   // The provider-faults suite failed after all its tests passed: a maintenance pass still querying Temporal
   // when the worker closed its connection retried a call into the closed channel ("Channel has been shut down").
   let listed!: () => void;
@@ -85,7 +85,7 @@ test('stopping host maintenance cancels the Temporal calls of a pass in flight a
   expect(stopped).toBe(false); // the pass is still in flight: stop waits for it
   release();
   await stopping;
-  // The pass went on after the stop, but its Temporal call was cancelled, not sent into a closing connection.
-  expect(described).toEqual([sandboxId.slice(0, -'-sbx'.length)]);
-  expect(failures).toEqual([expect.stringMatching(/abort|cancel/i)]);
+  // The pass stopped at its next sandbox: nothing more was sent to Temporal after the stop.
+  expect(described).toEqual([]);
+  expect(failures).toEqual([]);
 }, 60_000);
