@@ -83,7 +83,8 @@ test('a fused resume whose restore fails ends the Run as a failed resume of its 
   const outcome = (run: typeof fused) => ({
     error: run.snapshot.error?.code,
     state: run.after.record.state,
-    lastError: run.after.record.lastError?.replace(/checkpoints\/[^ ]+/g, '<checkpoint>'),
+    // Named after the activity that failed (restoreSandbox or resumeAndExecInSandbox), then the same words.
+    lastError: run.after.record.lastError?.replace(/^\w+: /, '').replace(/checkpoints\/[^ ]+/g, '<checkpoint>'),
     fenceRaisedBy: run.after.record.fence - run.released.record.fence,
   });
   expect(outcome(fused)).toEqual(outcome(plain));
