@@ -3,8 +3,7 @@ import { DEFAULT_SUSPENDED_RETENTION_SECONDS } from '../common/defaults';
 import { END_REASON } from '../common/errors';
 import { computeRunHashes } from '../common/hashes';
 import type { Hashes, SuspensionReason } from '../common/schemas';
-import type { ExecOutcome } from '../providers/api';
-import type { RestoreResult } from '../providers/api';
+import type { ExecOutcome, RestoreResult } from '../providers/api';
 import { nowIso, nowMs } from './clock';
 import { choosePauseMode, hashMismatches, isReleaseBlocked, jobsToCancel, recordedHashes } from './lifecycle';
 import {
@@ -28,7 +27,10 @@ export async function suspendAndWait(
   c: RunController,
   reason: SuspensionReason,
   interactionIds: string[],
-  /** The caller takes the next action through takeAction(), so the resume may wait for it (fused). */
+  /**
+   * The caller's next action goes through the agent loop's perform(), which brings the sandbox back
+   * first (completeResume) or with a sandbox job (resumeWithJob): the resume may wait for it.
+   */
   deferResume = false,
 ): Promise<void> {
   const run = c.run;
