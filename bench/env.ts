@@ -36,7 +36,8 @@ export interface BenchEnv {
 
 export const HOST_ID = 'bench-host';
 
-export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
+/** `settings`: more worker configuration (STASIS_* variables), for experiments on one setting. */
+export async function startEnv(log: (line: string) => void, settings: Record<string, string> = {}): Promise<BenchEnv> {
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'stasis-bench-'));
   const scratch = path.join(dataDir, 'scratch');
@@ -78,6 +79,7 @@ export async function startEnv(log: (line: string) => void): Promise<BenchEnv> {
     AWS_SECRET_ACCESS_KEY: minio.secretAccessKey,
     STASIS_WORKER_METRICS_ADDR: 'off',
     STASIS_HOST_PATHS: scratch,
+    ...settings,
   });
   const store = createCheckpointStore(config);
   const connection = await Connection.connect(config.temporal.connectionOptions);

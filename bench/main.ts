@@ -9,6 +9,7 @@ import { processesMentioning, startEnv, HOST_ID, type BenchEnv } from './env';
 import { runHistoryCost } from './history-cost';
 import { killSandboxProcesses, sandboxProcessCount } from './leftovers';
 import { machineInfo } from './machine';
+import { probeWorkflowThreads } from './memory';
 import { profiled } from './profile';
 import { renderMarkdown } from './report';
 import type { BenchResults } from './results';
@@ -162,6 +163,8 @@ async function main(): Promise<void> {
     // Sandboxes an interrupted earlier run left would count as this run's leftovers.
     const stale = await killSandboxProcesses(BENCH_HOSTS);
     if (stale > 0) log(`killed ${stale} sandbox processes an earlier, interrupted run left`);
+    // Before the worker exists: its workflow threads then report their V8 heaps (figure 5).
+    probeWorkflowThreads();
     env = await startEnv(log);
     const e = env;
     const left = () => plan.budgetMs - (Date.now() - started);
@@ -195,10 +198,9 @@ async function main(): Promise<void> {
         });
     if (first) results.throughput.push(first);
     save(results, started);
-    // Waiting: ramp for a share of what is left, then answer everything that was started. Answering
-    // and completing a Run (restore, exec, complete, destroy) takes longer than suspending it
-    // (1.2x in the last full run, 2.2x before the process starter and WAL).
-    const rampMs = Math.max(20_000, (left() - 30_000) * 0.3);
+    // Waiting: start Runs until all planned are, or until those started could no longer be answered
+    // and completed in the time left at the rate seen (bench/waiting.ts), then answer them all.
+    const rampMs = Math.max(20_000, left() - 30_000);
     if (wanted(5))
       results.waiting = await phase('5 scale of waiting', results, () =>
         runWaiting(e, plan.waitingRuns[0], rampMs, Math.max(60_000, left() - 20_000), log),

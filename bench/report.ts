@@ -3,6 +3,7 @@ import type { ModeResult } from './cycle';
 import type { CpuUse } from './cpu';
 import type { BenchResults } from './results';
 import type { Summary } from './stats';
+import type { WaitingResult } from './waiting';
 
 // BENCHMARKS.md, rendered from bench/results.json only: every figure in it is
 // a measured number of the run that wrote it.
@@ -315,6 +316,22 @@ function throughputSection(r: BenchResults): string {
   ].join('\n');
 }
 
+/** Where a waiting Run's memory goes, part by part (bench/memory.ts). */
+function memoryLines(x: WaitingResult): string[] {
+  const m = x.memory;
+  if (!m) return [];
+  const p = m.perRun;
+  const kib = (v: number | undefined) => `${Math.round((v ?? 0) * 1024)} KiB`;
+  return [
+    '',
+    `**Where a waiting Run's memory goes** (${m.halfRuns} → ${x.runs} Runs waiting, each heap after a full GC; per Run added): RSS ${kib(p.rssMiB)}; ` +
+      `workflow threads' V8 heap ${kib(p.threadHeapMiB)} (live objects ${kib(p.threadHeapUsedMiB)}); main thread's V8 heap ${kib(p.mainHeapMiB)} (live ${kib(p.mainHeapUsedMiB)}); ` +
+      `outside any V8 heap (the SDK core in Rust, malloc, code) ${kib(p.outsideV8MiB)}. With 0 Runs: RSS ${m.base.rssMiB} MiB, ` +
+      `workflow threads' heap ${m.base.threadHeapMiB ?? '?'} MiB, main heap ${m.base.mainHeapMiB} MiB, outside V8 ${m.base.outsideV8MiB} MiB; ` +
+      `all ${x.runs} waiting: RSS ${m.all.rssMiB} MiB, ${m.all.threadHeapMiB ?? '?'}, ${m.all.mainHeapMiB} and ${m.all.outsideV8MiB} MiB.`,
+  ];
+}
+
 function waitingSection(r: BenchResults): string {
   const rows = [...(r.waiting ? [r.waiting] : []), ...(r.waitingMore ?? [])];
   const w = rows[0];
@@ -327,6 +344,7 @@ function waitingSection(r: BenchResults): string {
         'processes held',
         'worker RSS MiB: 0 Runs → all waiting → all completed',
         'per waiting Run over 0 Runs, MiB',
+        'per waiting Run, second half (after a full GC)',
         'peak RSS MiB',
         'dev-server database MiB (growth)',
         'answer all (respond calls)',
@@ -343,6 +361,7 @@ function waitingSection(r: BenchResults): string {
           ? String(x.rssWhileWaitingMiB)
           : `${x.rssBaseMiB} → ${x.rssWhileWaitingMiB} → ${x.rssAfterMiB}`,
         x.perRunMiB === undefined ? '' : fmt(x.perRunMiB),
+        x.memory ? `${fmt(x.memory.perRun.rssMiB * 1024)} KiB (${x.memory.halfRuns} → ${x.runs} Runs)` : '',
         String(x.peakRssMiB),
         `${fmt(x.databaseMiB)} (+${fmt(x.databaseGrowthMiB)})`,
         secs(x.answerAllMs),
@@ -353,9 +372,10 @@ function waitingSection(r: BenchResults): string {
       ]),
     ),
     '',
-    'Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time. Answers are `respond` updates, 50 in flight. RSS is the bench process, which holds the worker (its workflow cache is `STASIS_MAX_CACHED_WORKFLOWS`, 1,000 by default: a Run evicted while it waits replays its history when answered); "0 Runs" is measured just before the phase starts its first Run. The database is the dev server\'s SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox\'s processes alive — one or more processes and their memory per waiting Run (here ' +
+    'Runs `ask → exec → complete` on an active (host-persistent) workspace, so they suspend with TERMINATE and hold no process while they wait; started with at most 150 of them not yet released at a time, and no more once those started could not be suspended, answered and completed in the time left at the rate seen. Answers are `respond` updates, 50 in flight. RSS is the bench process, which holds the worker (its workflow cache is `STASIS_MAX_CACHED_WORKFLOWS`, 1,000 by default: a Run evicted while it waits replays its history when answered); "0 Runs" is measured just before the phase starts its first Run. The database is the dev server\'s SQLite file (with its WAL) while all Runs wait. **Baseline**: holding a waiting agent without Stasis keeps its sandbox\'s processes alive — one or more processes and their memory per waiting Run (here ' +
       `${w.runs} processes); with Stasis the cost is ${w.processesHeld} processes, and the Runs' state lives in Temporal.`,
     ...rows.flatMap((x) => [
+      ...memoryLines(x),
       ...x.errors.map((e) => `- ${e}`),
       ...failureLines(`${x.runs} waiting Runs`, x.failures),
       ...cpuLines(`suspending ${x.runs} Runs`, x.cpuSuspending),
@@ -625,6 +645,18 @@ const IMPROVEMENTS: string[] = [
     'several fsyncs. With `journal_mode=wal` and `synchronous=normal` (safe against a crash of the server, not of the machine) the same 200-Run phase went from 105 to 46 s wall and the ' +
     "dev server's CPU from 77 to 33 s.",
   "- **The bench loads the server less**: its visibility polls name the phase's Runs (`WorkflowId STARTS_WITH`) instead of listing every Run of the bench every 200 ms.",
+  "- **Where a waiting Run's memory goes, measured** (`bench/memory.ts`, `bench/waiting-probe.ts`). The 0.6 MiB per waiting Run of an earlier quick run was RSS over 0 Runs, warm-up included. " +
+    "Split by part after a full GC of every heap (the SDK's workflow thread wrapped so it reports its own V8 heap), 400 Runs suspended in steps of 100 with the default cache: the first 100 " +
+    "added 1.15 MiB each (JIT code, heaps and the SDK core's buffers growing to the ramp's 150 Runs in flight), each later one 0.44 MiB: 0.19 MiB of live objects in the workflow thread's " +
+    "V8 heap (the Run's cached workflow state), 0.05 MiB on the main thread, the rest heap headroom V8 keeps and memory outside V8 (the SDK core, malloc). With no workflow cache " +
+    '(`STASIS_MAX_CACHED_WORKFLOWS=0`) 200 waiting Runs added 0.26 MiB each over 0 Runs, most of it the same warm-up: a waiting Run evicted from the cache costs the worker little. ' +
+    "With a cache of 100 (`STASIS_MAX_CACHED_WORKFLOWS=100`), the Runs from 100 to 300 waiting added 0.05 MiB each (RSS 422 → 432 MiB, the workflow thread's live heap flat at 41 MiB): " +
+    'a Run beyond the cache costs the worker a tenth of a cached one, so the cache is best sized to the Runs active at once, not to those waiting (the default stays 1,000; a smaller one ' +
+    'replays the history of every Run answered after eviction). Figure 5 now reports both the cost over 0 Runs and the marginal cost (half → all Runs), and the parts.',
+  '- **Provider calls no longer scan all of /proc where there is no cgroup** (`providers/processes.ts`). The process starter reports each process it starts; a look at a sandbox reads ' +
+    'its known processes, their descendants, and the children of init, the worker and its ancestors (where orphans go), re-reading only pids handed out since the last look. With 1,145 ' +
+    'processes on the machine (500 of them orphans of init) finding a 3-process sandbox took 3.1 ms instead of 58 ms (50 calls each, load average 13). Where the worker can create ' +
+    'cgroup v2 groups (as on this machine and the CI machine) sandboxes are tracked by their group as before.',
 ];
 
 const NOT_MEASURED_ALWAYS: string[] = [

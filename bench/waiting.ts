@@ -5,6 +5,7 @@ import { CpuMeter, type CpuUse } from './cpu';
 import type { BenchEnv } from './env';
 import { releasedAmong, respondAll, settle, waitAllReleased } from './fleet';
 import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
+import { perRun, workerMemory, type WorkerMemory } from './memory';
 import { PeakRss, rssMiB } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
 import { newRunId } from './specs';
@@ -25,8 +26,14 @@ export interface WaitingResult {
   rssBaseMiB: number;
   rssWhileWaitingMiB: number;
   rssAfterMiB: number;
-  /** (RSS while waiting − RSS with 0 Runs) / Runs: what one waiting Run costs the worker. */
+  /** (RSS while waiting − RSS with 0 Runs) / Runs: with what the first Runs warmed up (JIT, buffers, heaps grown). */
   perRunMiB: number;
+  /**
+   * The worker's memory by part (after a full GC) with 0 Runs, once half the Runs were
+   * suspended, and with all; and what each Run of the second half added: the marginal cost of
+   * one more waiting Run, without the warm-up.
+   */
+  memory?: { base: WorkerMemory; half: WorkerMemory; halfRuns: number; all: WorkerMemory; perRun: WorkerMemory };
   peakRssMiB: number;
   /** Dev server's SQLite file (+ WAL) while all are waiting, and its growth over the phase. */
   databaseMiB: number;
@@ -47,6 +54,12 @@ export interface WaitingResult {
   failures: Record<string, number>;
   errors: string[];
 }
+
+/**
+ * Answering and completing a Run (restore, exec, complete, destroy) takes this many times as long
+ * as suspending it: 1.35 in the last quick run (57.5 s against 42.7 s for 386 Runs), 1.2 in a full one.
+ */
+const ANSWER_TO_SUSPEND = 1.35;
 
 function databaseMiB(env: BenchEnv): number {
   let bytes = 0;
@@ -81,6 +94,7 @@ export async function runWaiting(
 ): Promise<WaitingResult> {
   const errors: string[] = [];
   const rssBaseMiB = Math.round(rssMiB());
+  const memoryBase = await workerMemory();
   const dbBefore = databaseMiB(env);
   const before = await scrapeSdk(env.sdkMetricsUrl);
   const rss = new PeakRss();
@@ -95,7 +109,17 @@ export async function runWaiting(
   const WINDOW = 150;
   const released = new Set<string>();
   const all = new Set(planned);
-  while (ids.length < planned.length && Date.now() < rampEnd) {
+  const steps: { memory: WorkerMemory; runs: number }[] = [];
+  // Starting stops at the ramp's end, or earlier once the Runs started so far could no longer be
+  // suspended, answered and completed before the deadline at the rate seen so far.
+  const fits = () => {
+    const elapsed = performance.now() - t0;
+    if (released.size < WINDOW || elapsed <= 0) return true;
+    const perRunMs = elapsed / released.size;
+    const rest = (ids.length - released.size) * perRunMs + ids.length * perRunMs * ANSWER_TO_SUSPEND;
+    return Date.now() + rest < deadline - 10_000;
+  };
+  while (ids.length < planned.length && Date.now() < rampEnd && fits()) {
     const room = WINDOW - (ids.length - released.size);
     if (room >= 25) {
       const batch = planned.slice(ids.length, ids.length + room);
@@ -106,6 +130,9 @@ export async function runWaiting(
     }
     await sleep(500);
     for (const id of await releasedAmong(env, all)) released.add(id);
+    // Every eighth of the plan: the one nearest half of the Runs the ramp reaches is the midpoint.
+    if (released.size >= ((steps.length + 1) * target) / 8 && steps.length < 7)
+      steps.push({ memory: await workerMemory(), runs: released.size });
   }
   const runs = ids.length;
   const idSet = new Set(ids);
@@ -114,6 +141,10 @@ export async function runWaiting(
   const suspendingCpu = cpuSuspending.stop();
   const processesHeld = await sandboxProcessCount();
   const rssWhileWaitingMiB = Math.round(rssMiB());
+  const memoryAll = await workerMemory();
+  const half = steps
+    .filter((step) => step.runs < runs)
+    .sort((a, b) => Math.abs(a.runs - runs / 2) - Math.abs(b.runs - runs / 2))[0];
   const dbWaiting = databaseMiB(env);
   log(
     `waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssBaseMiB} → ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`,
@@ -135,6 +166,17 @@ export async function runWaiting(
     rssWhileWaitingMiB,
     rssAfterMiB: Math.round(rssMiB()),
     perRunMiB: runs > 0 ? round((rssWhileWaitingMiB - rssBaseMiB) / runs, 3) : 0,
+    ...(half && runs > half.runs
+      ? {
+          memory: {
+            base: memoryBase,
+            half: half.memory,
+            halfRuns: half.runs,
+            all: memoryAll,
+            perRun: perRun(half.memory, memoryAll, runs - half.runs),
+          },
+        }
+      : {}),
     peakRssMiB: rss.stop(),
     databaseMiB: round(dbWaiting),
     databaseGrowthMiB: round(dbWaiting - dbBefore),

@@ -62,7 +62,12 @@ export async function resolveOnHost(absolute: string): Promise<string> {
       () => true,
       () => false,
     );
-    if (exists) throw new Error(`${at} is a dangling symlink or not a directory`);
+    if (exists) {
+      // Created between the two calls (another sandbox's workspace in the same new parent): resolve it again.
+      const real = await realpath(at).catch(() => undefined);
+      if (real !== undefined) return path.join(real, ...missing.reverse());
+      throw new Error(`${at} is a dangling symlink or not a directory`);
+    }
     missing.push(path.basename(at));
     at = path.dirname(at);
   }

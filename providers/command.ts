@@ -2,7 +2,7 @@ import { constants } from 'node:os';
 import { abortReason } from '../stores/abort';
 import type { ExecOutcome } from './api';
 import { confine, joined, type ResolvedLimits } from './limits';
-import { sendSignal, type SandboxMarker } from './processes';
+import { sendSignal, trackStarted, type SandboxMarker } from './processes';
 import type { SandboxPaths } from './sandbox-state';
 import { startProcess, type StartedProcess } from './spawner';
 
@@ -88,6 +88,7 @@ export async function spawnInSandbox(
     maxOutputBytes: options.maxOutputBytes ?? 0,
     ...(options.stdin === undefined ? {} : { stdin: options.stdin }),
   });
+  trackStarted(options.sandbox.marker, started.pid);
   await joined(started.pid, join);
   return started;
 }

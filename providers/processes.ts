@@ -15,6 +15,12 @@ import { spawnerPid } from './spawner';
 // is found by its pid namespace instead, which none of its processes can leave; a
 // `local` one, which has no namespace, only holds against processes that do not try
 // (README, "Sandbox processes and limits").
+//
+// Without cgroups, a worker does not scan all of /proc for every provider call: it
+// keeps an index of each sandbox's processes (see `Tracked`), fed by the process
+// starter with every process it starts, and looks only at their descendants and at
+// the processes orphans are handed to. All of /proc is scanned once per host per
+// worker process (to adopt what an earlier worker started), and by host-wide listings.
 
 export interface SandboxMarker {
   sandboxId: string;
@@ -148,7 +154,7 @@ function pidNamespace(pid: number): string | undefined {
 
 /** Live processes of every sandbox of `hostId`, by sandbox id. */
 export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
-  if (!cgroupTracking()) return scanByEnvironment(hostId);
+  if (!cgroupTracking()) return seeded(hostId, await scanByEnvironment(hostId));
   const bySandbox = new Map<string, ProcessInfo[]>();
   for (const [sandboxId, pids] of hostGroupPids(hostId)) bySandbox.set(sandboxId, withStates(pids));
   return bySandbox;
@@ -156,7 +162,278 @@ export async function scanSandboxProcesses(hostId: string): Promise<Map<string, 
 
 export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
   if (cgroupTracking()) return withStates(groupPids(marker));
-  return (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+  // A process that starts none (a test, a CLI) cannot know what a worker started since: it scans.
+  if (spawnerPid() === undefined) return (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+  return indexedProcesses(marker);
+}
+
+/** Through the index; the first look at a host in this process scans /proc once, to adopt what was started before. */
+async function indexedProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
+  if (!seededHosts.has(marker.hostId)) seeded(marker.hostId, await scanByEnvironment(marker.hostId));
+  return walkSandbox(marker);
+}
+
+/** A sandbox's processes as this worker knows them. */
+interface Tracked {
+  /** pid → start time: the same pid with another start time is another process. */
+  pids: Map<number, string>;
+  /**
+   * The sessions the starter started its processes in (each leads its own). An orphan still in
+   * one is the sandbox's even if it dropped its marker: a session id names one session while any
+   * process is in it.
+   */
+  sessions: Set<number>;
+}
+
+/** By host and sandbox id; with `owners`, which sandbox each indexed process is (pid → key and start time). */
+const index = new Map<string, Tracked>();
+const owners = new Map<number, { key: string; startTime: string }>();
+/** Hosts whose processes this worker has scanned /proc for once: every sandbox of theirs is in `index` or had none. */
+const seededHosts = new Set<string>();
+
+/** Which sandbox each session of `index` is (session id → key). */
+const sessionOwners = new Map<number, string>();
+
+const keyOf = (marker: SandboxMarker) => `${marker.hostId}\0${marker.sandboxId}`;
+
+function trackedOf(key: string): Tracked {
+  let tracked = index.get(key);
+  if (!tracked) {
+    tracked = { pids: new Map(), sessions: new Set() };
+    index.set(key, tracked);
+  }
+  return tracked;
+}
+
+function adopt(key: string, pid: number, stat: { startTime: string; session: number }): void {
+  const owner = owners.get(pid);
+  if (owner && owner.startTime === stat.startTime) {
+    if (owner.key === key) return;
+    index.get(owner.key)?.pids.delete(pid);
+  }
+  owners.set(pid, { key, startTime: stat.startTime });
+  trackedOf(key).pids.set(pid, stat.startTime);
+}
+
+/** Indexes what a full scan of `hostId` found, and returns it. */
+function seeded(hostId: string, bySandbox: Map<string, ProcessInfo[]>): Map<string, ProcessInfo[]> {
+  for (const [sandboxId, list] of bySandbox) {
+    const key = keyOf({ hostId, sandboxId });
+    const pids = new Set(list.map((p) => p.pid));
+    for (const pid of pids) {
+      const stat = processStat(pid);
+      if (!stat) continue;
+      // What the index already knows by lineage or session stays: a marker can be forged.
+      const owner = owners.get(pid);
+      if (owner?.startTime === stat.startTime && owner.key !== key) continue;
+      const session = sessionOwners.get(stat.session);
+      if (session !== undefined && session !== key) continue;
+      adopt(key, pid, stat);
+      // Only a session whose leader is the sandbox's: a marker alone can be forged.
+      if (pids.has(stat.session) && !sessionOwners.has(stat.session)) {
+        trackedOf(key).sessions.add(stat.session);
+        sessionOwners.set(stat.session, key);
+      }
+    }
+  }
+  seededHosts.add(hostId);
+  return bySandbox;
+}
+
+/**
+ * Tells the index about a process the starter started for a sandbox, with the session it leads.
+ * Called as soon as its pid is known; what it forked before that is found below it, or as an orphan.
+ */
+export function trackStarted(marker: SandboxMarker, pid: number): void {
+  // Kept with cgroups too (one /proc read per start): the tests of the index run on such hosts.
+  const stat = processStat(pid);
+  const key = keyOf(marker);
+  // The starter makes each process the leader of a new session (its id is the pid), even one
+  // that has already exited: its orphans are still in that session.
+  trackedOf(key).sessions.add(pid);
+  sessionOwners.set(pid, key);
+  if (stat && stat.state !== 'Z' && stat.state !== 'X') adopt(key, pid, stat);
+}
+
+/** Children of the reapers as last looked at, and which sandbox each is (undefined: none). */
+const reaperChildren = new Map<number, { startTime: string; key: string | undefined }>();
+let lastCursor: PidCursor | undefined;
+
+/**
+ * Indexes the reapers' children that are a sandbox's: by the session they are in (which a
+ * process cannot join), else by their marker. A child looked at before is only read again when
+ * its pid may have been given to a new process since (`mayBeReused`): a walk reads /proc for the
+ * new processes only, not for every daemon of the host.
+ */
+function lookAtOrphans(): void {
+  const cursor = pidCursor();
+  const reused = mayBeReused(lastCursor, cursor);
+  const current = new Set<number>();
+  const worker = process.pid;
+  const starter = spawnerPid();
+  for (const reaper of reapers()) {
+    for (const pid of childrenOf(reaper)) {
+      current.add(pid);
+      const cached = reaperChildren.get(pid);
+      if (cached && cached.key === undefined && !reused(pid)) continue; // the same process, no sandbox's
+      const stat = processStat(pid);
+      if (!stat || stat.state === 'Z' || stat.state === 'X') {
+        reaperChildren.delete(pid);
+        continue;
+      }
+      const owner = owners.get(pid);
+      let key = owner?.startTime === stat.startTime ? owner.key : undefined;
+      if (key === undefined) {
+        // Its session says whose it is before its marker does: a marker can be forged, a session not joined.
+        key = sessionOwners.get(stat.session);
+        const marker = key === undefined ? markerOfProcess(pid, stat) : undefined;
+        if (marker && seededHosts.has(marker.hostId)) key = keyOf(marker);
+        if (key !== undefined) adopt(key, pid, stat);
+      }
+      // A child of the worker or its starter may be between fork and exec: looked at again each time.
+      if (stat.ppid !== worker && stat.ppid !== starter) reaperChildren.set(pid, { startTime: stat.startTime, key });
+    }
+  }
+  for (const pid of reaperChildren.keys()) if (!current.has(pid)) reaperChildren.delete(pid);
+  lastCursor = cursor;
+}
+
+/** The pid last given out in this pid namespace, and how many processes the host has forked. */
+interface PidCursor {
+  lastPid: number;
+  forks: number;
+}
+
+function pidCursor(): PidCursor | undefined {
+  const loadavg = readProcFile('/proc/loadavg')?.trim().split(' ');
+  const forks = /^processes (\d+)$/m.exec(readProcFile('/proc/stat') ?? '')?.[1];
+  const lastPid = Number(loadavg?.[4]);
+  return forks !== undefined && Number.isSafeInteger(lastPid) ? { lastPid, forks: Number(forks) } : undefined;
+}
+
+let pidMax: number | undefined;
+
+/**
+ * Which pids may name another process than at `before`: pids are given out in a cycle, so
+ * with fewer forks since than the cycle is long, only those between the two cursors. Without
+ * both cursors, any.
+ */
+function mayBeReused(before: PidCursor | undefined, now: PidCursor | undefined): (pid: number) => boolean {
+  pidMax ??= Number(readProcFile('/proc/sys/kernel/pid_max')?.trim()) || 0;
+  // Below 300 no pid is given out again after the first cycle (the kernel's RESERVED_PIDS).
+  if (!before || !now || pidMax === 0 || now.forks - before.forks >= pidMax - 300) return () => true;
+  const from = before.lastPid;
+  const to = now.lastPid;
+  return to >= from ? (pid) => pid > from && pid <= to : (pid) => pid > from || pid <= to;
+}
+
+/** The children of `pid`, by all its threads (/proc/<pid>/task/<tid>/children). */
+function childrenOf(pid: number): number[] {
+  let tasks: string[];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  const children: number[] = [];
+  for (const tid of tasks) {
+    const text = readProcFile(`/proc/${pid}/task/${tid}/children`);
+    if (text) for (const child of text.trim().split(' ')) if (child !== '') children.push(Number(child));
+  }
+  return children;
+}
+
+/**
+ * Where a sandbox process's orphans go: the nearest ancestor that is a child subreaper, or
+ * init. Every ancestor of a sandbox process outside the sandbox is the starter, this worker or
+ * one of the worker's ancestors, so their children are looked at (the starter's: processes
+ * started whose pid has not reached the index yet).
+ */
+function reapers(): number[] {
+  const found = [process.pid];
+  const starter = spawnerPid();
+  if (starter !== undefined) found.push(starter);
+  for (let pid = process.pid; pid > 1;) {
+    const parent = processStat(pid)?.ppid;
+    if (parent === undefined || parent === 0 || found.includes(parent)) break;
+    found.push(parent);
+    pid = parent;
+  }
+  if (!found.includes(1)) found.push(1);
+  return found;
+}
+
+/**
+ * The live processes of one sandbox: those indexed, their descendants (whatever they set in
+ * their environment or argv, and whether or not they left the process group or session), and
+ * orphans handed to a reaper that carry the sandbox's marker or are still in one of its
+ * sessions. An orphan that left the session and cleared its marker before the worker looked
+ * is not found; only a cgroup or a pid namespace holds against that (README).
+ */
+async function walkSandbox(marker: SandboxMarker): Promise<ProcessInfo[]> {
+  const key = keyOf(marker);
+  const tracked = trackedOf(key);
+  lookAtOrphans();
+  const queue: number[] = [];
+  queue.push(...tracked.pids.keys());
+  const found: ProcessInfo[] = [];
+  const seen = new Set<number>();
+  const sessions = new Set<number>();
+  while (queue.length > 0) {
+    const pid = queue.pop()!;
+    if (seen.has(pid)) continue;
+    seen.add(pid);
+    const stat = processStat(pid);
+    const startTime = tracked.pids.get(pid);
+    if (
+      !stat ||
+      (startTime !== undefined && stat.startTime !== startTime) ||
+      stat.state === 'Z' ||
+      stat.state === 'X'
+    ) {
+      if (startTime !== undefined && (!stat || stat.startTime !== startTime)) forget(key, pid);
+      continue;
+    }
+    if (startTime === undefined) adopt(key, pid, stat);
+    found.push({ pid, state: stat.state });
+    sessions.add(stat.session);
+    queue.push(...childrenOf(pid));
+  }
+  // Sessions are learned only from what the starter started (or a full scan found led by the
+  // sandbox's own process), never from an orphan adopted by its marker, which may be forged; one
+  // with no process of the sandbox left is forgotten, as its id may name another session later.
+  for (const session of tracked.sessions) {
+    if (sessions.has(session)) continue;
+    tracked.sessions.delete(session);
+    if (sessionOwners.get(session) === key) sessionOwners.delete(session);
+  }
+  // A sandbox with no process left needs no entry: one started later makes a new one.
+  if (found.length === 0) index.delete(key);
+  if (known.size > KNOWN_LIMIT) pruneKnown();
+  return found;
+}
+
+/** Markers remembered beyond this many are checked for processes that have gone. */
+const KNOWN_LIMIT = 10_000;
+
+function pruneKnown(): void {
+  for (const [pid, { startTime }] of known) if (processStat(pid)?.startTime !== startTime) known.delete(pid);
+}
+
+function forget(key: string, pid: number): void {
+  index.get(key)?.pids.delete(pid);
+  if (owners.get(pid)?.key === key) owners.delete(pid);
+}
+
+/** A process's marker, read once per process (pid and start time) as the full scan does. */
+function markerOfProcess(pid: number, stat: NonNullable<ReturnType<typeof processStat>>): SandboxMarker | undefined {
+  const cached = known.get(pid);
+  if (cached?.startTime === stat.startTime) return cached.marker;
+  const marker = markerIn(readEnviron(pid));
+  // A child of this worker or of its starter may be between fork and exec, with its parent's environment.
+  if (marker || (stat.ppid !== process.pid && stat.ppid !== spawnerPid()))
+    known.set(pid, { startTime: stat.startTime, marker });
+  return marker;
 }
 
 function withStates(pids: number[]): ProcessInfo[] {
@@ -195,14 +472,18 @@ export async function freezeSandbox(marker: SandboxMarker, timeoutMs = 10_000): 
 
 /** Kills every process of the sandbox until none is left, and removes its groups. */
 export async function killSandbox(marker: SandboxMarker, timeoutMs = 10_000): Promise<void> {
-  if (!cgroupTracking()) await killByEnvironment(marker, timeoutMs);
+  if (!cgroupTracking()) await killFound(marker, timeoutMs, sandboxProcesses);
   await killGroup(marker, timeoutMs);
 }
 
-async function killByEnvironment(marker: SandboxMarker, timeoutMs: number): Promise<void> {
+async function killFound(
+  marker: SandboxMarker,
+  timeoutMs: number,
+  find: (marker: SandboxMarker) => Promise<ProcessInfo[]>,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const alive = (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+    const alive = await find(marker);
     if (alive.length === 0) return;
     if (Date.now() > deadline) {
       throw new StasisError(
@@ -218,7 +499,13 @@ async function killByEnvironment(marker: SandboxMarker, timeoutMs: number): Prom
 /** The environment scan alone, whatever the host offers: for the tests of that fallback. */
 export const byEnvironment = {
   processes: async (marker: SandboxMarker) => (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [],
-  kill: (marker: SandboxMarker) => killByEnvironment(marker, 10_000),
+  kill: (marker: SandboxMarker) => killFound(marker, 10_000, byEnvironment.processes),
+};
+
+/** The index (what a worker without cgroups uses), whatever the host offers: for the tests of it. */
+export const byIndex = {
+  processes: indexedProcesses,
+  kill: (marker: SandboxMarker) => killFound(marker, 10_000, indexedProcesses),
 };
 
 /** Signals a process or, with a negative id, a process group; one that is already gone is no error. */
@@ -253,15 +540,16 @@ const PF_KTHREAD = 0x00200000;
 
 function processStat(
   pid: number,
-): { state: string; ppid: number; startTime: string; kernelThread: boolean } | undefined {
+): { state: string; ppid: number; session: number; startTime: string; kernelThread: boolean } | undefined {
   const stat = readProcFile(`/proc/${pid}/stat`);
   if (stat === undefined) return undefined;
   // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
-  // From there: state (field 3 of proc(5)), ppid (4), flags (9), starttime (22).
+  // From there: state (field 3 of proc(5)), ppid (4), session (6), flags (9), starttime (22).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   return {
     state: fields[0],
     ppid: Number(fields[1]),
+    session: Number(fields[3]),
     startTime: fields[19],
     kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,
   };

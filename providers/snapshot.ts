@@ -58,6 +58,8 @@ export async function uploadSnapshot(input: {
     () => false,
   );
   await writeFileAtomic(attemptFile, name);
+  // Packs are compressed through files beside the sandbox's state (never in its directories); a killed attempt's are removed here.
+  await removeEntries(input.paths.root, (entry) => entry.startsWith(PACKING));
   const taken = await takeCheckpoint({
     store: input.store,
     rootDir: input.paths.volume,
@@ -68,6 +70,7 @@ export async function uploadSnapshot(input: {
     limits: input.limits,
     ...(baseline ? { baseline } : {}),
     progress: input.progress,
+    tempPrefix: path.join(input.paths.root, `${PACKING}${randomBytes(6).toString('hex')}`),
     ...(input.signal ? { signal: input.signal } : {}),
   });
   await writeBaseline(baselineFile, taken.baseline);
@@ -85,6 +88,8 @@ export type CheckpointFormat = 'cas' | 'tar';
 
 /** Beside the sandbox's state: the last checkpoint as this host saw it (stores/cas/baseline.ts). */
 const BASELINE_FILE = 'checkpoint-baseline.json';
+/** Temporary pack files of a checkpoint upload, in the sandbox root (`<PACKING><hex>.<n>`). */
+const PACKING = '.packing-';
 /** Present while a checkpoint upload is under way: a release that finds it knows an earlier one was killed. */
 const ATTEMPT_FILE = 'checkpoint-attempt';
 

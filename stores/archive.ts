@@ -65,7 +65,7 @@ async function* tarBlocks(rootDir: string, names: readonly string[]): AsyncGener
       case 'file': {
         const size = Number(entry.stat.size);
         yield header({ path: entry.path, type: 'File', stat: entry.stat, size });
-        if (entry.file) yield* readExactly(entry.file, size, entry.path);
+        if (entry.file !== undefined) yield* readExactly(entry.file, size, entry.path);
         const padding = (512 - (size % 512)) % 512;
         if (padding > 0) yield Buffer.alloc(padding);
         break;
@@ -218,9 +218,9 @@ export class CheckpointChecker {
   }
 
   private refuseBeneathNonDirectory(entryPath: string, raw: string): void {
-    const parts = entryPath.split('/');
-    for (let depth = 1; depth < parts.length; depth += 1) {
-      const ancestor = parts.slice(0, depth).join('/');
+    // Each ancestor is a prefix up to a '/': sliced, not split and joined again (per entry, twice, in every checkpoint).
+    for (let slash = entryPath.indexOf('/'); slash >= 0; slash = entryPath.indexOf('/', slash + 1)) {
+      const ancestor = entryPath.slice(0, slash);
       const kind = this.kinds.get(ancestor);
       if (kind === undefined || kind === 'directory') continue;
       refuse(

@@ -4,9 +4,9 @@ import { CHUNK_SIZES, cutPoints, gearTable, type ChunkSizes } from './fastcdc';
 
 // Chunking and sha-256 of chunk data run in one worker thread, so a checkpoint of
 // gigabytes never holds the worker's event loop (activities, heartbeats) for more
-// than a copy. Pieces below INLINE_BYTES are hashed in place: a message costs more.
+// than a copy. Pieces below INLINE_HASH_BYTES are hashed in place: a message costs more.
 
-const INLINE_BYTES = 64 * 1024;
+export const INLINE_HASH_BYTES = 64 * 1024;
 
 /** The chunks of a piece: their ends (offsets past their last byte) and sha-256 hashes (hex). */
 export interface Chunked {
@@ -24,9 +24,15 @@ export function cutAndHash(data: Buffer, eof: boolean, sizes: ChunkSizes = CHUNK
   return request({ data, cut: { eof, ...sizes } });
 }
 
+/** Hashes the byte ranges `[start, end)` of `data` (in the hashing thread, unless `data` is small). */
+export function hashSpans(data: Buffer, spans: [number, number][]): Promise<string[]> {
+  if (data.length < INLINE_HASH_BYTES) return Promise.resolve(spans.map(([a, b]) => chunkHash(data.subarray(a, b))));
+  return request({ data, spans }).then((reply) => reply.hashes);
+}
+
 /** Hashes the pieces of `data` that `ends` delimit. */
 export function hashRanges(data: Buffer, ends: number[]): Promise<Chunked> {
-  if (data.length < INLINE_BYTES) {
+  if (data.length < INLINE_HASH_BYTES) {
     let start = 0;
     return Promise.resolve({ ends, hashes: ends.map((end) => chunkHash(data.subarray(start, (start = end)))) });
   }
@@ -36,6 +42,7 @@ export function hashRanges(data: Buffer, ends: number[]): Promise<Chunked> {
 interface Request {
   data: Buffer;
   ends?: number[];
+  spans?: [number, number][];
   cut?: ChunkSizes & { eof: boolean };
 }
 
@@ -43,9 +50,14 @@ const WORKER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
 const cutPoints = ${cutPoints.toString()};
-parentPort.on('message', ({ id, data, ends, cut }) => {
+parentPort.on('message', ({ id, data, ends, spans, cut }) => {
   try {
     const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    if (spans) {
+      const hashes = spans.map(([a, b]) => createHash('sha256').update(bytes.subarray(a, b)).digest('hex'));
+      parentPort.postMessage({ id, ends: [], hashes });
+      return;
+    }
     const cuts = cut ? cutPoints(bytes, cut.eof, cut.min, cut.avg, cut.max, workerData.gear) : ends;
     const hashes = [];
     let start = 0;
@@ -72,8 +84,10 @@ function request(message: Request): Promise<Chunked> {
     // Kept alive only while it has work: an idle hasher never holds the process open.
     if (pending.size === 1) running.ref();
     // A view posts its whole underlying buffer (structured clone copies all of it): only the view's bytes go.
+    // Shared memory is shared, not copied, whatever the view.
     const { data } = message;
-    const own = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? data : Buffer.from(data);
+    const whole = data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+    const own = whole || data.buffer instanceof SharedArrayBuffer ? data : Buffer.from(data);
     running.postMessage({ id, ...message, data: own });
   });
 }

@@ -1,3 +1,4 @@
+import * as fsSync from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { StasisError } from '../../common/errors';
@@ -5,9 +6,9 @@ import type { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import type { ArchiveLimits } from '../archive';
-import { writeAll } from '../atomic-file';
+import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
-import { hashRanges } from './hasher';
+import { hashSpans } from './hasher';
 import { decodeManifest, invalid, packsPrefixOf, type Manifest, type ManifestEntry } from './manifest';
 import { zstdDecompressFile } from './zstd';
 
@@ -16,11 +17,15 @@ import { zstdDecompressFile } from './zstd';
 // it needs are downloaded a few at a time ahead of the writer, each chunk is
 // verified against its hash, and files are written directly. Symlinks come
 // last, so nothing is ever written through one; then directory modes and times.
+// The files are written with synchronous calls in slices between turns of the
+// event loop (as the walk reads them, see stores/walk.ts): one asynchronous call
+// per step made a restore of 20,000 small files wait on the thread pool for seconds.
 
 /** Packs downloading (and held decompressed) at once. */
 const PACKS_AHEAD = 4;
 
-const NEW_FILE = fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW;
+const NEW_FILE =
+  fsSync.constants.O_WRONLY | fsSync.constants.O_CREAT | fsSync.constants.O_EXCL | fsSync.constants.O_NOFOLLOW;
 
 /**
  * Restores `checkpoint` into `targetDir` (empty). Temporary downloads go to
@@ -54,12 +59,16 @@ export async function restoreCheckpoint(input: {
   const absolute = (entry: ManifestEntry) => path.join(target, ...entry.p.split('/'));
   const local: Baseline['local'] = {};
   const restored: ManifestEntry[] = [];
+  const slicer = new Slicer();
   try {
     for (const entry of manifest.entries) {
-      if (entry.k === 'd') await fs.mkdir(absolute(entry), { recursive: true, mode: 0o700 });
+      if (entry.k !== 'd') continue;
+      await slicer.pause();
+      fsSync.mkdirSync(absolute(entry), { recursive: true, mode: 0o700 });
     }
     for (const entry of manifest.entries) {
       signal?.throwIfAborted();
+      await slicer.pause();
       if (entry.k === 'f') {
         const written = await writeFile(absolute(entry), entry, packs);
         local[entry.p] = [written.ino.toString(), written.ctimeNs.toString()];
@@ -69,24 +78,26 @@ export async function restoreCheckpoint(input: {
       }
       restored.push(entry);
       // link(2) does not follow a symlink at the source, and the manifest's checks made it a regular file anyway.
-      if (entry.k === 'h') await fs.link(path.join(target, ...(entry.l ?? '').split('/')), absolute(entry));
+      if (entry.k === 'h') fsSync.linkSync(path.join(target, ...(entry.l ?? '').split('/')), absolute(entry));
     }
   } finally {
     await packs.close();
   }
   for (const entry of manifest.entries) {
     if (entry.k !== 'l') continue;
-    await fs.symlink(entry.l ?? '', absolute(entry));
+    await slicer.pause();
+    fsSync.symlinkSync(entry.l ?? '', absolute(entry));
     const time = seconds(entry.mt);
-    await fs.lutimes(absolute(entry), time, time);
+    fsSync.lutimesSync(absolute(entry), time, time);
   }
   // Directories last (writing into one changes its mtime), deepest first.
   const directories = manifest.entries.filter((entry) => entry.k === 'd');
   directories.sort((a, b) => b.p.split('/').length - a.p.split('/').length);
   for (const dir of directories) {
-    await fs.chmod(absolute(dir), dir.m);
+    await slicer.pause();
+    fsSync.chmodSync(absolute(dir), dir.m);
     const time = seconds(dir.mt);
-    await fs.utimes(absolute(dir), time, time);
+    fsSync.utimesSync(absolute(dir), time, time);
   }
   // Nothing but this restore wrote these files, and whatever writes them next also sets their mtime to the
   // present, unlike the restored (older) mtimes: so the restored stats are trusted however recent their
@@ -105,19 +116,31 @@ export async function restoreCheckpoint(input: {
 }
 
 async function writeFile(file: string, entry: ManifestEntry, packs: PackReader) {
-  const handle = await fs.open(file, NEW_FILE, 0o600);
+  const fd = fsSync.openSync(file, NEW_FILE, 0o600);
   try {
     let written = 0;
-    for (const hash of entry.c ?? []) written += await writeAll(handle, await packs.chunk(hash, entry.p));
+    for (const hash of entry.c ?? []) written += writeAll(fd, await packs.chunk(hash, entry.p));
     // A short write (a full disk can end one without an error) must never pass for the whole file.
     if (written !== entry.s) throw new Error(`${file}: wrote ${written} of ${entry.s} bytes`);
-    await handle.chmod(entry.m);
+    fsSync.fchmodSync(fd, entry.m);
     const time = seconds(entry.mt);
-    await handle.utimes(time, time);
-    return await handle.stat({ bigint: true });
+    fsSync.futimesSync(fd, time, time);
+    return fsSync.fstatSync(fd, { bigint: true });
   } finally {
-    await handle.close();
+    fsSync.closeSync(fd);
   }
+}
+
+/** Writes all of `chunk` at the descriptor's position (one write(2) may take only part of it); returns its length. */
+function writeAll(fd: number, chunk: Buffer): number {
+  for (let offset = 0; offset < chunk.length;) {
+    const bytesWritten = fsSync.writeSync(fd, chunk, offset, chunk.length - offset);
+    if (bytesWritten === 0) {
+      throw Object.assign(new Error(`no space left to write ${chunk.length - offset} bytes`), { code: 'ENOSPC' });
+    }
+    offset += bytesWritten;
+  }
+  return chunk.length;
 }
 
 /**
@@ -131,6 +154,12 @@ function seconds(ns: string): number {
   return Number(value / 1_000_000_000n) + (Number(micros) * 1000 + 500) / 1e9;
 }
 
+/** A pack's decompressed bytes, and the chunks in it whose bytes do not hash to their name (→ what they hash to). */
+interface LoadedPack {
+  bytes: Buffer;
+  corrupt: Map<string, string>;
+}
+
 /**
  * The chunks of a manifest, in the order the files need them: packs are fetched
  * a few ahead, held decompressed only until their last chunk is taken, and
@@ -140,8 +169,10 @@ class PackReader {
   /** Pack indexes in the order of first use, and how many chunk reads each still has. */
   private readonly order: number[] = [];
   private readonly uses = new Map<number, number>();
-  private readonly loading = new Map<number, Promise<Buffer>>();
-  private readonly started = new Set<Promise<Buffer>>();
+  private readonly loading = new Map<number, Promise<LoadedPack>>();
+  private readonly started = new Set<Promise<LoadedPack>>();
+  /** Each pack's chunks that this manifest names, by hash. */
+  private readonly chunksOf = new Map<number, Set<string>>();
   private next = 0;
   private closed = false;
 
@@ -157,6 +188,9 @@ class PackReader {
       for (const hash of entry.c ?? []) {
         const pack = manifest.chunks[hash][0];
         if (!this.uses.has(pack)) this.order.push(pack);
+        const chunks = this.chunksOf.get(pack) ?? new Set<string>();
+        this.chunksOf.set(pack, chunks);
+        chunks.add(hash);
         this.uses.set(pack, (this.uses.get(pack) ?? 0) + 1);
       }
     }
@@ -167,18 +201,18 @@ class PackReader {
     this.fetchAhead(pack);
     const loading = this.loading.get(pack);
     if (!loading) throw new Error(`pack ${pack} of ${this.uri} read more often than its manifest says`);
-    const bytes = (await loading).subarray(offset, offset + length);
-    const [actual] = (await hashRanges(bytes, [bytes.length])).hashes;
-    if (actual !== hash) {
+    const { bytes, corrupt } = await loading;
+    const bad = corrupt.get(hash);
+    if (bad !== undefined) {
       throw invalid(
         this.uri,
-        `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${actual})`,
+        `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${bad})`,
       );
     }
     const left = (this.uses.get(pack) ?? 1) - 1;
     this.uses.set(pack, left);
     if (left === 0) this.loading.delete(pack);
-    return bytes;
+    return bytes.subarray(offset, offset + length);
   }
 
   /** Keeps the pack needed now and the next few loading. */
@@ -198,15 +232,32 @@ class PackReader {
     this.started.add(loading);
   }
 
-  private async download(pack: number): Promise<Buffer> {
+  /**
+   * Downloads and decompresses a pack, and hashes every chunk of it the manifest names in one go, in
+   * the hashing thread: the writer only looks the verdicts up, and hashing overlaps with its writes.
+   */
+  private async download(pack: number): Promise<LoadedPack> {
     const ref = this.manifest.packs[pack];
     const file = `${this.tempPrefix}.pack-${pack}`;
     const plain = `${file}.plain`;
     try {
       await this.store.download(ref, file, this.signal);
-      if (this.closed) return Buffer.alloc(0);
+      if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
-      return await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+      const bytes = await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+      const chunks = [...(this.chunksOf.get(pack) ?? [])];
+      const hashes = await hashSpans(
+        bytes,
+        chunks.map((hash) => {
+          const [, offset, length] = this.manifest.chunks[hash];
+          return [offset, offset + length];
+        }),
+      );
+      const corrupt = new Map<string, string>();
+      chunks.forEach((hash, i) => {
+        if (hashes[i] !== hash) corrupt.set(hash, hashes[i]);
+      });
+      return { bytes, corrupt };
     } catch (err) {
       if (err instanceof StasisError && err.code === 'NOT_FOUND') {
         throw invalid(this.uri, `needs pack ${ref.uri}, which is missing from the store`);

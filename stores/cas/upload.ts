@@ -1,12 +1,16 @@
+import { randomBytes } from 'node:crypto';
+import * as fsSync from 'node:fs';
 import type { BigIntStats } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { Readable } from 'node:stream';
 import type { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
-import { readExactly, walkSandbox, type WalkEntry } from '../walk';
+import { readWhole, walkSandbox, type WalkEntry } from '../walk';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
-import { chunkHash, cutAndHash, hashRanges } from './hasher';
+import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES } from './hasher';
 import {
   admitEntry,
   encodeManifest,
@@ -19,7 +23,8 @@ import {
   type ManifestEntry,
   type PackRef,
 } from './manifest';
-import { zstdCompress } from './zstd';
+import { CHUNK_SIZES } from './fastcdc';
+import { zstdCompressFile } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
 // baseline, cut and hash only that, upload only chunks the baseline's checkpoint
@@ -29,8 +34,8 @@ import { zstdCompress } from './zstd';
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
-/** Packs compressed and uploading at once. */
-const UPLOADS_IN_FLIGHT = 2;
+/** Packs compressed and uploading at once: with 2, the walk waited on the store and zstd in turn. */
+const UPLOADS_IN_FLIGHT = 4;
 /** Bytes of a large file read (and cut) at once. */
 const READ_BYTES = 8 * 1024 * 1024;
 
@@ -55,40 +60,54 @@ export async function takeCheckpoint(input: {
   limits: ArchiveLimits;
   baseline?: Baseline;
   progress: { bytes: number };
+  /** Packs are compressed through files named `${tempPrefix}.*` (default: in the OS's temp directory); all removed before this returns. */
+  tempPrefix?: string;
   signal?: AbortSignal;
 }): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats }> {
   const { signal } = input;
+  const tempPrefix = input.tempPrefix ?? path.join(os.tmpdir(), `stasis-pack-${randomBytes(6).toString('hex')}`);
   const baseline = await usableBaseline(input.store, input.baseline, input.prefix);
   const takenAtNs = nowNs();
   const checker = new CheckpointChecker(input.limits);
-  const packer = new Packer(input.store, `${input.prefix}${PACKS_DIR}`, input.name, input.progress, signal);
+  const packer = new Packer(input.store, `${input.prefix}${PACKS_DIR}`, input.name, tempPrefix, input.progress, signal);
   const known = knownChunks(baseline);
   const entries: ManifestEntry[] = [];
   const local: Baseline['local'] = {};
   const stats: TakeStats = { files: 0, filesHashed: 0, packBytes: 0, packs: 0 };
+  const onChunk = (hash: string, bytes: Buffer) => (known.has(hash) ? undefined : packer.add(hash, bytes));
+  const smallFiles = new SmallFiles(onChunk);
   try {
-    for await (const walked of walkSandbox(input.rootDir, input.names)) {
+    // A file the baseline vouches for is never opened: only its lstat is taken.
+    const wants = (entryPath: string, stat: BigIntStats) => !unchangedChunks(baseline, entryPath, stat);
+    for await (const walked of walkSandbox(input.rootDir, input.names, { wants })) {
       signal?.throwIfAborted();
       const entry = describe(walked);
       // Restore's own rules: a release never terminates compute for a checkpoint no restore would take.
       entry.m = admitEntry(checker, entry).mode;
-      if (walked.kind === 'file' && walked.file) {
+      if (walked.kind === 'file') {
         stats.files += 1;
-        const kept = unchangedChunks(baseline, entry, walked.stat);
+        const kept = unchangedChunks(baseline, entry.p, walked.stat);
         if (kept) entry.c = kept;
+        else if (walked.file === undefined)
+          throw new Error(`${entry.p} was not opened, yet its baseline does not hold it`);
         else {
           stats.filesHashed += 1;
-          entry.c = await chunkFile(walked, entry.s, (hash, bytes) => {
-            if (!known.has(hash)) return packer.add(hash, bytes);
-          });
+          if (entry.s > 0 && entry.s < WHOLE_FILE_BYTES) await smallFiles.add(entry, walked.file, walked.path);
+          else {
+            // The small files before it are packed first: packs hold chunks in walk order, whatever the timing.
+            await smallFiles.finish();
+            entry.c = await chunkFile(walked, entry.s, onChunk);
+          }
         }
         local[entry.p] = [walked.stat.ino.toString(), walked.stat.ctimeNs.toString()];
       }
       entries.push(entry);
     }
     checker.finish();
+    await smallFiles.finish();
     await packer.finish();
   } catch (err) {
+    await smallFiles.abandon();
     await packer.abandon();
     throw err;
   }
@@ -147,23 +166,20 @@ function knownChunks(baseline: Baseline | undefined): Map<string, { pack: PackRe
 }
 
 /** The baseline's chunks of this file if it certainly did not change since; undefined if it must be read. */
-function unchangedChunks(
-  baseline: Baseline | undefined,
-  entry: ManifestEntry,
-  stat: BigIntStats,
-): string[] | undefined {
-  if (!baseline) return undefined;
-  const previous = baselineEntry(baseline, entry.p);
-  const here = baseline.local[entry.p];
+function unchangedChunks(baseline: Baseline | undefined, entryPath: string, stat: BigIntStats): string[] | undefined {
+  if (!baseline || !stat.isFile()) return undefined;
+  const previous = baselineEntry(baseline, entryPath);
+  const here = baseline.local[entryPath];
   if (!previous || previous.k !== 'f' || !here || !previous.c) return undefined;
   const same =
-    previous.s === entry.s &&
-    previous.m === entry.m &&
-    previous.mt === entry.mt &&
+    previous.s === Number(stat.size) &&
+    // The mode as the checkpoint rules admit it (setuid and setgid stripped), as the manifest holds it.
+    previous.m === Number(stat.mode & 0o1777n) &&
+    previous.mt === stat.mtimeNs.toString() &&
     here[0] === stat.ino.toString() &&
-    here[1] === entry.ct;
+    here[1] === stat.ctimeNs.toString();
   // Changed in the same clock tick as the baseline's stat: its stat cannot tell (git's racy rule).
-  const racy = BigInt(entry.ct) + RACY_MARGIN_NS >= BigInt(baseline.takenAtNs);
+  const racy = stat.ctimeNs + RACY_MARGIN_NS >= BigInt(baseline.takenAtNs);
   return same && !racy ? previous.c : undefined;
 }
 
@@ -177,29 +193,46 @@ function baselineEntry(baseline: Baseline, entryPath: string): ManifestEntry | u
   return index.get(entryPath);
 }
 
-/** Reads a file once, cuts and hashes it, hands each chunk to `onChunk`; returns its chunk hashes. */
+/**
+ * Reads a file once, cuts and hashes it, hands each chunk to `onChunk`; returns its chunk hashes.
+ * A large file's next piece is read while the hashing thread cuts the one before.
+ */
 async function chunkFile(
   walked: WalkEntry,
   size: number,
   onChunk: (hash: string, bytes: Buffer) => Promise<void> | undefined,
 ): Promise<string[]> {
   const file = walked.file;
-  if (!file || size === 0) return [];
-  const hashes: string[] = [];
+  if (file === undefined || size === 0) return [];
   if (size < WHOLE_FILE_BYTES) {
-    const parts: Buffer[] = [];
-    for await (const part of readExactly(file, size, walked.path, size)) parts.push(part);
-    const bytes = parts.length === 1 ? parts[0] : Buffer.concat(parts);
+    const bytes = readWhole(file, size, walked.path, 0, size < INLINE_HASH_BYTES ? undefined : shared(size));
     const [hash] = (await hashRanges(bytes, [bytes.length])).hashes;
     await onChunk(hash, bytes);
     return [hash];
   }
+  const hashes: string[] = [];
+  // Each piece is read into shared memory (the hashing thread sees it without a copy) after room for
+  // the bytes the previous cut left over, which are copied in front of it once that cut is known.
+  const room = CHUNK_SIZES.max;
+  const readPiece = (position: number): Buffer => {
+    const length = Math.min(READ_BYTES, size - position);
+    const buffer = shared(room + length);
+    readWhole(file, length, walked.path, position, buffer.subarray(room));
+    return buffer;
+  };
   let carry: Buffer = Buffer.alloc(0);
   let read = 0;
-  for await (const part of readExactly(file, size, walked.path, READ_BYTES)) {
-    read += part.length;
-    const data = carry.length > 0 ? Buffer.concat([carry, part]) : part;
-    const { ends, hashes: cut } = await cutAndHash(data, read === size);
+  let next: Buffer | undefined = readPiece(0);
+  while (next) {
+    const piece: Buffer = next;
+    read += piece.length - room;
+    if (carry.length > room) throw new Error(`FastCDC left ${carry.length} bytes uncut, more than its largest chunk`);
+    carry.copy(piece, room - carry.length);
+    const data = piece.subarray(room - carry.length);
+    const cutting = cutAndHash(data, read === size);
+    cutting.catch(() => undefined); // awaited below, after the next read
+    next = read < size ? readPiece(read) : undefined;
+    const { ends, hashes: cut } = await cutting;
     let start = 0;
     for (let i = 0; i < ends.length; i += 1) {
       await onChunk(cut[i], data.subarray(start, ends[i]));
@@ -209,6 +242,74 @@ async function chunkFile(
     carry = data.subarray(start);
   }
   return hashes;
+}
+
+/** Bytes of small files read into one batch before it goes to the hashing thread. */
+const BATCH_BYTES = 4 * 1024 * 1024;
+
+/**
+ * Files under WHOLE_FILE_BYTES (one chunk each), read into a shared batch and hashed in the
+ * hashing thread a batch at a time while the walk fills the next one: hashed in place, tens of
+ * thousands of them kept the event loop, the walk's one thread, busy hashing. Each entry gets its
+ * chunk hash, and its chunk goes to the packer, when its batch comes back (batches in walk order).
+ */
+class SmallFiles {
+  private buffer = shared(BATCH_BYTES);
+  private used = 0;
+  private pending: { entry: ManifestEntry; start: number; end: number }[] = [];
+  /** The batch in the hashing thread (and then packed), if any. */
+  private inFlight: Promise<void> = Promise.resolve();
+
+  constructor(private readonly onChunk: (hash: string, bytes: Buffer) => Promise<void> | undefined) {}
+
+  async add(entry: ManifestEntry, file: number, entryPath: string): Promise<void> {
+    if (this.used + entry.s > this.buffer.length) await this.flush();
+    const start = this.used;
+    readWhole(file, entry.s, entryPath, 0, this.buffer.subarray(start, start + entry.s));
+    this.pending.push({ entry, start, end: start + entry.s });
+    this.used += entry.s;
+  }
+
+  async finish(): Promise<void> {
+    await this.flush();
+    await this.inFlight;
+  }
+
+  /** Waits for the batch under way, so nothing is still packing once the attempt has failed. */
+  async abandon(): Promise<void> {
+    await this.inFlight.catch(() => undefined);
+  }
+
+  /** Sends the batch being filled; returns once the batch before it is packed (one batch in the thread at a time). */
+  private async flush(): Promise<void> {
+    if (this.pending.length === 0) return;
+    const { buffer, pending } = this;
+    const hashing = hashSpans(
+      buffer.subarray(0, this.used),
+      pending.map(({ start, end }) => [start, end]),
+    );
+    hashing.catch(() => undefined); // awaited in its turn below
+    this.buffer = shared(BATCH_BYTES);
+    this.used = 0;
+    this.pending = [];
+    const previous = this.inFlight;
+    this.inFlight = (async () => {
+      await previous;
+      const hashes = await hashing;
+      for (let i = 0; i < pending.length; i += 1) {
+        const { entry, start, end } = pending[i];
+        entry.c = [hashes[i]];
+        await this.onChunk(hashes[i], buffer.subarray(start, end));
+      }
+    })();
+    this.inFlight.catch(() => undefined); // awaited by the next flush, finish or abandon
+    await previous;
+  }
+}
+
+/** A buffer in shared memory: posted to the hashing thread, it is shared, not copied. */
+function shared(size: number): Buffer {
+  return Buffer.from(new SharedArrayBuffer(size));
 }
 
 /** The manifest: every chunk its files name, located in the baseline's packs or the new ones. */
@@ -253,6 +354,7 @@ class Packer {
     private readonly store: CheckpointStore,
     private readonly packsKey: string,
     private readonly attempt: string,
+    private readonly tempPrefix: string,
     private readonly progress: { bytes: number },
     private readonly signal: AbortSignal | undefined,
   ) {}
@@ -286,16 +388,17 @@ class Packer {
   private async seal(): Promise<void> {
     const slot = this.sealed.length;
     this.sealed.push(undefined);
-    const data = Buffer.concat(this.parts, this.size);
+    const parts = this.parts;
     // Named by its release request and the chunks it holds: a retry of the request that packs the same
     // chunks rewrites its own object, and never one another checkpoint names (a failed put removes its key).
     const name = chunkHash(Buffer.from(`${this.attempt}\n${this.partHashes.join('')}`));
+    const size = this.size;
     this.parts = [];
     this.partHashes = [];
     this.size = 0;
     while (this.inFlight.size >= UPLOADS_IN_FLIGHT) await Promise.race(this.inFlight);
     if (this.failure !== undefined) throw this.failure;
-    const upload = this.upload(slot, name, data).then(
+    const upload = this.upload(slot, name, parts, size).then(
       () => {
         this.inFlight.delete(upload);
       },
@@ -307,17 +410,52 @@ class Packer {
     this.inFlight.add(upload);
   }
 
-  private async upload(slot: number, name: string, data: Buffer): Promise<void> {
-    const compressed = await zstdCompress(data);
-    const stored = await this.store.put(
-      `${this.packsKey}${name}${PACK_SUFFIX}`,
-      Readable.from([compressed]),
-      {},
-      this.signal,
-    );
-    this.sealed[slot] = { ...stored, size: data.length };
-    this.uploadedBytes += compressed.length;
-    this.uploadedPacks += 1;
-    this.progress.bytes += compressed.length;
+  private async upload(slot: number, name: string, parts: Buffer[], size: number): Promise<void> {
+    const plain = `${this.tempPrefix}.${slot}`;
+    const packed = `${plain}.zst`;
+    try {
+      // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
+      writeParts(plain, parts, size);
+      await zstdCompressFile(plain, packed);
+      const compressed = fsSync.readFileSync(packed);
+      const stored = await this.store.put(
+        `${this.packsKey}${name}${PACK_SUFFIX}`,
+        Readable.from([compressed]),
+        {},
+        this.signal,
+      );
+      this.sealed[slot] = { ...stored, size };
+      this.uploadedBytes += compressed.length;
+      this.uploadedPacks += 1;
+      this.progress.bytes += compressed.length;
+    } finally {
+      fsSync.rmSync(plain, { force: true });
+      fsSync.rmSync(packed, { force: true });
+    }
+  }
+}
+
+/** Writes `parts` (`size` bytes in all) to a new file. */
+function writeParts(file: string, parts: Buffer[], size: number): void {
+  const fd = fsSync.openSync(file, 'w', 0o600);
+  try {
+    let written = 0;
+    // writev takes at most IOV_MAX (1024) buffers, and may write less than asked: the rest is written again.
+    for (let i = 0; i < parts.length; i += 1024) {
+      const batch = parts.slice(i, i + 1024);
+      const bytes = batch.reduce((sum, part) => sum + part.length, 0);
+      let done = fsSync.writevSync(fd, batch);
+      if (done < bytes) {
+        const rest = Buffer.concat(batch).subarray(done);
+        for (let offset = 0; offset < rest.length; offset += done) {
+          done = fsSync.writeSync(fd, rest, offset);
+          if (done === 0) throw Object.assign(new Error(`no space left to write ${file}`), { code: 'ENOSPC' });
+        }
+      }
+      written += bytes;
+    }
+    if (written !== size) throw new Error(`${file}: wrote ${written} of ${size} bytes`);
+  } finally {
+    fsSync.closeSync(fd);
   }
 }

@@ -1,11 +1,16 @@
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessByStdio } from 'node:child_process';
+import type { Socket } from 'node:net';
+import type { Readable, Writable } from 'node:stream';
 import * as fs from 'node:fs/promises';
 import { StasisError } from '../../common/errors';
 
 // zstd through the `zstd` command (Debian's `zstd` package): Node 20's zlib has no
 // zstd, and the command runs in its own process, off the worker's event loop and
-// on another core, with no native module to build. One process per pack of a few
-// MiB costs about a millisecond to start, small beside the pack.
+// on another core, with no native module to build. Packs go file to file through
+// one long-lived shell that starts a zstd per pack (runFile): spawning from the
+// worker forks the whole worker (tens of milliseconds at hundreds of MiB, more at
+// GiB, blocking its event loop), and a pipe carries the bytes 64 KiB per turn of
+// the event loop. Small buffers (manifests) still go through a spawned zstd's pipes.
 
 /** A fixed environment and search path: the worker's own environment never reaches the child. */
 const ENV = { PATH: '/usr/local/bin:/usr/bin:/bin' };
@@ -26,6 +31,11 @@ export function zstdAvailable(command = 'zstd'): Promise<boolean> {
   if (command !== 'zstd') return probe();
   available ??= probe();
   return available;
+}
+
+/** Compresses the file `input` into the file `output` at level 1 (see zstdCompress). */
+export function zstdCompressFile(input: string, output: string): Promise<void> {
+  return runFile('compress', input, output);
 }
 
 /** Compresses `data` at level 1 (suspend latency matters more than a few percent of size). */
@@ -76,12 +86,13 @@ export async function zstdDecompressFile(
   // bomb of a pack must not fill the disk. The shell's file size limit counts blocks of 512 bytes (or 1024).
   const blocks = Math.ceil((expectedBytes + 1) / 512);
   try {
-    await run(['-d', '-q', '-f', '-o', output, input], Buffer.alloc(0), 0, 'decompress', blocks);
+    await runFile('decompress', input, output, blocks);
   } catch (err) {
     if (err instanceof StasisError && err.code === 'NOT_SUPPORTED') throw err;
     throw new StasisError('CHECKPOINT_INVALID', `${what} is not a valid zstd frame: ${(err as Error).message}`);
   }
-  const out = await fs.readFile(output);
+  // Into shared memory: restore hashes its chunks in the hashing thread, which then sees them without a copy.
+  const out = await readShared(output, expectedBytes);
   if (out.length !== expectedBytes) {
     throw new StasisError(
       'CHECKPOINT_INVALID',
@@ -91,15 +102,25 @@ export async function zstdDecompressFile(
   return out;
 }
 
-function run(args: string[], input: Buffer, maxBytes: number, what: string, maxFileBlocks?: number): Promise<Buffer> {
+/** The file's bytes in shared memory; at most `limit` + 1 of them (enough to tell it is longer). */
+async function readShared(file: string, limit: number): Promise<Buffer> {
+  const handle = await fs.open(file, 'r');
+  try {
+    const buffer = Buffer.from(new SharedArrayBuffer(limit + 1));
+    let done = 0;
+    for (;;) {
+      const { bytesRead } = await handle.read(buffer, done, buffer.length - done, done);
+      if (bytesRead === 0 || done + bytesRead === buffer.length) return buffer.subarray(0, done + bytesRead);
+      done += bytesRead;
+    }
+  } finally {
+    await handle.close();
+  }
+}
+
+function run(args: string[], input: Buffer, maxBytes: number, what: string): Promise<Buffer> {
   return new Promise((resolve, reject) => {
-    const child =
-      maxFileBlocks === undefined
-        ? spawn('zstd', args, { env: ENV, stdio: ['pipe', 'pipe', 'pipe'] })
-        : spawn('/bin/sh', ['-c', 'ulimit -f "$0" && exec zstd "$@"', String(maxFileBlocks), ...args], {
-            env: ENV,
-            stdio: ['pipe', 'pipe', 'pipe'],
-          });
+    const child = spawn('zstd', args, { env: ENV, stdio: ['pipe', 'pipe', 'pipe'] });
     const out: Buffer[] = [];
     let bytes = 0;
     let stderr = '';
@@ -117,17 +138,119 @@ function run(args: string[], input: Buffer, maxBytes: number, what: string, maxF
       if (stderr.length < 2000) stderr += piece.toString();
     });
     child.stdin.on('error', () => undefined); // the exit code tells
-    const missing = () =>
-      new StasisError('NOT_SUPPORTED', 'checkpoints need the zstd command on the worker’s host (apt-get install zstd)');
-    child.on('error', (err: NodeJS.ErrnoException) => reject(err.code === 'ENOENT' ? missing() : err));
-    child.on('close', (code, signal) => {
+    child.on('error', (err: NodeJS.ErrnoException) => reject(err.code === 'ENOENT' ? missingZstd() : err));
+    child.on('close', (code) => {
       if (overflow) reject(new Error(`zstd ${what}: output exceeds ${maxBytes} bytes`));
-      // 127: the shell found no zstd to run.
-      else if (maxFileBlocks !== undefined && code === 127) reject(missing());
-      else if (signal === 'SIGXFSZ') reject(new Error(`zstd ${what}: output exceeds ${maxFileBlocks} blocks`));
       else if (code !== 0) reject(new Error(`zstd ${what} exited with ${code}: ${stderr.trim()}`));
       else resolve(Buffer.concat(out, bytes));
     });
     child.stdin.end(input);
   });
+}
+
+function missingZstd(): StasisError {
+  return new StasisError(
+    'NOT_SUPPORTED',
+    'checkpoints need the zstd command on the worker’s host (apt-get install zstd)',
+  );
+}
+
+/**
+ * Compresses or decompresses the file `input` into the file `output` through
+ * zstd jobs of one long-lived `/bin/sh` (see Helper): a worker holding gigabytes
+ * pays for a fork of itself once, not per pack. `maxFileBlocks` bounds what the
+ * output may grow to (the shell's file size limit, in blocks of 512 bytes or 1024).
+ */
+function runFile(
+  mode: 'compress' | 'decompress',
+  input: string,
+  output: string,
+  maxFileBlocks?: number,
+): Promise<void> {
+  if ([input, output].some((p) => p.includes('\n'))) throw new Error(`zstd ${mode}: a path with a newline`);
+  return (helper ??= new Helper()).run(mode, input, output, maxFileBlocks);
+}
+
+/**
+ * Reads jobs of five lines (id, block limit, mode, input, output) and runs each
+ * zstd in a subshell of its own in the background (a fork of the small shell),
+ * answering `<id> <exit code>` when it ends.
+ */
+const HELPER_SCRIPT = `
+while IFS= read -r id && IFS= read -r blocks && IFS= read -r mode && IFS= read -r input && IFS= read -r output; do
+  ( ( ulimit -f "$blocks" && exec zstd $mode -q -f -o "$output" -- "$input" ) </dev/null >/dev/null 2>&1; echo "$id $?" ) &
+done
+`;
+
+/** 128 + SIGXFSZ: the file size limit stopped the job. */
+const EXIT_FILE_TOO_LARGE = 153;
+/** The shell found no zstd to run. */
+const EXIT_NOT_FOUND = 127;
+
+let helper: Helper | undefined;
+
+class Helper {
+  private readonly child: ChildProcessByStdio<Writable, Readable, null>;
+  private readonly pending = new Map<number, (code: number | Error) => void>();
+  private nextId = 0;
+  private answers = '';
+
+  constructor() {
+    const child = spawn('/bin/sh', ['-c', HELPER_SCRIPT], { env: ENV, stdio: ['pipe', 'pipe', 'ignore'] });
+    this.child = child;
+    child.stdin.on('error', () => undefined); // the exit below tells
+    child.stdout.setEncoding('utf8');
+    child.stdout.on('data', (text: string) => {
+      this.answers += text;
+      let newline: number;
+      while ((newline = this.answers.indexOf('\n')) >= 0) {
+        const [id, code] = this.answers.slice(0, newline).split(' ').map(Number);
+        this.answers = this.answers.slice(newline + 1);
+        this.settle(id, code);
+      }
+    });
+    const fail = (err: Error) => {
+      if (helper === this) helper = undefined;
+      for (const id of [...this.pending.keys()]) this.settle(id, err);
+    };
+    child.on('error', fail);
+    child.on('exit', (code, signal) => fail(new Error(`zstd helper exited (${signal ?? code})`)));
+    this.idle();
+  }
+
+  run(mode: 'compress' | 'decompress', input: string, output: string, maxFileBlocks?: number): Promise<void> {
+    const id = (this.nextId += 1);
+    return new Promise<void>((resolve, reject) => {
+      this.pending.set(id, (code) => {
+        if (code instanceof Error) reject(code);
+        else if (code === 0) resolve();
+        else if (code === EXIT_NOT_FOUND) reject(missingZstd());
+        else if (code === EXIT_FILE_TOO_LARGE)
+          reject(new Error(`zstd ${mode}: output exceeds ${maxFileBlocks} blocks`));
+        else reject(new Error(`zstd ${mode} exited with ${code}`));
+      });
+      // Kept alive only while it has work: an idle helper never holds the process open.
+      if (this.pending.size === 1) this.busy();
+      const args = mode === 'compress' ? '-1' : '-d';
+      this.child.stdin.write(`${id}\n${maxFileBlocks ?? 'unlimited'}\n${args}\n${input}\n${output}\n`);
+    });
+  }
+
+  private settle(id: number, code: number | Error): void {
+    const done = this.pending.get(id);
+    if (!done) return;
+    this.pending.delete(id);
+    if (this.pending.size === 0) this.idle();
+    done(code);
+  }
+
+  private busy(): void {
+    this.child.ref();
+    for (const pipe of [this.child.stdout, this.child.stdin]) (pipe as unknown as Socket).ref();
+  }
+
+  private idle(): void {
+    this.child.unref();
+    for (const pipe of [this.child.stdout, this.child.stdin]) (pipe as unknown as Socket).unref();
+  }
 }

@@ -1,3 +1,5 @@
+import { ListMultipartUploadsCommand, S3Client } from '@aws-sdk/client-s3';
+import { spawn } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
@@ -5,6 +7,8 @@ import { restoreSnapshot, uploadSnapshot, type CheckpointFormat } from '../../pr
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import { RACY_MARGIN_NS } from '../../stores/cas/baseline';
+import { isManifestUri, PACK_SUFFIX } from '../../stores/cas/manifest';
+import { zstdDecompress } from '../../stores/cas/zstd';
 import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree } from './cas-helpers';
 
@@ -14,8 +18,8 @@ import { bytes, describeTree } from './cas-helpers';
 
 const store = s3StoreFromEnv(5 * 1024 * 1024);
 
-async function sandbox(id: string) {
-  const paths = sandboxPaths(await tempDir('cas-host'), id);
+async function sandbox(id: string, dataDir?: string) {
+  const paths = sandboxPaths(dataDir ?? (await tempDir('cas-host')), id);
   for (const dir of [paths.workspace, paths.home, paths.envs, paths.meta]) await fs.mkdir(dir, { recursive: true });
   return paths;
 }
@@ -96,3 +100,82 @@ test('resumed on another host from the store, the next suspend uploads no file d
   expect(await describeTree(c.volume)).toEqual(await describeTree(b.volume));
   await store.deletePrefix(`checkpoints/${id}/`);
 });
+
+/** The pack uris every manifest in the sandbox's prefix names. */
+async function namedPacks(id: string): Promise<Set<string>> {
+  const named = new Set<string>();
+  for (const object of await store.list(`checkpoints/${id}/`)) {
+    if (!isManifestUri(object.uri)) continue;
+    const json = await zstdDecompress(await store.read(object.uri, 1 << 26), -1, object.uri, 1 << 28);
+    for (const pack of (JSON.parse(json.toString()) as { packs: { uri: string }[] }).packs) named.add(pack.uri);
+  }
+  return named;
+}
+
+test('a worker killed in the middle of a pack upload: the retry completes, and no pack is left that no manifest names', async () => {
+  const id = uniqueId('killed');
+  const dataDir = await tempDir('cas-kill');
+  const a = await sandbox(id, dataDir);
+  await populate(a.volume);
+  // Three packs of incompressible data, each larger than a 5 MiB multipart part.
+  const big = path.join(a.volume, 'workspace', 'big.bin');
+  await fs.writeFile(big, bytes(24 * 1024 * 1024));
+  const child = spawn(
+    process.execPath,
+    [
+      '-r',
+      path.join(__dirname, '..', '..', 'scripts', 'register-ts.js'),
+      path.join(__dirname, 'cas-kill-upload.ts'),
+      dataDir,
+      id,
+      '2',
+      'k-2',
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  let output = '';
+  child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const signal = await new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)));
+  expect({ signal, output }).toMatchObject({ signal: 'SIGKILL', output: expect.stringContaining('KILLED-IN') });
+  const killedKey = /KILLED-IN (\S+)/.exec(output)![1];
+  const s3 = new S3Client({
+    endpoint: process.env.STASIS_S3_ENDPOINT,
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    forcePathStyle: true,
+    credentials: { accessKeyId: process.env.AWS_ACCESS_KEY_ID!, secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY! },
+  });
+  const openUploads = async () =>
+    (
+      (
+        await s3.send(
+          new ListMultipartUploadsCommand({ Bucket: process.env.STASIS_S3_BUCKET ?? 'stasis', Prefix: killedKey }),
+        )
+      ).Uploads ?? []
+    ).filter((u) => u.Key === killedKey).length;
+  const packsStored = async () =>
+    (await store.list(`checkpoints/${id}/packs/`)).filter((o) => o.key.endsWith(PACK_SUFFIX)).map((o) => o.uri);
+  // What a killed attempt leaves: finished packs no manifest names (the first; others uploading beside it may finish), and a multipart upload under way.
+  const left = await packsStored();
+  expect(left.length).toBeGreaterThan(0);
+  expect(await openUploads()).toBe(1);
+  expect(await namedPacks(id)).toEqual(new Set());
+  // Meanwhile the file's first bytes changed: its first chunk, and the first pack's name with it, differ on the retry.
+  const handle = await fs.open(big, 'r+');
+  await handle.write(Buffer.from('changed before the retry'), 0, undefined, 0);
+  await handle.close();
+  await delay(Number(RACY_MARGIN_NS / 1_000_000n) + 10);
+
+  const retried = await upload(a, id, 2);
+  expect(retried.checkpoint.uri).toMatch(/\.manifest\.zst$/);
+  // Every pack left in the store is one the checkpoint names: the killed attempt's went to garbage collection or was rewritten.
+  const named = await namedPacks(id);
+  expect(new Set(await packsStored())).toEqual(named);
+  // The first pack the killed attempt finished is named no more: this retry did not merely rewrite it.
+  expect(left.filter((uri) => !named.has(uri)).length).toBeGreaterThan(0);
+  expect(await openUploads()).toBe(0);
+  const b = await sandbox(id);
+  await restore(b, retried.checkpoint);
+  expect(await describeTree(b.volume)).toEqual(await describeTree(a.volume));
+  s3.destroy();
+  await store.deletePrefix(`checkpoints/${id}/`);
+}, 120_000);

@@ -4,8 +4,9 @@ import * as path from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import { PutObjectCommand } from '@aws-sdk/client-s3';
 import { testS3 } from '../helpers/s3';
-import { RACY_MARGIN_NS } from '../../stores/cas/baseline';
+import { isBaselineEntry, isChunkLocation, RACY_MARGIN_NS } from '../../stores/cas/baseline';
 import { cutPoints, gearTable } from '../../stores/cas/fastcdc';
+import { Manifest, ManifestEntry } from '../../stores/cas/manifest';
 import { s3StoreFromEnv, stasisError, uniqueId } from '../providers/helpers';
 import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
@@ -172,6 +173,76 @@ describe('content-addressed checkpoints', () => {
     expect(missing.message).toContain(pack.uri);
     expect(missing.message).toContain('missing');
     await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+});
+
+describe('baseline checks', () => {
+  // Values near the schema: each field valid, or one of a few wrong values of its kind.
+  const hash = fc.stringMatching(/^[0-9a-f]{64}$/);
+  const wrong = fc.constantFrom<unknown>(
+    undefined,
+    null,
+    -1,
+    1.5,
+    NaN,
+    Infinity,
+    '',
+    'x',
+    '12a',
+    [],
+    {},
+    'f',
+    0,
+    '0'.repeat(26),
+  );
+  const field = <T>(valid: fc.Arbitrary<T>) =>
+    fc.oneof({ weight: 5, arbitrary: valid }, { weight: 1, arbitrary: wrong });
+  const count = fc.oneof(fc.nat(), fc.constant(-0));
+  const ns = fc.stringMatching(/^[0-9]{1,25}$/);
+
+  test('the hand-written entry check accepts exactly what the manifest entry schema accepts', () => {
+    const entry = fc.record(
+      {
+        p: field(fc.string()),
+        k: field(fc.constantFrom('d', 'f', 'l', 'h')),
+        m: field(count),
+        s: field(count),
+        mt: field(ns),
+        ct: field(ns),
+        l: field(fc.string()),
+        c: field(fc.array(fc.oneof({ weight: 8, arbitrary: hash }, { weight: 1, arbitrary: wrong }), { maxLength: 3 })),
+        extra: fc.anything(),
+      },
+      { requiredKeys: [] },
+    );
+    fc.assert(
+      fc.property(fc.oneof(entry, wrong), (value) => {
+        expect(isBaselineEntry(value)).toBe(ManifestEntry.safeParse(value).success);
+      }),
+      { numRuns: 2000 },
+    );
+  });
+
+  test('the hand-written chunk location check accepts exactly what the manifest schema accepts', () => {
+    const location = fc.oneof(
+      fc.tuple(field(count), field(count), field(fc.oneof(count, fc.integer({ min: 1 })))),
+      fc.array(count, { maxLength: 4 }),
+      wrong,
+    );
+    fc.assert(
+      // zod passes a `__proto__` key over unchecked; the hand-written check refuses it (stricter is safe here).
+      fc.property(
+        fc.oneof(
+          hash,
+          fc.string().filter((key) => key !== '__proto__'),
+        ),
+        location,
+        (key, value) => {
+          expect(isChunkLocation(key, value)).toBe(Manifest.shape.chunks.safeParse({ [key]: value }).success);
+        },
+      ),
+      { numRuns: 2000 },
+    );
   });
 });
 

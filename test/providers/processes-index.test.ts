@@ -1,0 +1,172 @@
+import { spawn } from 'node:child_process';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import * as path from 'node:path';
+import { hostCommands, spawnInSandbox } from '../../providers/command';
+import { DEFAULT_LIMITS } from '../../providers/limits';
+import { byIndex, markerEnv, sandboxProcesses, type SandboxMarker } from '../../providers/processes';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { pidsRunning, tempDir, uniqueId, waitFor } from './helpers';
+
+// Where the host offers no cgroup, a worker finds a sandbox's processes through its index: what
+// its process starter started, their descendants, and orphans that carry the sandbox's marker or
+// stay in its sessions. These sandbox processes try to get away: they fork, double-fork (their
+// parent exits and they are handed to init), leave their session, drop their marker, rename
+// themselves; and a neighbour's process forges the sandbox's marker. Real processes, started
+// through the real process starter.
+
+const hostId = uniqueId('host-index');
+let dataDir: string;
+const started: SandboxMarker[] = [];
+
+beforeAll(async () => {
+  dataDir = await tempDir('proc-index');
+});
+afterAll(async () => {
+  for (const marker of started) await byIndex.kill(marker);
+});
+
+/** Starts `script` in the sandbox, as a provider starts a background command. */
+async function startIn(marker: SandboxMarker, script: string): Promise<number> {
+  if (!started.includes(marker)) started.push(marker);
+  const paths = sandboxPaths(dataDir, marker.sandboxId);
+  mkdirSync(paths.workspace, { recursive: true });
+  mkdirSync(paths.home, { recursive: true });
+  const child = await spawnInSandbox(hostCommands, paths, ['/bin/bash', '-c', script], {
+    sandbox: { marker, limits: DEFAULT_LIMITS },
+    env: markerEnv(marker),
+    background: true,
+  });
+  return child.pid;
+}
+
+// Durations no other process on the machine runs with: how the test finds each process on the host.
+const token = `${process.pid}${Math.floor(Math.random() * 1e5)}`;
+const sleeper = (n: number) => `${n}${token}`;
+const running = (n: number, argv0 = 'sleep') => pidsRunning([argv0, sleeper(n)]);
+
+test('a sandbox’s forks, double forks and daemons are found and killed whatever they change; a neighbour’s never', async () => {
+  const mine = { hostId, sandboxId: uniqueId('sbx') };
+  const neighbour = { hostId, sandboxId: uniqueId('sbx-neighbour') };
+  const forge = Object.entries(markerEnv(mine))
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' ');
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // The neighbour: a child with its own marker, and an orphan forging `mine`'s marker.
+  await startIn(neighbour, `sleep ${sleeper(11)} & (env -i ${forge} sleep ${sleeper(12)} &) ; wait`);
+  // A command that exits at once, leaving orphans: one with its marker, one without, a daemon in
+  // its own session with its marker, and one in its own session that drops its marker and renames
+  // itself only after the worker has seen it (the gate).
+  await startIn(
+    mine,
+    [
+      `(sleep ${sleeper(1)} &)`,
+      `(env -i sleep ${sleeper(2)} &)`,
+      `(setsid sleep ${sleeper(3)} &)`,
+      `(setsid bash -c 'while [ ! -e ${gate} ]; do sleep 0.05; done; exec -c -a renamed sleep ${sleeper(4)}' &)`,
+      'exit 0',
+    ].join('; '),
+  );
+  // A long-lived command: a fork, a renamed child without environment, and itself exec'd without it.
+  await startIn(
+    mine,
+    `sleep ${sleeper(5)} & bash -c 'exec -c -a renamed sleep ${sleeper(6)}' & exec env -i sleep ${sleeper(7)}`,
+  );
+  await waitFor('every sandbox process', async () =>
+    [running(1), running(2), running(3), running(5), running(6, 'renamed'), running(7), running(11), running(12)].every(
+      (pids) => pids.length === 1,
+    ),
+  );
+  // The gated daemon: seen while it still has its marker, then it drops it.
+  await waitFor('the gated daemon', async () => {
+    const pids = (await byIndex.processes(mine)).map((p) => p.pid);
+    return pidsMentioning(gate).some((pid) => pids.includes(pid));
+  });
+  writeFileSync(gate, '');
+  await waitFor('the gated daemon renamed', async () => running(4, 'renamed').length === 1);
+
+  const expected = [running(1), running(2), running(3), running(4, 'renamed'), running(5)]
+    .concat([running(6, 'renamed'), running(7)])
+    .flat();
+  const foreign = [...running(11), ...running(12)];
+  const found = (await byIndex.processes(mine)).map((p) => p.pid);
+  expect(found).toEqual(expect.arrayContaining(expected));
+  for (const pid of foreign) expect(found).not.toContain(pid);
+  // A worker's own view (the index, as the worker has a process starter) agrees.
+  expect((await sandboxProcesses(mine)).map((p) => p.pid).sort()).toEqual([...found].sort());
+
+  await byIndex.kill(mine);
+  for (const pid of expected) expect(alive(pid)).toBe(false);
+  expect(await byIndex.processes(mine)).toEqual([]);
+  // The neighbour's processes, the one forging `mine`'s marker included, are untouched and its own.
+  for (const pid of foreign) expect(alive(pid)).toBe(true);
+  expect((await byIndex.processes(neighbour)).map((p) => p.pid)).toEqual(expect.arrayContaining(foreign));
+  await byIndex.kill(neighbour);
+  for (const pid of foreign) expect(alive(pid)).toBe(false);
+});
+
+test('a process that keeps forking while it is killed is killed with all it forked', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-forker') };
+  // Each generation starts the next and exits: the live process is always a new, orphaned one.
+  await startIn(marker, `f() { sleep 0.01; (f &); }; f; sleep ${sleeper(21)} & wait`);
+  await waitFor('the forker', async () => running(21).length === 1);
+  await byIndex.kill(marker);
+  expect(running(21)).toEqual([]);
+  expect(await byIndex.processes(marker)).toEqual([]);
+});
+
+test('a worker adopts what an earlier worker started, then follows it by lineage', async () => {
+  // Another host id: the first look at it scans /proc once, as a restarted worker's does.
+  const marker = { hostId: uniqueId('host-restarted'), sandboxId: uniqueId('sbx-adopted') };
+  started.push(marker);
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // Started outside this process's starter, as by a worker that has since died; it runs a child that
+  // later drops its marker and renames itself.
+  const earlier = spawn(
+    '/bin/bash',
+    ['-c', `bash -c 'while [ ! -e ${gate} ]; do sleep 0.05; done; exec -c -a renamed sleep ${sleeper(31)}' & wait`],
+    { env: { PATH: '/usr/bin:/bin', ...markerEnv(marker) }, detached: true, stdio: 'ignore' },
+  );
+  earlier.unref();
+  await waitFor('the earlier worker’s processes', async () => pidsMentioning(gate).length === 2);
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toEqual(expect.arrayContaining(pidsMentioning(gate)));
+  writeFileSync(gate, '');
+  await waitFor('the child renamed', async () => running(31, 'renamed').length === 1);
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toEqual(
+    expect.arrayContaining([earlier.pid, ...running(31, 'renamed')]),
+  );
+  await byIndex.kill(marker);
+  expect(running(31, 'renamed')).toEqual([]);
+  expect(alive(earlier.pid!)).toBe(false);
+});
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return false;
+  }
+  // A zombie is not alive: its parent (init) has not reaped it yet.
+  return !/^\S+ \(.*\) Z/.test(readStat(pid));
+}
+
+function readStat(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** Processes whose command line mentions `text`. */
+function pidsMentioning(text: string): number[] {
+  return readdirSync('/proc')
+    .filter((name) => /^[0-9]+$/.test(name))
+    .filter((name) => {
+      try {
+        return readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(text);
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
