@@ -16,8 +16,9 @@ import type {
   SandboxReleaseRequest,
 } from '../providers/api';
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
-import type { Workspace } from '../common/schemas';
-import { receiptProblem } from '../workflows/lifecycle';
+import type { Hashes, Workspace } from '../common/schemas';
+import { hashMismatches, receiptProblem, recordedHashes } from '../workflows/lifecycle';
+import { toFailure } from './failures';
 import { boundExecOutcome } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
@@ -40,6 +41,30 @@ export interface Owner {
 }
 
 export type FileEncoding = 'utf8' | 'base64';
+
+/** How a fused resume brings the sandbox back: attach to it live, or restore (re-provision) it. */
+export type BringBack = { op: 'attach'; request: FencedRequest } | { op: 'restore'; request: RestoreRequest };
+
+/** Where and how the sandbox came back; `restored` only from a restore. */
+export interface BroughtBack {
+  hostId: string;
+  capabilities: Capabilities;
+  restored?: RestoreResult;
+}
+
+/**
+ * What a fused resume answers: where the sandbox came back, and the job's outcome. No outcome: the
+ * restored checkpoint was recorded under other hashes, so nothing ran (the workflow refuses to go on).
+ */
+export interface ResumedExec {
+  resumed: BroughtBack;
+  outcome?: ExecOutcome;
+}
+
+/** The details of a fused resume's failure once the sandbox was back: only the job failed. */
+export interface ResumedThenFailed {
+  resumedThenFailed: BroughtBack;
+}
 
 /** A file of a sandbox; `fence` is absent only in calls scheduled before file access was fenced. */
 export interface FileAt {
@@ -126,6 +151,50 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
         hostId: deps.hostId,
         capabilities: p.capabilities,
       }));
+    },
+
+    /**
+     * A resume fused with the job that follows it: one activity instead of two (and a workflow task
+     * between them). The sandbox comes back as restoreSandbox or the attach sandboxOp would bring it
+     * (both are idempotent, so a retried attempt brings it back again harmlessly); the checkpoint's
+     * recorded hashes are checked before anything runs; then the job runs under the job journal as
+     * execInSandbox runs it (a retry never runs the command twice). A job that fails once the sandbox
+     * is back fails with ResumedThenFailed details, so the workflow knows the resume itself held.
+     */
+    async resumeAndExecInSandbox(
+      input: Owner & { bringBack: BringBack; expect: Hashes; request: ProviderExecRequest },
+    ): Promise<ResumedExec> {
+      let resumed: BroughtBack;
+      if (input.bringBack.op === 'restore') {
+        const request = input.bringBack.request;
+        await checkWorkspace(request.workspace);
+        resumed = await call(input, async (p, ctx) => ({
+          restored: await p.restore(request, ctx),
+          hostId: deps.hostId,
+          capabilities: p.capabilities,
+        }));
+        if (hashMismatches(input.expect, recordedHashes(resumed.restored)).length > 0) return { resumed };
+      } else {
+        const request = input.bringBack.request;
+        resumed = await call(input, async (p, ctx) => {
+          await p.attach(request, ctx);
+          return { hostId: deps.hostId, capabilities: p.capabilities };
+        });
+      }
+      try {
+        return { resumed, outcome: boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx))) };
+      } catch (err) {
+        const failure = toFailure(err);
+        const details: ResumedThenFailed = { resumedThenFailed: resumed };
+        throw ApplicationFailure.create({
+          type:
+            (failure instanceof ApplicationFailure ? failure.type : undefined) ??
+            (err instanceof Error ? err.name : 'Error'),
+          message: err instanceof Error ? err.message : String(err),
+          nonRetryable: failure instanceof ApplicationFailure && failure.nonRetryable === true,
+          details: [details],
+        });
+      }
     },
 
     /** Files cross as text: utf8 for agents' text files, base64 for raw bytes (workflows have no Buffer). */

@@ -15,7 +15,7 @@ export interface CycleSample {
   runId: string;
   /** Agent's ask answered by the driver (agentStep completed, or its local-activity marker) → workflow task that recorded RELEASED completed. */
   suspendMs: number;
-  /** Respond update accepted → first job after resume started (execInSandbox started). */
+  /** Respond update accepted → first job after resume started (execInSandbox, or the fused resumeAndExecInSandbox, started). */
   resumeMs: number;
   /** Time inside the provider: releaseSandbox / restoreSandbox or attach activity run time. */
   suspendProviderMs: number;
@@ -70,7 +70,13 @@ export function analyseCycle(events: TimedEvent[]): Omit<CycleSample, 'runId' | 
   const releaseDone = find(events, (e) => e.type === 'ActivityTaskCompleted' && e.scheduledId === releaseScheduled.id);
   const recorded = find(events, (e) => e.type === 'WorkflowTaskCompleted', releaseDone.id);
   const accepted = find(events, (e) => e.type === 'WorkflowExecutionUpdateAccepted');
-  const firstJob = find(events, (e) => e.type === 'ActivityTaskStarted' && e.activity === 'execInSandbox', accepted.id);
+  // A resume fused with its job (resumeAndExecInSandbox) ends where that activity starts: the restore in it is provider time.
+  const firstJob = find(
+    events,
+    (e) =>
+      e.type === 'ActivityTaskStarted' && (e.activity === 'execInSandbox' || e.activity === 'resumeAndExecInSandbox'),
+    accepted.id,
+  );
   const suspendBreakdown = breakdown(events, askAnswered.id, recorded.id);
   const resumeBreakdown = breakdown(events, accepted.id, firstJob.id);
   return {

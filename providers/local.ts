@@ -275,6 +275,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       result = { source: 'workspace' };
     } else if (state?.dormant?.checkpoint.sha256 === checkpoint.sha256) {
       result = { source: 'local-copy', labels: state.dormant.labels };
+      // Like an unpacked one: a retried restore of this checkpoint must not unpack it over what ran since.
+      state.restoredFrom = { sha256: checkpoint.sha256, labels: state.dormant.labels };
     } else if (state?.restoredFrom?.sha256 === checkpoint.sha256 && state.status !== 'stopped') {
       // A retried restore: the files were restored and have been running since; unpacking again would lose work.
       result = { source: 'checkpoint', labels: state.restoredFrom.labels };

@@ -13,9 +13,9 @@ import {
 } from '@temporalio/workflow';
 import { TimeoutType } from '@temporalio/common';
 import type { Activities } from '../activities';
-import type { FileEncoding } from '../activities/provider';
+import type { BringBack, FileEncoding, ResumedExec, ResumedThenFailed } from '../activities/provider';
 import type { ExecOutcome } from '../providers/api';
-import type { EnvMap, ExecutionResourceRecord, PauseMode, SandboxLimits, Workspace } from '../common/schemas';
+import type { EnvMap, ExecutionResourceRecord, Hashes, PauseMode, SandboxLimits, Workspace } from '../common/schemas';
 import type { z } from 'zod';
 import type { Capabilities, ProviderOp, RestoreResult } from '../providers/api';
 import { nonRetryableErrorTypes } from '../common/errors';
@@ -91,6 +91,12 @@ export interface SandboxBinding {
   env?: z.infer<typeof EnvMap>;
   workspace: Workspace;
   limits?: SandboxLimits;
+}
+
+/** A resume under way: how the sandbox comes back, and the record state it left. */
+export interface ResumeStart {
+  plan: ResumePlan;
+  before: ExecutionResourceRecord['state'];
 }
 
 export class ExecutionBindingLifecycleCoordinator {
@@ -299,63 +305,151 @@ export class ExecutionBindingLifecycleCoordinator {
    * re-provision compute on a host-persistent workspace, or restore a checkpoint —
    * on its original host when that host answers, otherwise on any host.
    */
-  async resume(): Promise<RestoreResult | undefined> {
+  async resume(start?: ResumeStart): Promise<RestoreResult | undefined> {
+    return this.resuming(start ?? (await this.beginResume()), async (plan) => {
+      const restored = await this.bringBack(plan);
+      this.set({ state: 'ACTIVE', releasedAt: undefined });
+      return restored;
+    });
+  }
+
+  /**
+   * resume() and then the job `jobId`, in one activity on the host that brings the sandbox back
+   * (resumeAndExecInSandbox). The job runs only if the restored checkpoint was recorded under
+   * `expect` (no outcome otherwise). A failure before the sandbox was back rolls the record back as
+   * resume() does; one after it (the job's own) leaves the record ACTIVE and is rethrown.
+   */
+  async resumeAndExec(
+    start: ResumeStart,
+    jobId: string,
+    command: string,
+    expect: Hashes,
+    options: { timeoutMs?: number } = {},
+    /** Called once the activity has succeeded, before the record changes. */
+    onBack: () => void = () => undefined,
+  ): Promise<{ restored?: RestoreResult; outcome?: ExecOutcome }> {
+    return this.resuming(start, async (plan) => {
+      const exec = (bringBack: BringBack) => (activities: Activities) =>
+        activities.resumeAndExecInSandbox({
+          ...this.owner,
+          bringBack,
+          expect,
+          request: { sandboxId: this.record.sandboxId, fence: this.record.fence, jobId, command, ...options },
+        });
+      let result: ResumedExec;
+      try {
+        if (plan.kind === 'attach') {
+          result = await exec({
+            op: 'attach',
+            request: { sandboxId: this.record.sandboxId, fence: this.record.fence },
+          })(this.onHost({ scheduleToStartTimeout: HOST_BUSY_LIMIT, summary: `resume+exec ${command.slice(0, 50)}` }));
+        } else {
+          const run = exec({ op: 'restore', request: this.restoreRequest() });
+          result = await this.onRestoreHost(plan, run, `resume+exec ${command.slice(0, 50)}`);
+        }
+      } catch (err) {
+        const back = resumedThenFailed(err);
+        if (!back) throw err;
+        // The sandbox is back under the new fence; only the job failed.
+        this.capabilities = back.capabilities;
+        this.set({ state: 'ACTIVE', releasedAt: undefined, hostId: back.hostId });
+        throw new JobFailedAfterResume(err);
+      }
+      onBack();
+      this.capabilities = result.resumed.capabilities;
+      this.set({ state: 'ACTIVE', releasedAt: undefined, hostId: result.resumed.hostId });
+      const restored = result.resumed.restored;
+      return {
+        ...(restored
+          ? { restored: { source: restored.source, ...(restored.labels ? { labels: restored.labels } : {}) } }
+          : {}),
+        ...(result.outcome ? { outcome: result.outcome } : {}),
+      };
+    });
+  }
+
+  /**
+   * The first half of a resume: the release cancelled, the fence raised, the record RESTORING. The
+   * sandbox comes back in resume() or resumeAndExec() with the ResumeStart, or the resume is undone
+   * (undoResume) if the owner ends before it.
+   */
+  async beginResume(): Promise<ResumeStart> {
     await this.cancelRelease();
     const plan = planResume(this.record);
     const before = this.record.state;
     this.set({ state: 'RESTORING', fence: this.record.fence + 1, lastError: undefined, blockedSince: undefined });
+    return { plan, before };
+  }
+
+  /** A begun resume that will not happen: the record says where the sandbox still is (its raised fence kept). */
+  undoResume(start: ResumeStart): void {
+    if (this.record.state === 'RESTORING') this.set({ state: start.before });
+  }
+
+  /** Brings the sandbox back with `bring`; a failure rolls the record back to where it was. */
+  private async resuming<T>(start: ResumeStart, bring: (plan: ResumePlan) => Promise<T>): Promise<T> {
+    const { plan, before } = start;
     try {
-      return await this.bringBack(plan);
+      if (plan.kind === 'none') throw new Error(`cannot resume: ${plan.why}`);
+      return await bring(plan);
     } catch (err) {
       // The sandbox stays where it was (its raised fence kept): a later resume tries again.
-      if (!isCancellation(err) && this.isPatched(PATCH_RESUME_ROLLBACK))
+      if (!isCancellation(err) && !(err instanceof JobFailedAfterResume) && this.isPatched(PATCH_RESUME_ROLLBACK))
         this.set({ state: before, lastError: failureMessage(err) });
-      throw err;
+      throw err instanceof JobFailedAfterResume ? err.failure : err;
     }
   }
 
   private async bringBack(plan: ResumePlan): Promise<RestoreResult | undefined> {
-    let restored: RestoreResult | undefined;
     if (plan.kind === 'attach') {
       await this.op('attach');
-    } else if (plan.kind === 'reprovision') {
-      restored = await this.restoreOn(this.onHost({ retry: RESTORE_RETRY }));
-    } else if (plan.kind === 'restore') {
-      restored = await this.restoreOn(
-        this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY }),
-      ).catch((err: unknown) => {
-        if (!isScheduleToStartTimeout(err)) throw err;
-        if (this.capabilities?.crossHostRestore === false && this.isPatched(PATCH_HOST_BOUND_RESTORE)) {
-          // Restoring elsewhere would be a fake: this provider's checkpoints only come back where they were made.
-          throw ApplicationFailure.create({
-            type: 'UNAVAILABLE',
-            message: `sandbox ${this.record.sandboxId} can only be restored on host ${this.record.hostId} (provider ${this.binding.provider} does not restore across hosts), and that host has not taken the restore for ${HOST_SCHEDULE_TO_START}; resume again once it is back`,
-            nonRetryable: true,
-          });
-        }
-        return this.restoreOn(this.onAnyHost({ retry: RESTORE_RETRY }));
-      });
-    } else {
-      throw new Error(`cannot resume: ${plan.why}`);
+      return undefined;
     }
-    this.set({ state: 'ACTIVE', releasedAt: undefined });
-    return restored;
+    return this.onRestoreHost(plan, (activities) => this.restoreOn(activities));
+  }
+
+  /**
+   * Runs a restore on the sandbox's host; a restore of a checkpoint that host has not taken within
+   * HOST_SCHEDULE_TO_START goes to any host (unless the provider does not restore across hosts).
+   */
+  private async onRestoreHost<T>(
+    plan: ResumePlan,
+    restore: (activities: Activities) => Promise<T>,
+    summary?: string,
+  ): Promise<T> {
+    const extra = summary ? { summary } : {};
+    if (plan.kind === 'reprovision') return restore(this.onHost({ retry: RESTORE_RETRY, ...extra }));
+    return restore(
+      this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START, retry: RESTORE_RETRY, ...extra }),
+    ).catch((err: unknown) => {
+      if (!isScheduleToStartTimeout(err)) throw err;
+      if (this.capabilities?.crossHostRestore === false && this.isPatched(PATCH_HOST_BOUND_RESTORE)) {
+        // Restoring elsewhere would be a fake: this provider's checkpoints only come back where they were made.
+        throw ApplicationFailure.create({
+          type: 'UNAVAILABLE',
+          message: `sandbox ${this.record.sandboxId} can only be restored on host ${this.record.hostId} (provider ${this.binding.provider} does not restore across hosts), and that host has not taken the restore for ${HOST_SCHEDULE_TO_START}; resume again once it is back`,
+          nonRetryable: true,
+        });
+      }
+      return restore(this.onAnyHost({ retry: RESTORE_RETRY, ...extra }));
+    });
+  }
+
+  private restoreRequest() {
+    return {
+      sandboxId: this.record.sandboxId,
+      fence: this.record.fence,
+      ...(this.record.pauseMode === 'SNAPSHOT_AND_TERMINATE' && this.record.checkpoint
+        ? { checkpoint: this.record.checkpoint }
+        : {}),
+      ...(this.binding.env ? { env: this.binding.env } : {}),
+      workspace: this.binding.workspace,
+      ...(this.binding.limits ? { limits: this.binding.limits } : {}),
+    };
   }
 
   private async restoreOn(activities: Activities): Promise<RestoreResult> {
-    const result = await activities.restoreSandbox({
-      ...this.owner,
-      request: {
-        sandboxId: this.record.sandboxId,
-        fence: this.record.fence,
-        ...(this.record.pauseMode === 'SNAPSHOT_AND_TERMINATE' && this.record.checkpoint
-          ? { checkpoint: this.record.checkpoint }
-          : {}),
-        ...(this.binding.env ? { env: this.binding.env } : {}),
-        workspace: this.binding.workspace,
-        ...(this.binding.limits ? { limits: this.binding.limits } : {}),
-      },
-    });
+    const result = await activities.restoreSandbox({ ...this.owner, request: this.restoreRequest() });
     this.capabilities = result.capabilities;
     this.set({ hostId: result.hostId });
     return { source: result.source, ...(result.labels ? { labels: result.labels } : {}) };
@@ -422,6 +516,20 @@ export class ExecutionBindingLifecycleCoordinator {
       sandboxId: this.record.sandboxId,
     });
   }
+}
+
+/** A fused resume's job failed once the sandbox was back: not a failed resume, so nothing rolls back. */
+class JobFailedAfterResume extends Error {
+  constructor(readonly failure: unknown) {
+    super(failureMessage(failure));
+  }
+}
+
+/** Where the sandbox came back, when a fused resume failed only in its job (ResumedThenFailed details). */
+function resumedThenFailed(err: unknown): ResumedThenFailed['resumedThenFailed'] | undefined {
+  if (!(err instanceof ActivityFailure) || !(err.cause instanceof ApplicationFailure)) return undefined;
+  const details = err.cause.details?.[0] as Partial<ResumedThenFailed> | undefined;
+  return details?.resumedThenFailed;
 }
 
 export function isScheduleToStartTimeout(err: unknown): boolean {

@@ -252,6 +252,16 @@ export function planResume(record: ExecutionResourceRecord): ResumePlan {
 }
 
 /**
+ * Whether an answered Run's deferred resume can travel with its next action (one activity on the
+ * host instead of a resume, a workflow task and the action): only a sandbox job the Run waits for.
+ * A background job would leave the Run RESUMING while later actions need the sandbox; every other
+ * action resumes first.
+ */
+export function fusesWithResume(action: { type: string; executionAffinity?: string; background?: boolean }): boolean {
+  return action.type === 'job' && action.executionAffinity === 'SANDBOX' && action.background !== true;
+}
+
+/**
  * The run/spec/policy hashes a restored workspace was checkpointed under, from the
  * checkpoint's labels. A workspace that came back from a checkpoint (or its local
  * copy) must say; a host-persistent workspace re-provisioned in place records none.

@@ -29,7 +29,8 @@ import {
 } from './run-controller';
 import { carriedAggregate, isTerminal, toAnswer } from './run-state';
 import { finish } from './run-ending';
-import { suspendAndWait } from './run-suspension';
+import { completeResume, resumeWithJob, suspendAndWait } from './run-suspension';
+import { fusesWithResume } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
 import { nowIso } from './clock';
@@ -44,10 +45,12 @@ export async function agentLoop(c: RunController): Promise<void> {
   }
   while (!isTerminal(run.status) && !c.completed) {
     if (c.manualSuspendRequested) {
-      await suspendAndWait(c, 'MANUAL', []);
+      c.publishHeld();
+      await suspendAndWait(c, 'MANUAL', [], takesNextStep(c));
       continue;
     }
     if (workflowInfo().continueAsNewSuggested && !c.admit('continueAsNew')) {
+      c.publishHeld();
       await condition(allHandlersFinished);
       await drainWebhooks(c);
       await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>({
@@ -72,22 +75,29 @@ export async function agentLoop(c: RunController): Promise<void> {
         lastResult: run.lastResult,
       }),
     );
+    c.publishHeld();
     run.checkpoint = { state: step.state, stepIndex: run.checkpoint.stepIndex + 1, hashes: run.hashes };
     run.lastResult = await perform(c, step.action);
   }
+  c.publishHeld();
+  await completeResume(c);
   await finish(c);
 }
+
+/** The agent loop takes the Run's next action from a driver step: a resume may wait for it (fused). */
+const takesNextStep = (c: RunController) => c.run.spec.agent.driver !== EXTERNAL_DRIVER;
 
 /** Pauses (freezes) the sandbox when the agent goes quiet for policy.idleTimeout. */
 async function whileIdle<T>(c: RunController, work: Promise<T>): Promise<T> {
   const idle = c.run.spec.policy?.idleTimeout;
-  if (!idle || c.run.idlePaused || c.run.jobs.some((j) => j.status === 'running')) return work;
+  if (!idle || c.run.idlePaused || c.pendingResume || c.run.jobs.some((j) => j.status === 'running')) return work;
   let done = false;
   void work.then(
     () => (done = true),
     () => (done = true),
   );
   if (!(await condition(() => done, durationMs(idle)))) {
+    c.publishHeld();
     await c.sandbox.op('pause');
     c.run.idlePaused = true;
   }
@@ -101,13 +111,15 @@ async function wake(c: RunController): Promise<void> {
 }
 
 async function perform(c: RunController, action: AgentAction): Promise<unknown> {
+  // A deferred resume goes with a sandbox job (runJob), and before anything else.
+  if (c.pendingResume && !fusesWithResume(action)) await completeResume(c);
   switch (action.type) {
     case 'job':
       return runJob(c, action);
     case 'interaction':
       return ask(c, action);
     case 'hold':
-      await suspendAndWait(c, 'POLICY_HOLD', []);
+      await suspendAndWait(c, 'POLICY_HOLD', [], takesNextStep(c));
       return { held: action.reason };
     case 'spawn':
       return spawn(c, action.spec);
@@ -213,7 +225,10 @@ async function runJob(
             provider: c.run.spec.sandbox.provider,
             ...(timeoutMs !== undefined ? { timeoutMs } : {}),
           })
-        : c.sandbox.exec(job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {}),
+        : c.pendingResume
+          ? // The sandbox comes back with this job, in one activity.
+            resumeWithJob(c, job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {})
+          : c.sandbox.exec(job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {}),
     )
     .then(
       (result) => {
@@ -252,7 +267,7 @@ async function ask(c: RunController, action: Extract<AgentAction, { type: 'inter
   c.run.interactions.push(interaction);
   c.transition('ask');
   notify(c, 'interaction.opened', interaction);
-  await suspendAndWait(c, 'INTERACTION', [interaction.id]);
+  await suspendAndWait(c, 'INTERACTION', [interaction.id], takesNextStep(c));
   // The agent gets the answer with who gave it and to what (Runs asked before this get the bare response).
   return c.patched(PATCH_ANSWER_RESULT) ? toAnswer(interaction) : interaction.response;
 }

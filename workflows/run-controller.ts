@@ -8,6 +8,7 @@ import {
 } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { computeRunHashes } from '../common/hashes';
+import type { Hashes } from '../common/schemas';
 import { nonRetryableErrorTypes, type Rejection } from '../common/errors';
 import {
   ExecutionBindingLifecycleCoordinator,
@@ -16,6 +17,7 @@ import {
   PATCH_HOST_BOUND_RESTORE,
   PATCH_RELEASE_OUTCOME,
   PATCH_RESUME_ROLLBACK,
+  type ResumeStart,
 } from './coordinator';
 import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
@@ -64,6 +66,12 @@ export const PATCH_RECORDED_HASHES = 'stasis-run-recorded-hashes';
 /** An ask's result is the answer with its interaction id and who gave it, not the bare response. */
 export const PATCH_ANSWER_RESULT = 'stasis-run-answer-result';
 export const PATCH_EXPIRY_DESTROYS = 'stasis-run-expiry-destroys';
+/**
+ * Fewer history events per suspend/resume cycle: a resume whose next action is a sandbox job runs
+ * with it in one activity (resumeAndExecInSandbox), and one retention timer serves every
+ * suspension until it fires, instead of a timer started and cancelled per suspension.
+ */
+export const PATCH_LEAN_CYCLE = 'stasis-run-lean-cycle';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -86,7 +94,7 @@ export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
  * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
  * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
  */
-const ASKED_AT_START: string[] = [PATCH_DESTROYING];
+const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -130,6 +138,18 @@ export class RunController {
   readonly webhookDeliveries = new Set<Promise<void>>();
   /** The worker has no webhook: no more deliveries are started. */
   webhooksOff = false;
+  /**
+   * An answered suspension whose sandbox is not back yet: it comes back with the next sandbox job
+   * (one activity), or before any other action (run-suspension.ts, PATCH_LEAN_CYCLE).
+   */
+  pendingResume?: { checkpointHashes: Hashes; start: ResumeStart };
+  /** Whether this Run's agent steps are local activities (resolved within the workflow task that asks). */
+  readonly localSteps: boolean;
+  /** Visibility changes wait for the local step under way (publishHeld), so its workflow task upserts once. */
+  private holding = false;
+  private held = false;
+  /** The retention timer of this workflow run, kept across suspensions until it fires (PATCH_LEAN_CYCLE). */
+  expiryTimer?: { atMs: number; fired: boolean };
   private lastReportedState?: string;
   /** Decided in the Run's first activation (before its publisher asks for any patch). */
   private readonly baseline = patched(PATCH_RUN_BASELINE);
@@ -155,6 +175,7 @@ export class RunController {
         : fast && patched(PATCH_LOCAL_STEPS)
           ? localSteps
           : shared;
+    this.localSteps = this.steps === localSteps;
     this.sandbox = new ExecutionBindingLifecycleCoordinator(
       this.run.record,
       {
@@ -199,9 +220,26 @@ export class RunController {
     );
   }
 
+  /**
+   * Holds visibility changes until publishHeld(): for a workflow task that goes on with a local step,
+   * whose own changes are published when it resolves (one upsert for the task, not two).
+   */
+  holdPublishing(): void {
+    this.holding = true;
+  }
+
+  /** Publishes what was held (holdPublishing), and stops holding. */
+  publishHeld(): void {
+    if (!this.holding) return;
+    this.holding = false;
+    if (this.held) this.publisher.run(this.run);
+    this.held = false;
+  }
+
   /** Keeps Temporal Web and the parent Run current after every change. */
   changed(): void {
-    this.publisher.run(this.run);
+    if (this.holding) this.held = true;
+    else this.publisher.run(this.run);
     const report = `${this.run.record.state}/${this.run.status}`;
     if (this.run.parentRunId && report !== this.lastReportedState) {
       this.lastReportedState = report;

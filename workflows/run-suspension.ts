@@ -1,14 +1,16 @@
-import { ApplicationFailure, condition } from '@temporalio/workflow';
+import { ApplicationFailure, condition, sleep } from '@temporalio/workflow';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS } from '../common/defaults';
 import { END_REASON } from '../common/errors';
 import { computeRunHashes } from '../common/hashes';
-import type { SuspensionReason } from '../common/schemas';
+import type { Hashes, SuspensionReason } from '../common/schemas';
+import type { ExecOutcome, RestoreResult } from '../providers/api';
 import { nowIso, nowMs } from './clock';
 import { choosePauseMode, hashMismatches, isReleaseBlocked, jobsToCancel, recordedHashes } from './lifecycle';
 import {
   PATCH_EXPIRY_DESTROYS,
   PATCH_EXPIRY_FIRST,
   PATCH_IDLE_ATTACH,
+  PATCH_LEAN_CYCLE,
   PATCH_RECORDED_HASHES,
   shared,
   type RunController,
@@ -25,6 +27,11 @@ export async function suspendAndWait(
   c: RunController,
   reason: SuspensionReason,
   interactionIds: string[],
+  /**
+   * The caller's next action goes through the agent loop's perform(), which brings the sandbox back
+   * first (completeResume) or with a sandbox job (resumeWithJob): the resume may wait for it.
+   */
+  deferResume = false,
 ): Promise<void> {
   const run = c.run;
   c.manualSuspendRequested = false;
@@ -58,18 +65,113 @@ export async function suspendAndWait(
       ? interactionIds.every((id) => run.interactions.find((i) => i.id === id)?.status !== 'pending')
       : c.resumeRequested;
   const answered =
-    retentionSeconds > 0 ? await condition(resumed, retentionSeconds * 1000) : (await condition(resumed), true);
+    retentionSeconds === 0
+      ? (await condition(resumed), true)
+      : c.patched(PATCH_LEAN_CYCLE)
+        ? await untilAnsweredOrExpired(c, resumed, nowMs() + retentionSeconds * 1000)
+        : await condition(resumed, retentionSeconds * 1000);
   if (!answered) {
     await expire(c);
     return;
   }
-  await resume(c);
+  c.transition('resume');
+  const checkpointHashes = run.checkpoint.hashes;
+  const fusable = deferResume && c.patched(PATCH_LEAN_CYCLE);
+  if (fusable && canDeferResume(c, checkpointHashes)) {
+    // Begun now (fence raised, RESTORING: published with the answer); the sandbox comes back with the next action.
+    c.pendingResume = { checkpointHashes, start: await c.sandbox.beginResume() };
+    return;
+  }
+  settleResume(c, await c.sandbox.resume(), checkpointHashes);
 }
 
-async function resume(c: RunController): Promise<void> {
+/**
+ * Waits for `resumed` until `deadlineMs`; false once the deadline has passed. The timer is the Run's
+ * one retention timer: a suspension answered before it fires leaves it running for the next one
+ * (no timer started and cancelled per cycle); one that fires before this suspension's deadline (it
+ * was started for an earlier one) is followed by a timer for the time left.
+ */
+async function untilAnsweredOrExpired(c: RunController, resumed: () => boolean, deadlineMs: number): Promise<boolean> {
+  for (;;) {
+    const pending = c.expiryTimer;
+    const timer = pending && !pending.fired && pending.atMs <= deadlineMs ? pending : startExpiryTimer(c, deadlineMs);
+    await condition(() => resumed() || timer.fired);
+    if (resumed()) return true;
+    if (timer.atMs >= deadlineMs) return false;
+  }
+}
+
+function startExpiryTimer(c: RunController, atMs: number): { atMs: number; fired: boolean } {
+  const timer = { atMs, fired: false };
+  c.expiryTimer = timer;
+  // Not awaited: a cancelled Run cancels it with its scope, and the Run's end drops it.
+  void sleep(Math.max(1, atMs - nowMs())).then(
+    () => (timer.fired = true),
+    () => undefined,
+  );
+  return timer;
+}
+
+/**
+ * Whether the answered Run's sandbox may come back with its next action: not when idleTimeout froze
+ * it (the job would find it frozen), nor when its hashes already differ (the resume refuses at once).
+ */
+function canDeferResume(c: RunController, checkpointHashes: Hashes): boolean {
   const run = c.run;
-  c.transition('resume');
-  const restored = await c.sandbox.resume();
+  if (run.idlePaused) return false;
+  const now = computeRunHashes(run.runId, run.spec, run.parentRunId);
+  return hashMismatches(now, run.suspension?.hashes, checkpointHashes).length === 0;
+}
+
+/** Brings back a sandbox whose resume was deferred, before an action that does not take it along. */
+export async function completeResume(c: RunController): Promise<void> {
+  const pending = c.pendingResume;
+  if (!pending) return;
+  c.pendingResume = undefined;
+  settleResume(c, await c.sandbox.resume(pending.start), pending.checkpointHashes);
+}
+
+/** The Run ends with its resume begun and not done: the record says the sandbox is still where it was. */
+export function undoPendingResume(c: RunController): void {
+  const pending = c.pendingResume;
+  if (!pending) return;
+  c.pendingResume = undefined;
+  c.sandbox.undoResume(pending.start);
+}
+
+/**
+ * Brings back a sandbox whose resume was deferred together with the job `jobId` (one activity).
+ * The hashes the checkpoint recorded are checked on the host before the job runs, and here again.
+ */
+export async function resumeWithJob(
+  c: RunController,
+  jobId: string,
+  command: string,
+  options: { timeoutMs?: number },
+): Promise<ExecOutcome> {
+  const run = c.run;
+  const pending = c.pendingResume!;
+  c.pendingResume = undefined;
+  const now = computeRunHashes(run.runId, run.spec, run.parentRunId);
+  let result: { restored?: RestoreResult; outcome?: ExecOutcome };
+  try {
+    // A local agent step follows in this workflow task: what changes now is published with it.
+    result = await c.sandbox.resumeAndExec(pending.start, jobId, command, now, options, () => {
+      if (c.localSteps) c.holdPublishing();
+    });
+  } catch (err) {
+    // The sandbox came back and only the job failed: the Run is active again, the job's failure stands.
+    if (c.sandbox.record.state === 'ACTIVE') settleResume(c, undefined, pending.checkpointHashes);
+    throw err;
+  }
+  settleResume(c, result.restored, pending.checkpointHashes);
+  if (!result.outcome) throw new Error(`job ${jobId} did not run after the resume`);
+  return result.outcome;
+}
+
+/** RESUMING → ACTIVE once the sandbox is back, unless its hashes changed while it was suspended. */
+function settleResume(c: RunController, restored: RestoreResult | undefined, checkpointHashes: Hashes): void {
+  const run = c.run;
   // Attached, the sandbox is as it was left: still frozen if idleTimeout froze it (the next job thaws it).
   if (restored || !run.idlePaused || !c.patched(PATCH_IDLE_ATTACH)) run.idlePaused = false;
   // Compared with what the checkpoint recorded, not with the workflow's own copies of the spec.
@@ -77,7 +179,7 @@ async function resume(c: RunController): Promise<void> {
   const stored = restored?.labels
     ? { run: restored.labels.runhash, spec: restored.labels.spechash, policy: restored.labels.policyhash }
     : undefined;
-  const before = hashMismatches(now, run.suspension?.hashes, run.checkpoint.hashes, stored);
+  const before = hashMismatches(now, run.suspension?.hashes, checkpointHashes, stored);
   const recorded = hashMismatches(now, recordedHashes(restored));
   const bad = before.join() === recorded.join() || !c.patched(PATCH_RECORDED_HASHES) ? before : recorded;
   if (bad.length > 0) {

@@ -9,6 +9,7 @@ import { RunController } from './run-controller';
 import { endCancelled, endFailed, endTtl, finalResult } from './run-ending';
 import { setRunHandlers } from './run-handlers';
 import { isTerminal } from './run-state';
+import { undoPendingResume } from './run-suspension';
 import { drainWebhooks, notifyEnded } from './run-webhooks';
 
 /** A Run: one agent execution whose sandbox is released while it waits. */
@@ -22,6 +23,9 @@ export async function runWorkflow(input: RunWorkflowInput): Promise<unknown> {
     await main.run(() => agentLoop(c));
   } catch (err) {
     if (err instanceof ContinueAsNew) throw err;
+    c.publishHeld();
+    // A resume begun for the next job that never came: the sandbox is still where it was.
+    undoPendingResume(c);
     if (c.ttlExpired) {
       await CancellationScope.nonCancellable(() => endTtl(c));
     } else if (isCancellation(err)) {

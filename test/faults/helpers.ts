@@ -78,17 +78,18 @@ export function failedWorkflowTasks(events: HistoryEvent[]): HistoryEvent[] {
   return events.filter((e) => e.workflowTaskFailedEventAttributes);
 }
 
-/** Event ids of the scheduling of every activity of one type: completed and started events name them. */
-function scheduledEventIds(events: HistoryEvent[], type: string): Set<string> {
+/** Event ids of the scheduling of every activity of one type (or of several): completed and started events name them. */
+function scheduledEventIds(events: HistoryEvent[], type: string | string[]): Set<string> {
+  const types = [type].flat();
   return new Set(
     events
-      .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === type)
+      .filter((e) => types.includes(e.activityTaskScheduledEventAttributes?.activityType?.name ?? ''))
       .map((e) => String(e.eventId)),
   );
 }
 
-/** Decoded results of the completed activities of one type, in history order. */
-export function activityResults(events: HistoryEvent[], type: string): unknown[] {
+/** Decoded results of the completed activities of one type (or of several), in history order. */
+export function activityResults(events: HistoryEvent[], type: string | string[]): unknown[] {
   const scheduled = scheduledEventIds(events, type);
   return events
     .filter(
@@ -157,8 +158,12 @@ export function cycleSpec(
 
 /** The manifests a cycleSpec Run took before its suspension and after its resume. */
 export function manifests(events: HistoryEvent[]): string[] {
-  return activityResults(events, 'execInSandbox')
-    .map((r) => (r as { stdout?: string } | undefined)?.stdout ?? '')
+  // The job right after a resume runs in the resume's own activity (resumeAndExecInSandbox), in its outcome.
+  return activityResults(events, ['execInSandbox', 'resumeAndExecInSandbox'])
+    .map((r) => {
+      const result = r as { stdout?: string; outcome?: { stdout?: string } } | undefined;
+      return result?.outcome?.stdout ?? result?.stdout ?? '';
+    })
     .filter((s) => s.includes('MANIFEST'))
     .map((s) => s.slice(s.indexOf('MANIFEST')));
 }

@@ -1,9 +1,14 @@
+import { mkdtemp } from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import { temporal } from '@temporalio/proto';
+import type { PauseMode, RunSpec, StepShape } from '../../common/schemas';
 import { StasisKind } from '../../workflows/search-attributes';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 
-// What a Run writes to its history: one search-attribute upsert per workflow task at most, and
-// none of what the Run was started with (the attributes the client set at start).
+// What a Run writes to its history: at most 24 events per suspend/resume cycle in every pause mode,
+// one search-attribute upsert per workflow task at most, and none of what the Run was started with
+// (the attributes the client set at start).
 
 let stack: TestStack;
 beforeAll(async () => {
@@ -18,12 +23,116 @@ const {
   EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES: UPSERT,
   EVENT_TYPE_WORKFLOW_TASK_COMPLETED: TASK_COMPLETED,
   EVENT_TYPE_MARKER_RECORDED: MARKER,
+  EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED: UPDATE_ACCEPTED,
+  EVENT_TYPE_WORKFLOW_TASK_SCHEDULED: TASK_SCHEDULED,
 } = temporal.api.enums.v1.EventType;
 
 async function events(workflowId: string): Promise<Event[]> {
   const history = await stack.temporal.workflow.getHandle(workflowId).fetchHistory();
   return history.events ?? [];
 }
+
+type EventName = keyof typeof temporal.api.enums.v1.EventType;
+const typeName = (e: Event): string =>
+  (temporal.api.enums.v1.EventType[e.eventType ?? 0] as EventName).replace('EVENT_TYPE_', '');
+const activityName = (e: Event) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? undefined;
+
+/** Events by type (activities scheduled by name), e.g. { TIMER_STARTED: 1, 'scheduled execInSandbox': 2 }. */
+function countTypes(all: Event[]): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const e of all) {
+    const name = activityName(e);
+    const key = name ? `scheduled ${name}` : typeName(e);
+    counts[key] = (counts[key] ?? 0) + 1;
+  }
+  return counts;
+}
+
+/** `exec → (ask → exec that appends to a file and prints it) × cycles → complete`, suspended in `mode`. */
+async function cycleSpec(mode: PauseMode, cycles: number): Promise<RunSpec> {
+  const steps: StepShape[] = [{ exec: 'echo start > cycles.txt' }];
+  for (let i = 1; i <= cycles; i++)
+    steps.push({ ask: `cycle ${i}?` }, { exec: `echo cycle ${i} >> cycles.txt && cat cycles.txt` });
+  steps.push({ complete: 'done' });
+  const agent = { driver: 'scripted', steps };
+  if (mode === 'DETACH') return { agent, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' } };
+  if (mode === 'SNAPSHOT_AND_TERMINATE') return { agent, sandbox: { provider: 'local' } };
+  // TERMINATE keeps the workspace on the host: an active one (under STASIS_HOST_PATHS, the tmp dir here).
+  const hostPath = path.join(await mkdtemp(path.join(os.tmpdir(), 'stasis-cycles-')), 'ws');
+  return { agent, sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } } };
+}
+
+/** Runs `cycles` cycles, answering each once the sandbox is released; the Run's history. */
+async function runCycles(mode: PauseMode, cycles: number): Promise<Event[]> {
+  const { runId } = await stack.client.runs.start(await cycleSpec(mode, cycles));
+  for (let i = 1; i <= cycles; i++) {
+    await eventually(
+      async () => {
+        const view = await stack.client.runs.resource(runId);
+        return view.record.state === 'RELEASED' && view.suspension?.interactionIds.includes(`int-${i}`);
+      },
+      60_000,
+      `cycle ${i} released`,
+    );
+    await stack.client.runs.respond(runId, `int-${i}`, { decision: 'approve' });
+  }
+  expect(await stack.temporal.workflow.getHandle(runId).result()).toBe('done');
+  return events(runId);
+}
+
+/** The stdout of each job that ran with a fused resume, from its activity's result in the history. */
+function fusedJobOutputs(all: Event[]): string[] {
+  const fused = new Set(all.filter((e) => activityName(e) === 'resumeAndExecInSandbox').map((e) => String(e.eventId)));
+  return all.flatMap((e) => {
+    const done = e.activityTaskCompletedEventAttributes;
+    if (!done || !fused.has(String(done.scheduledEventId))) return [];
+    const data = done.result?.payloads?.[0]?.data;
+    const result = JSON.parse(Buffer.from(data ?? []).toString('utf8')) as { outcome?: { stdout: string } };
+    return [result.outcome?.stdout ?? '(no outcome)'];
+  });
+}
+
+test.each(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'] as const)(
+  'a %s cycle (ask → suspend → respond → resume → exec) costs at most 24 history events: the resume runs with its job, no timer per cycle',
+  async (mode) => {
+    const three = await runCycles(mode, 3);
+    // One whole cycle: from the workflow task of the second answer to that of the third
+    // (respond → resume + exec → ask → suspend → released).
+    const answers = three.flatMap((e, i) =>
+      e.eventType === UPDATE_ACCEPTED
+        ? [
+            three
+              .slice(0, i)
+              .map((x) => x.eventType)
+              .lastIndexOf(TASK_SCHEDULED),
+          ]
+        : [],
+    );
+    expect(answers).toHaveLength(3);
+    const cycle = three.slice(answers[1], answers[2]);
+    const perCycle = cycle.length;
+    const typesPerCycle = countTypes(cycle);
+    // At most 24; on failure the diff shows which events a cycle wrote.
+    expect({ perCycle, typesPerCycle }).toEqual({ perCycle: Math.min(perCycle, 24), typesPerCycle });
+    // The resume and the job after it are one activity; no attach, restore or exec of their own.
+    expect(typesPerCycle['scheduled resumeAndExecInSandbox']).toBe(1);
+    for (const name of ['execInSandbox', 'sandboxOp', 'restoreSandbox'])
+      expect(typesPerCycle[`scheduled ${name}`]).toBeUndefined();
+    // One retention timer for the Run, not one started and cancelled per suspension.
+    expect(typesPerCycle.TIMER_STARTED).toBeUndefined();
+    expect(typesPerCycle.TIMER_CANCELED).toBeUndefined();
+    expect(countTypes(three).TIMER_STARTED).toBe(1);
+    expect(typesPerCycle.WORKFLOW_TASK_COMPLETED).toBeLessThanOrEqual(3);
+    // And still one search-attribute upsert per workflow task.
+    expect(upsertsPerTask(cycle).filter((upserts) => upserts.length > 1)).toEqual([]);
+    // Each job ran once, after its resume, in the workspace the earlier ones left.
+    expect(fusedJobOutputs(three)).toEqual([
+      'start\ncycle 1\n',
+      'start\ncycle 1\ncycle 2\n',
+      'start\ncycle 1\ncycle 2\ncycle 3\n',
+    ]);
+  },
+);
 
 const upsertedNames = (e: Event) =>
   Object.keys(e.upsertWorkflowSearchAttributesEventAttributes?.searchAttributes?.indexedFields ?? {});

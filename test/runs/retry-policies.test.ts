@@ -19,13 +19,30 @@ test('a Run that suspends, restores and ends schedules every activity with exact
   const { runId } = await stack.client.runs.start({
     agent: {
       driver: 'scripted',
-      steps: [{ exec: 'echo one' }, { ask: 'go on?' }, { exec: 'echo two' }, { complete: 'done' }],
+      // The first resume runs with its job (resumeAndExecInSandbox), the second before a file write (restoreSandbox).
+      steps: [
+        { exec: 'echo one' },
+        { ask: 'go on?' },
+        { exec: 'echo two' },
+        { ask: 'and on?' },
+        { writeFile: { path: 'f', content: 'x' } },
+        { complete: 'done' },
+      ],
     },
     sandbox: { provider: 'local' },
     policy: { pauseMode: 'SNAPSHOT_AND_TERMINATE' },
   });
-  await eventually(async () => (await stack.client.runs.resource(runId)).phase === 'SUSPENDED', 60_000, 'suspended');
-  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  for (const id of ['int-1', 'int-2']) {
+    await eventually(
+      async () => {
+        const view = await stack.client.runs.resource(runId);
+        return view.phase === 'SUSPENDED' && view.suspension?.interactionIds.includes(id);
+      },
+      60_000,
+      `suspended on ${id}`,
+    );
+    await stack.client.runs.respond(runId, id, { decision: 'approve' });
+  }
   expect(await stack.temporal.workflow.getHandle(runId).result()).toBe('done');
 
   const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
@@ -34,7 +51,9 @@ test('a Run that suspends, restores and ends schedules every activity with exact
     .map((e) => e.activityTaskScheduledEventAttributes!);
   const names = scheduled.map((a) => a.activityType?.name);
   // The Run did go through release and restore, so their policies are among those read.
-  expect(names).toEqual(expect.arrayContaining(['provisionSandbox', 'releaseSandbox', 'restoreSandbox']));
+  expect(names).toEqual(
+    expect.arrayContaining(['provisionSandbox', 'releaseSandbox', 'resumeAndExecInSandbox', 'restoreSandbox']),
+  );
   const expected = [...NON_RETRYABLE_CODES].sort();
   for (const a of scheduled) {
     const list = [...(a.retryPolicy?.nonRetryableErrorTypes ?? [])].sort();

@@ -19,6 +19,7 @@ import {
   jobsToCancel,
   nextRunState,
   planResume,
+  fusesWithResume,
   receiptProblem,
   type ReleaseReceiptFacts,
   releaseBackoffMs,
@@ -271,6 +272,23 @@ describe('resume plan', () => {
     ['DESTROYED', undefined, 'none'],
   ] as const)('%s (%s) → %s', (state, pauseMode, kind) => {
     expect(planResume({ ...record, state, ...(pauseMode ? { pauseMode } : {}) }).kind).toBe(kind);
+  });
+
+  // An answered Run's resume travels with its next action only when that is a sandbox job it waits for.
+  test.each([
+    [{ type: 'job', executionAffinity: 'SANDBOX', background: false }, true],
+    [{ type: 'job', executionAffinity: 'SANDBOX' }, true],
+    [{ type: 'job', executionAffinity: 'SANDBOX', background: true }, false],
+    [{ type: 'job', executionAffinity: 'EXTERNAL', background: false }, false],
+    [{ type: 'readFile' }, false],
+    [{ type: 'writeFile' }, false],
+    [{ type: 'interaction' }, false],
+    [{ type: 'hold' }, false],
+    [{ type: 'spawn' }, false],
+    [{ type: 'complete' }, false],
+    [{ type: 'fail' }, false],
+  ] as const)('resume fused with %j: %s', (action, fused) => {
+    expect(fusesWithResume(action)).toBe(fused);
   });
 
   test('hash mismatch names what changed', () => {

@@ -1,0 +1,91 @@
+import * as path from 'node:path';
+import { CopyObjectCommand, DeleteObjectCommand } from '@aws-sdk/client-s3';
+import type { StepShape } from '../../common/schemas';
+import { evictUnderPressure } from '../../providers/maintenance';
+import { sandboxesDir } from '../../providers/sandbox-state';
+import { checkpointKeys, testS3 } from '../helpers/s3';
+import { startStack, eventually, type TestStack } from '../helpers/stack';
+
+// A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
+// the same Run, once resuming for a job (fused) and once for a file write (a resume of its own),
+// with its checkpoint away from the store, ends the same way, its sandbox rolled back to RELEASED
+// with its checkpoint, and the job never ran.
+
+let stack: TestStack;
+const s3 = testS3();
+const bucket = process.env.STASIS_S3_BUCKET;
+beforeAll(async () => {
+  stack = await startStack({ hostId: 'host-a' });
+});
+afterAll(async () => {
+  await stack?.stop();
+});
+
+/** Starts a Run that writes a file, asks, then takes `next`; answers it once released with its checkpoint away. */
+async function failedResume(next: StepShape) {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go on?' }, next, { complete: 'done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const released = await eventually(
+    async () => {
+      const view = await stack.client.runs.resource(runId);
+      return view.record.state === 'RELEASED' ? view : undefined;
+    },
+    60_000,
+    'released',
+  );
+  const { sandboxId } = released.record;
+  // No dormant copy on the host, and the checkpoint away from the store: the restore cannot succeed.
+  const dir = sandboxesDir(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'));
+  expect(
+    (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted,
+  ).toContain(sandboxId);
+  const [key] = await checkpointKeys(s3, sandboxId);
+  await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${key}`, Key: `aside/${key}` }));
+  await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  try {
+    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+    await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  } finally {
+    await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/aside/${key}`, Key: key }));
+    await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: `aside/${key}` }));
+  }
+  const snapshot = await stack.client.runs.get(runId);
+  const after = await stack.client.runs.resource(runId);
+  const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
+  const scheduled = (history.events ?? []).flatMap(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? [],
+  );
+  const processes = await stack.workers.get('host-a')!.registry.get('local').processCount(sandboxId);
+  return { released, snapshot, after, scheduled, processes };
+}
+
+test('a fused resume whose restore fails ends the Run as a failed resume of its own does, the sandbox rolled back to RELEASED', async () => {
+  const fused = await failedResume({ exec: 'cat notes.txt' });
+  const plain = await failedResume({ writeFile: { path: 'other.txt', content: 'x' } });
+  // The job's resume was fused; the file write's was not.
+  expect(fused.scheduled).toContain('resumeAndExecInSandbox');
+  expect(fused.scheduled.filter((name) => name === 'execInSandbox')).toHaveLength(1); // the first exec only
+  expect(plain.scheduled).toContain('restoreSandbox');
+  expect(plain.scheduled).not.toContain('resumeAndExecInSandbox');
+  for (const run of [fused, plain]) {
+    expect(run.snapshot.status).toBe('FAILED');
+    expect(run.after.record.state).toBe('RELEASED');
+    expect(run.after.record.checkpoint).toEqual(run.released.record.checkpoint);
+    expect(run.after.record.fence).toBeGreaterThan(run.released.record.fence);
+    expect(run.processes).toBe(0);
+  }
+  // Exactly as the plain resume: same error, same record left behind.
+  const outcome = (run: typeof fused) => ({
+    error: run.snapshot.error?.code,
+    state: run.after.record.state,
+    // Named after the activity that failed (restoreSandbox or resumeAndExecInSandbox), then the same words.
+    lastError: run.after.record.lastError?.replace(/^\w+: /, '').replace(/checkpoints\/[^ ]+/g, '<checkpoint>'),
+    fenceRaisedBy: run.after.record.fence - run.released.record.fence,
+  });
+  expect(outcome(fused)).toEqual(outcome(plain));
+});
