@@ -90,7 +90,10 @@ export class WorkerMetrics {
     void this.persist();
   }
 
-  /** Resolves once the latency is in the durable figures (or its write failed, which is logged). */
+  /**
+   * Counts the release at once (the Prometheus registry and the snapshot); resolves once it is in the
+   * durable figures (or their write failed, which is logged). Never rejects, so a release need not wait.
+   */
   recordReleaseLatency(ms: number): Promise<void> {
     this.releaseDuration.observe(ms / 1000);
     this.figures.releases += 1;

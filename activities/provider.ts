@@ -137,8 +137,9 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
         // Retried by Temporal: a release counts only when the receipt confirms it.
         throw ApplicationFailure.create({ type: 'COMPUTE_NOT_RELEASED', message: `provider ${problem}` });
       }
-      // Durable before the workflow hears of the release: the snapshot then counts every release it saw.
-      await deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
+      // Diagnostics only (the receipt is what guards exactly-once): counted now, written to the durable
+      // figures behind the release rather than in its path; a normal shutdown waits for the write.
+      void deps.metrics.recordReleaseLatency(Date.now() - info.scheduledTimestampMs);
       return { ...receipt, attempt: info.attempt };
     },
 

@@ -209,7 +209,7 @@ export async function runCycleBench(
       errors,
     };
     log(
-      `cycle ${c.name}: suspend ${suspendMs.median} ms (direct ${baselineSuspendMs.median}), resume ${resumeMs.median} ms (direct ${baselineResumeMs.median})` +
+      `cycle ${c.name}: suspend ${suspendMs.median} ms (direct ${baselineSuspendMs.median}; releaseSandbox run ${result.suspendParts['run:releaseSandbox'] ?? 0}), resume ${resumeMs.median} ms (direct ${baselineResumeMs.median})` +
         (errors.length ? `; ${errors.length} errors: ${errors[0]}` : ''),
     );
     results.push(result);

@@ -24,6 +24,12 @@ export function probeWorkflowThreads(): void {
   class Probed extends Original {
     static probed = true;
     constructor(file: string | URL, options: WorkerThreads.WorkerOptions = {}) {
+      // Only the SDK's workflow threads (a file): Stasis's own threads (the checkpoint hasher's inline
+      // source) run as they are; wrapped, their source was taken for a file name and every snapshot failed.
+      if (options.eval) {
+        super(file, options);
+        return;
+      }
       const { port1, port2 } = new threads.MessageChannel();
       super(PREAMBLE, {
         ...options,

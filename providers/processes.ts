@@ -482,9 +482,17 @@ async function killFound(
   find: (marker: SandboxMarker) => Promise<ProcessInfo[]>,
 ): Promise<void> {
   const deadline = Date.now() + timeoutMs;
+  let emptyLooks = 0;
   for (;;) {
     const alive = await find(marker);
-    if (alive.length === 0) return;
+    // Done after two empty looks in a row: a process forked while its parent was being killed can be
+    // in no listing for a moment (its pid taken, not yet in /proc, or on its way to a new parent).
+    if (alive.length === 0 && (emptyLooks += 1) >= 2) return;
+    if (alive.length === 0) {
+      await sleep(10);
+      continue;
+    }
+    emptyLooks = 0;
     if (Date.now() > deadline) {
       throw new StasisError(
         'UNAVAILABLE',

@@ -125,8 +125,8 @@ export function createFiguresStore(config: Config): FiguresStore {
     region: config.STASIS_S3_REGION,
     ...(config.STASIS_S3_ENDPOINT ? { endpoint: config.STASIS_S3_ENDPOINT, forcePathStyle: true } : {}),
     ...(accessKeyId && secretAccessKey ? { credentials: { accessKeyId, secretAccessKey } } : {}),
-    // A release waits for this write: a stalled store must fail it in seconds (it is logged and
-    // retried with the next change), never hold the release until its heartbeat times out.
+    // A stalled store must fail the write in seconds (it is logged and retried with the next
+    // change), so the writes queued behind it, and a worker's shutdown that waits for them, go on.
     maxAttempts: 2,
     requestHandler: { connectionTimeout: 5_000, socketTimeout: 10_000 },
     requestChecksumCalculation: 'WHEN_REQUIRED',

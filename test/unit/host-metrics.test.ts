@@ -99,3 +99,31 @@ test('figures that cannot be read at start are never overwritten from zero; they
     warn.mockRestore();
   }
 });
+
+test('releases recorded without waiting for their writes are all in the durable figures once flushed, however slow the writes', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(fc.integer({ min: 0, max: 600_000 }), { minLength: 1, maxLength: 20 }),
+      fc.infiniteStream(fc.integer({ min: 0, max: 5 })),
+      async (latencies, delays) => {
+        const inner = newStore();
+        const slow: FiguresStore = {
+          write: async (f) => {
+            await new Promise((resolve) => setTimeout(resolve, delays.next().value as number));
+            await inner.write(f);
+          },
+          read: (h) => inner.read(h),
+          readAll: () => inner.readAll(),
+        };
+        const metrics = await WorkerMetrics.load('host-s', slow);
+        // As releaseSandbox does: counted now, the write left to run behind the release.
+        for (const ms of latencies) void metrics.recordReleaseLatency(ms);
+        expect(metrics.snapshot().releaseLatencyMs).toEqual(latencies);
+        // What a worker's normal shutdown waits for.
+        await metrics.flushed();
+        expect(await inner.read('host-s')).toMatchObject({ releases: latencies.length, releaseLatencyMs: latencies });
+      },
+    ),
+    { numRuns: 25 },
+  );
+});
