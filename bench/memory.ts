@@ -39,6 +39,13 @@ export function probeWorkflowThreads(): void {
       });
       port1.unref();
       probes.push(port1);
+      // A thread that has ended answers no more: asked, it would hang the measurement (figure 5 waited
+      // for ever on the threads of figure 2's workers, shut down before it).
+      this.once('exit', () => {
+        const at = probes.indexOf(port1);
+        if (at >= 0) probes.splice(at, 1);
+        port1.close();
+      });
     }
   }
   (threads as { Worker: typeof WorkerThreads.Worker }).Worker = Probed;
@@ -63,9 +70,14 @@ const PREAMBLE = `{
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc') as () => void;
 
-function threadHeap(port: WorkerThreads.MessagePort): Promise<v8.HeapInfo> {
+/** The thread's heap statistics; undefined if it does not answer within 10 s (it is ending). */
+function threadHeap(port: WorkerThreads.MessagePort): Promise<v8.HeapInfo | undefined> {
   return new Promise((resolve) => {
-    port.once('message', (stats: v8.HeapInfo) => resolve(stats));
+    const timer = setTimeout(() => resolve(undefined), 10_000);
+    port.once('message', (stats: v8.HeapInfo) => {
+      clearTimeout(timer);
+      resolve(stats);
+    });
     port.postMessage('stats');
   });
 }
@@ -87,7 +99,7 @@ const mib = (bytes: number) => Math.round((bytes / (1024 * 1024)) * 10) / 10;
 /** The process's memory by part, after a full GC of every heap. */
 export async function workerMemory(): Promise<WorkerMemory> {
   gc();
-  const threads = await Promise.all(probes.map(threadHeap));
+  const threads = (await Promise.all(probes.map(threadHeap))).filter((t) => t !== undefined);
   const main = v8.getHeapStatistics();
   const match = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'));
   const rssMiB = Math.round((match ? Number(match[1]) : 0) / 1024);
