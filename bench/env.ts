@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -123,10 +124,29 @@ export async function startEnv(log: (line: string) => void, settings: Record<str
       await attempt(() => connection.close());
       await attempt(() => temporalServer.stop());
       await attempt(() => minio.stop());
+      // Sandboxes of Runs the bench left unfinished still have their volumes mounted (sandbox volumes are on
+      // where the host allows them): unmounted first, or removing the data dir fails (EBUSY) and leaves them.
+      unmountUnder(dataDir);
       rmSync(dataDir, { recursive: true, force: true });
       if (errors.length > 0) log(`stop: ${errors.map(String).join('; ')}`);
     },
   };
+}
+
+/** Lazily unmounts every filesystem mounted under `dir` (best effort). */
+function unmountUnder(dir: string): void {
+  const mounts = readFileSync('/proc/self/mounts', 'utf8')
+    .split('\n')
+    .map((line) => line.split(' ')[1] ?? '')
+    .filter((point) => point.startsWith(`${dir}/`))
+    .reverse();
+  for (const point of mounts) {
+    try {
+      execFileSync('umount', ['--lazy', point], { stdio: 'ignore' });
+    } catch {
+      // not ours to unmount, or gone already: the removal below says what is left
+    }
+  }
 }
 
 /** Processes whose command line names `dir` (the servers we started: MinIO's data dir, Temporal's database file). */
