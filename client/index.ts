@@ -243,7 +243,7 @@ export class RunsApi {
     }
   }
 
-  /** The operator view, with a retrying release's (or restore's) live attempt count and last error from Temporal. */
+  /** The operator view, with a retrying release's (or restore's, fused or not) live attempt count and last error from Temporal. */
   async resource(runId: string): Promise<ResourceView> {
     const handle = this.handle(runId);
     try {
@@ -254,7 +254,8 @@ export class RunsApi {
         state === 'RELEASING' || state === 'RELEASE_BLOCKED'
           ? pending('releaseSandbox')
           : state === 'RESTORING'
-            ? pending('restoreSandbox')
+            ? // A resume fused with the Run's next job restores inside that job's activity.
+              (pending('restoreSandbox') ?? pending('resumeAndExecInSandbox'))
             : undefined;
       if (retrying) {
         view.record.attempts = retrying.attempt ?? view.record.attempts;
