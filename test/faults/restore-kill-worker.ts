@@ -71,6 +71,15 @@ if (point === 'restore:mid-extract') {
     }
     return original(...args);
   };
+  // Content-addressed restores create their files with synchronous calls (stores/cas/restore.ts).
+  const originalSync = fsSync.openSync;
+  (fsSync as { openSync: unknown }).openSync = (...args: Parameters<typeof originalSync>) => {
+    if (isStaged(String(args[0]))) {
+      opened += 1;
+      if (opened > Number(env('RK_EXTRACT_FILES'))) freeze();
+    }
+    return originalSync(...args);
+  };
 }
 
 if (point === 'restore:between-swap-renames') {
