@@ -72,13 +72,21 @@ export class S3CheckpointStore implements CheckpointStore {
 
   async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint> {
     checkKey(key);
-    // A worker killed mid-upload leaves its multipart upload open; the retry under the same key ends it.
-    await this.abortUploads(key, (upload) => upload === key);
     const hasher = new HashingStream();
+    // Piped (so listened to) before the first await: a body failing meanwhile was an unhandled 'error'.
+    const feeding = pipeline(body, hasher).catch((err: unknown) => err);
+    try {
+      // A worker killed mid-upload leaves its multipart upload open; the retry under the same key ends it.
+      await this.abortUploads(key, (upload) => upload === key);
+    } catch (err) {
+      hasher.destroy();
+      body.destroy();
+      await feeding;
+      throw err;
+    }
     // Cancelling ends the body with an error, so the upload fails the normal way and aborts its multipart upload itself.
     const onAbort = () => hasher.destroy(abortReason(signal, 'checkpoint upload'));
     signal?.addEventListener('abort', onAbort, { once: true });
-    const feeding = pipeline(body, hasher).catch((err: unknown) => err);
     const upload = new Upload({
       client: this.client,
       params: {
