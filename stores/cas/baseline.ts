@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import { z } from 'zod';
 import { hasErrorCode } from '../atomic-file';
-import { Manifest, type ManifestEntry } from './manifest';
+import { isChunkLocation, isManifestEntry, Manifest } from './manifest';
 
 // What the last checkpoint of a sandbox looked like on this host: its manifest and,
 // per file, the inode and ctime the file had when the manifest was taken (an
@@ -42,42 +42,9 @@ const BaselineOutline = Baseline.extend({
   manifest: Manifest.extend({ entries: z.array(z.unknown()), chunks: z.record(z.string(), z.unknown()) }),
 });
 
-const SHA256 = /^[0-9a-f]{64}$/;
-const NS = /^[0-9]{1,25}$/;
-const KINDS = new Set(['d', 'f', 'l', 'h']);
-const isCount = (x: unknown) => typeof x === 'number' && Number.isInteger(x) && x >= 0;
-
 /** What ManifestEntry's schema accepts (a property test holds the two together). */
-export function isBaselineEntry(value: unknown): value is ManifestEntry {
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) return false;
-  const e = value as Record<string, unknown>;
-  return (
-    typeof e.p === 'string' &&
-    typeof e.k === 'string' &&
-    KINDS.has(e.k) &&
-    isCount(e.m) &&
-    isCount(e.s) &&
-    typeof e.mt === 'string' &&
-    NS.test(e.mt) &&
-    typeof e.ct === 'string' &&
-    NS.test(e.ct) &&
-    (e.l === undefined || typeof e.l === 'string') &&
-    (e.c === undefined || (Array.isArray(e.c) && e.c.every((h) => typeof h === 'string' && SHA256.test(h))))
-  );
-}
-
-/** What the schema of a manifest's chunk locations accepts: [pack, offset, length > 0]. */
-export function isChunkLocation(hash: string, value: unknown): boolean {
-  return (
-    SHA256.test(hash) &&
-    Array.isArray(value) &&
-    value.length === 3 &&
-    isCount(value[0]) &&
-    isCount(value[1]) &&
-    isCount(value[2]) &&
-    (value[2] as number) > 0
-  );
-}
+export const isBaselineEntry = isManifestEntry;
+export { isChunkLocation };
 
 export async function readBaseline(file: string): Promise<Baseline | undefined> {
   let text: string;

@@ -9,11 +9,12 @@ import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
 import { hashSpans } from './hasher';
-import { decodeManifest, invalid, packsPrefixOf, type Manifest, type ManifestEntry } from './manifest';
+import { invalid, readManifest, type Manifest, type ManifestEntry } from './manifest';
 import { zstdDecompressFile } from './zstd';
 
 // Restoring a content-addressed checkpoint into an empty directory of the worker's
-// own: the manifest is checked whole before anything is written, then the packs
+// own: the manifest (with its segments, each verified by its hash) is checked whole
+// before anything is written, then the packs
 // it needs are downloaded a few at a time ahead of the writer, each chunk is
 // verified against its hash, and files are written directly. Symlinks come
 // last, so nothing is ever written through one; then directory modes and times.
@@ -53,7 +54,7 @@ export async function restoreCheckpoint(input: {
   } finally {
     await fs.rm(manifestFile, { force: true });
   }
-  const manifest = await decodeManifest(data, checkpoint.uri, packsPrefixOf(checkpoint.uri), input.limits);
+  const manifest = await readManifest(input.store, data, checkpoint.uri, input.limits, signal);
   const packs = new PackReader(input.store, checkpoint.uri, manifest, input.tempPrefix, input.progress, signal);
   const target = path.resolve(input.targetDir);
   const absolute = (entry: ManifestEntry) => path.join(target, ...entry.p.split('/'));

@@ -13,24 +13,30 @@ import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES } from './hasher';
 import {
   admitEntry,
-  encodeManifest,
+  compressSegment,
+  encodeTop,
   MANIFEST_SUFFIX,
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
   packsPrefixOf,
+  SEGMENT_SUFFIX,
+  SEGMENTS_DIR,
+  splitManifest,
   type Manifest,
   type ManifestEntry,
   type PackRef,
+  type SegmentRef,
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
 import { zstdCompressFile } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
 // baseline, cut and hash only that, upload only chunks the baseline's checkpoint
-// does not already hold (in packs of a few MiB), then the manifest. The manifest
-// goes last: until it is in the store nothing names the new packs, and a killed
-// attempt leaves only packs that garbage collection removes.
+// does not already hold (in packs of a few MiB), then the manifest: the segments
+// the baseline's checkpoint does not already have, and last the top object. Until
+// it is in the store nothing names the new packs and segments, and a killed
+// attempt leaves only objects that garbage collection removes.
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
@@ -46,6 +52,10 @@ export interface TakeStats {
   /** Compressed bytes of the packs uploaded. */
   packBytes: number;
   packs: number;
+  /** Manifest segments uploaded (the rest were the baseline's), their stored bytes, and the top object's. */
+  segments: number;
+  segmentBytes: number;
+  topBytes: number;
 }
 
 export async function takeCheckpoint(input: {
@@ -73,7 +83,15 @@ export async function takeCheckpoint(input: {
   const known = knownChunks(baseline);
   const entries: ManifestEntry[] = [];
   const local: Baseline['local'] = {};
-  const stats: TakeStats = { files: 0, filesHashed: 0, packBytes: 0, packs: 0 };
+  const stats: TakeStats = {
+    files: 0,
+    filesHashed: 0,
+    packBytes: 0,
+    packs: 0,
+    segments: 0,
+    segmentBytes: 0,
+    topBytes: 0,
+  };
   const onChunk = (hash: string, bytes: Buffer) => (known.has(hash) ? undefined : packer.add(hash, bytes));
   const smallFiles = new SmallFiles(onChunk);
   try {
@@ -111,17 +129,80 @@ export async function takeCheckpoint(input: {
     await packer.abandon();
     throw err;
   }
-  const manifest = assemble(takenAtNs.toString(), entries, known, packer);
+  const assembled = assemble(takenAtNs.toString(), entries, known, packer);
   stats.packBytes = packer.uploadedBytes;
   stats.packs = packer.uploadedPacks;
-  const body = await encodeManifest(manifest);
+  const { checkpoint, manifest } = await storeManifest(input, assembled, baseline, stats);
+  return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
+}
+
+/** Segments compressed and uploading at once. */
+const SEGMENT_UPLOADS = 4;
+
+/**
+ * Stores the manifest as `stasis-cas-2`: each segment the baseline's checkpoint does not already
+ * name is uploaded (under its name: a retry or another checkpoint with the same segment writes the
+ * same bytes), then the top object, last. The baseline's segments are reused only as its packs are:
+ * while its checkpoint exists (usableBaseline), which keeps them from garbage collection.
+ */
+async function storeManifest(
+  input: {
+    store: CheckpointStore;
+    prefix: string;
+    name: string;
+    labels: Record<string, string>;
+    progress: { bytes: number };
+    signal?: AbortSignal;
+  },
+  manifest: Manifest,
+  baseline: Baseline | undefined,
+  stats: TakeStats,
+): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
+  const { signal } = input;
+  const { segments, takenAtNs, packs } = splitManifest(manifest);
+  const stored = new Map<string, SegmentRef>((baseline?.manifest.segments ?? []).map((ref) => [ref[0], ref]));
+  const refs: SegmentRef[] = [];
+  const uploads = new Map<string, Promise<SegmentRef>>();
+  const running = new Set<Promise<SegmentRef>>();
+  try {
+    for (const { ref, json } of segments) {
+      const name = ref[0];
+      if (!stored.has(name) && !uploads.has(name)) {
+        while (running.size >= SEGMENT_UPLOADS) await Promise.race(running).catch(() => undefined);
+        signal?.throwIfAborted();
+        const upload = (async (): Promise<SegmentRef> => {
+          const body = await compressSegment(json);
+          await input.store.put(
+            `${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`,
+            Readable.from([body]),
+            {},
+            signal,
+          );
+          stats.segments += 1;
+          stats.segmentBytes += body.length;
+          input.progress.bytes += body.length;
+          return [name, body.length, ref[2], ref[3]];
+        })();
+        upload.catch(() => undefined); // awaited below
+        uploads.set(name, upload);
+        running.add(upload);
+        void upload.finally(() => running.delete(upload)).catch(() => undefined);
+      }
+    }
+    for (const { ref } of segments) refs.push(stored.get(ref[0]) ?? (await uploads.get(ref[0])!));
+  } finally {
+    // Nothing is still writing once the attempt has failed.
+    await Promise.allSettled(uploads.values());
+  }
+  const body = await encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
+  stats.topBytes = body.length;
   const checkpoint = await input.store.put(
     `${input.prefix}${input.name}${MANIFEST_SUFFIX}`,
     Readable.from([body]),
     input.labels,
     signal,
   );
-  return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
+  return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
 }
 
 function describe(walked: WalkEntry): ManifestEntry {
@@ -335,7 +416,7 @@ function assemble(
       chunks[hash] = [index, where.offset, where.length];
     }
   }
-  return { format: 'stasis-cas-1', takenAtNs, entries, chunks, packs };
+  return { format: 'stasis-cas-2', takenAtNs, entries, chunks, packs };
 }
 
 /** Groups new chunks into packs, compresses (zstd) and uploads them, a bounded number at once. */
