@@ -282,8 +282,13 @@ async function readSegments(
       done += 1;
       startMore();
       const segmentUri = `${segmentsPrefix}${name}${SEGMENT_SUFFIX}`;
-      const segment = parseJson(json, segmentUri) as Record<string, unknown> | null;
       const bad = (why: string) => invalid(uri, `has a segment ${segmentUri} that ${why}`);
+      let segment: Record<string, unknown> | null;
+      try {
+        segment = JSON.parse(json.toString('utf8')) as Record<string, unknown> | null;
+      } catch (err) {
+        throw bad(`is not JSON: ${(err as Error).message.slice(0, 200)}`);
+      }
       if (typeof segment !== 'object' || segment === null || segment.format !== SEGMENT_FORMAT) {
         throw bad('is not a segment');
       }
