@@ -136,8 +136,8 @@ export async function takeCheckpoint(input: {
   return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
 }
 
-/** Segments compressed and uploading at once. */
-const SEGMENT_UPLOADS = 4;
+/** Segments uploading at once: small objects, so the store's latency, not its bandwidth, sets the pace. */
+const SEGMENT_UPLOADS = 16;
 
 /**
  * Stores the manifest as `stasis-cas-2`: each segment the baseline's checkpoint does not already
@@ -171,7 +171,7 @@ async function storeManifest(
         while (running.size >= SEGMENT_UPLOADS) await Promise.race(running).catch(() => undefined);
         signal?.throwIfAborted();
         const upload = (async (): Promise<SegmentRef> => {
-          const body = await compressSegment(json);
+          const body = compressSegment(json);
           await input.store.put(
             `${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`,
             Readable.from([body]),

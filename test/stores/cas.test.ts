@@ -5,7 +5,14 @@ import { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import { PutObjectCommand } from '@aws-sdk/client-s3';
 import { testS3 } from '../helpers/s3';
-import { isBaselineEntry, isChunkLocation, RACY_MARGIN_NS } from '../../stores/cas/baseline';
+import {
+  isBaselineEntry,
+  isChunkLocation,
+  RACY_MARGIN_NS,
+  readBaseline,
+  removeBaseline,
+  writeBaseline,
+} from '../../stores/cas/baseline';
 import { cutPoints, gearTable } from '../../stores/cas/fastcdc';
 import {
   compressSegment,
@@ -242,7 +249,7 @@ describe('segmented manifests (stasis-cas-2)', () => {
   });
 
   test('a corrupt segment and a missing segment are CHECKPOINT_INVALID naming them; nothing is written', async () => {
-    const root = await tree(400);
+    const root = await tree(1500);
     const sandboxId = uniqueId('cas-seg-bad');
     const taken = await take(store, root, sandboxId);
     const [name, storedBytes] = taken.baseline.manifest.segments![1];
@@ -251,9 +258,7 @@ describe('segmented manifests (stasis-cas-2)', () => {
     const client = testS3();
     const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
     // Well-formed deflate of other JSON, of the declared size at most.
-    const other = await compressSegment(
-      Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'),
-    );
+    const other = compressSegment(Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'));
     expect(other.length).toBeLessThanOrEqual(storedBytes);
     await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: other }));
     const target = await tempDir('cas-seg-target');
@@ -367,6 +372,33 @@ describe('baseline checks', () => {
       ),
       { numRuns: 2000 },
     );
+  });
+});
+
+describe('baseline files', () => {
+  test('a baseline read again is the one in the file, whoever replaced it since; one that cannot be read is none', async () => {
+    const root = await newSandboxRoot();
+    await fs.writeFile(path.join(root, 'workspace', 'a'), bytes(100));
+    const sandboxId = uniqueId('cas-baseline-file');
+    const { baseline } = await take(store, root, sandboxId);
+    const file = path.join(await tempDir('cas-baseline'), 'baseline.json');
+    await writeBaseline(file, baseline);
+    const read = await readBaseline(file);
+    expect(read).toEqual(baseline);
+    // Another writer (another worker process on the host) replaces the file in place and by rename.
+    const other = { ...baseline, uri: `${baseline.uri}.other` };
+    await fs.writeFile(file, JSON.stringify(other));
+    expect((await readBaseline(file))?.uri).toBe(other.uri);
+    const renamed = `${file}.new`;
+    await fs.writeFile(renamed, JSON.stringify({ ...baseline, uri: `${baseline.uri}.renamed` }));
+    await fs.rename(renamed, file);
+    expect((await readBaseline(file))?.uri).toBe(`${baseline.uri}.renamed`);
+    await fs.writeFile(file, '{"torn":');
+    expect(await readBaseline(file)).toBeUndefined();
+    await writeBaseline(file, baseline);
+    await removeBaseline(file);
+    expect(await readBaseline(file)).toBeUndefined();
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
   });
 });
 
