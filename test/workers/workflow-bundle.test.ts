@@ -57,7 +57,7 @@ test("workflows created in one worker thread share Stasis's modules instead of i
     {
       code: bundle.code,
       filename: 'stasis-workflows.js',
-      sourceMap: JSON.stringify({ version: 3, sources: [], names: [], mappings: '' }),
+      sourceMap: { version: 3, file: 'stasis-workflows.js', sources: [], names: [], mappings: '' },
     },
     5_000,
     new Set(['agentStep']),
