@@ -52,10 +52,18 @@ async function main(): Promise<void> {
     log(`${released}/${n} waiting, ${env.worker.cachedWorkflows()} cached, history ${history.events?.length} events`);
     // One at a time: each answer's time is its own, not a queue's.
     const ms: number[] = [];
+    const failures: string[] = [];
     for (const id of ids) {
       const t = performance.now();
-      await env.client.runs.respond(id, 'int-1', { decision: 'approve' });
-      ms.push(performance.now() - t);
+      try {
+        await env.client.runs.respond(id, 'int-1', { decision: 'approve' });
+        ms.push(performance.now() - t);
+      } catch (err) {
+        // Counted and described, not thrown: the other answers still measure.
+        const chain: string[] = [];
+        for (let e: unknown = err; e instanceof Error && chain.length < 5; e = e.cause) chain.push(e.message);
+        failures.push(`${id}: ${chain.join(' <- ')}`);
+      }
     }
     const settled = await settle(env, new Set(ids), Date.now() + 600_000, 1000);
     process.stdout.write(
@@ -66,6 +74,8 @@ async function main(): Promise<void> {
         historyEvents: history.events?.length,
         cachedWhileWaiting: memory,
         respondMs: summarize(ms),
+        respondFailures: failures.slice(0, 5),
+        respondFailed: failures.length,
         completed: settled.completed,
         failed: settled.failed,
       })}\n`,
