@@ -653,6 +653,12 @@ const IMPROVEMENTS: string[] = [
     "With a cache of 100 (`STASIS_MAX_CACHED_WORKFLOWS=100`), the Runs from 100 to 300 waiting added 0.05 MiB each (RSS 422 → 432 MiB, the workflow thread's live heap flat at 41 MiB): " +
     'a Run beyond the cache costs the worker a tenth of a cached one, so the cache is best sized to the Runs active at once, not to those waiting (the default stays 1,000; a smaller one ' +
     'replays the history of every Run answered after eviction). Figure 5 now reports both the cost over 0 Runs and the marginal cost (half → all Runs), and the parts.',
+  "- **A cached Run no longer instantiates Stasis's workflow modules** (`workers/worker.ts`, `preloadModules`). The SDK runs every workflow of a thread in one V8 context but gives each its own " +
+    "instance of every module loaded after the bundle started: each cached Run held its own copy of Stasis's workflow code (functions, closures, constant tables, the hashing library). " +
+    'Heap snapshots of the workflow thread (`bench/waiting-probe.ts --snapshots`, `bench/heap-diff.ts`) with 100 and 300 cached waiting Runs: 146.5 KiB of objects per Run before, 59.7 KiB after ' +
+    "(the workflow thread's live heap 0.141 → 0.058 MiB per Run; RSS 1.10 → 0.36 MiB per Run from 100 to 300 waiting, both at load average 12-14 on the shared 2 cores, so the RSS figures are noisy). " +
+    "The modules are now loaded once per thread and shared, frozen by the SDK; a test fails if one of them gains module state. What remains per cached Run is mostly the SDK's: about 10 KiB of " +
+    "stack traces it keeps for every pending promise (its stack-trace query, always on), its per-workflow copy of the context's globals (5 KiB), the Run's promises and timers, and outside V8 the SDK core's state of the Run.",
   '- **Provider calls no longer scan all of /proc where there is no cgroup** (`providers/processes.ts`). The process starter reports each process it starts; a look at a sandbox reads ' +
     'its known processes, their descendants, and the children of init, the worker and its ancestors (where orphans go), re-reading only pids handed out since the last look. With 1,145 ' +
     'processes on the machine (500 of them orphans of init) finding a 3-process sandbox took 3.1 ms instead of 58 ms (50 calls each, load average 13). Where the worker can create ' +
