@@ -65,6 +65,7 @@ async function main(): Promise<void> {
         failures.push(`${id}: ${chain.join(' <- ')}`);
       }
     }
+    log(`answers: ${JSON.stringify(summarize(ms))}, ${failures.length} failed ${JSON.stringify(failures.slice(0, 2))}`);
     const settled = await settle(env, new Set(ids), Date.now() + 600_000, 1000);
     process.stdout.write(
       `${JSON.stringify({
