@@ -3,7 +3,7 @@ import { probeWorkflowThreads, workerMemory } from './memory';
 
 // What a smaller workflow cache costs when a waiting Run is answered:
 // `node dist/bench/replay-cost.js <runs> <execs before the ask> [KEY=VALUE...]` starts the bench's world
-// with those worker settings (e.g. STASIS_MAX_CACHED_WORKFLOWS=0), suspends <runs> Runs that each ran
+// with those worker settings (e.g. STASIS_MAX_CACHED_WORKFLOWS=2), suspends <runs> Runs that each ran
 // <execs> sandbox commands before asking, then answers them one at a time and prints how long each
 // answer took (the `respond` Update, accepted and completed: a Run evicted from the cache replays
 // its history first), with the Runs' history length. Run once per setting and compare.
