@@ -8,6 +8,8 @@ import { pipeline } from 'node:stream/promises';
 import { DeleteObjectCommand, GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import type { Checkpoint } from '../common/schemas';
 import { freePorts } from '../platform/ports';
+import { createLocalProvider } from '../providers/local';
+import { sandboxPaths } from '../providers/sandbox-state';
 import { startMinio } from '../platform/servers';
 import { DEFAULT_ARCHIVE_LIMITS } from '../stores/archive';
 import { restoreCheckpoint } from '../stores/cas/restore';
@@ -51,7 +53,12 @@ async function main(): Promise<void> {
   for (const key of ['STASIS_S3_ENDPOINT', 'MINIO_ROOT_USER', 'MINIO_ROOT_PASSWORD']) delete env[key];
   const minio = await startMinio({ dataDir: path.join(root, 'minio-data'), port, consolePort, env });
   const credentials = { accessKeyId: minio.accessKeyId ?? '', secretAccessKey: minio.secretAccessKey ?? '' };
-  const store = new S3CheckpointStore({ bucket: minio.bucket, region: minio.region, endpoint: minio.endpoint, credentials });
+  const store = new S3CheckpointStore({
+    bucket: minio.bucket,
+    region: minio.region,
+    endpoint: minio.endpoint,
+    credentials,
+  });
   const s3 = new S3Client({
     endpoint: minio.endpoint,
     region: minio.region,
@@ -65,12 +72,33 @@ async function main(): Promise<void> {
   if (kind === 'mixed') await fillWorkspace(path.join(source, 'workspace'), size * MiB);
   else await fillNodeModules(path.join(source, 'workspace'), size);
   const rows: Record<string, number[]> = { take: [], tarZstd: [], put: [], restore: [], get: [], untar: [] };
+  const provider = process.env.PROFILE_PROVIDER !== undefined;
+  const volumes = process.env.PROFILE_PROVIDER === 'off' ? 'off' : 'auto';
+  const a = createLocalProvider({ hostId: 'profile-a', dataDir: path.join(root, 'a'), store, volumes });
+  const b = createLocalProvider({ hostId: 'profile-b', dataDir: path.join(root, 'b'), store, volumes });
   try {
     for (let rep = 0; rep < reps; rep++) {
       const progress = { bytes: 0 };
       let checkpoint: Checkpoint | undefined;
+      const id = `profile-${rep}`;
+      if (provider) {
+        await a.provision({ sandboxId: id, fence: 1 }, { ownerId: id, hostId: 'profile-a' });
+        const pathsA = sandboxPaths(path.join(root, 'a'), id);
+        await fs.rm(pathsA.workspace, { recursive: true, force: true });
+        await fs.cp(path.join(source, 'workspace'), pathsA.workspace, { recursive: true });
+        await sh(`sync -f '${pathsA.volume}'`);
+        await a.start({ sandboxId: id, fence: 1 }, { ownerId: id, hostId: 'profile-a' });
+      }
       rows.take.push(
         await ms(async () => {
+          if (provider) {
+            const receipt = await a.release(
+              { sandboxId: id, fence: 2, idempotencyKey: id, mode: 'SNAPSHOT_AND_TERMINATE', reason: 'profile' },
+              { ownerId: id, hostId: 'profile-a' },
+            );
+            checkpoint = receipt.checkpoint;
+            return;
+          }
           ({ checkpoint } = await takeCheckpoint({
             store,
             rootDir: source,
@@ -85,7 +113,9 @@ async function main(): Promise<void> {
         }),
       );
       const archive = path.join(root, 'archive.tar.zst');
-      rows.tarZstd.push(await ms(() => sh(`tar -C '${source}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`)));
+      rows.tarZstd.push(
+        await ms(() => sh(`tar -C '${source}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`)),
+      );
       const key = `baseline/${rep}.tar.zst`;
       const archiveBytes = (await fs.stat(archive)).size;
       rows.put.push(
@@ -105,14 +135,16 @@ async function main(): Promise<void> {
       await fs.mkdir(target);
       rows.restore.push(
         await ms(() =>
-          restoreCheckpoint({
-            store,
-            checkpoint: checkpoint!,
-            targetDir: target,
-            tempPrefix: path.join(root, `download-${rep}`),
-            limits: DEFAULT_ARCHIVE_LIMITS,
-            progress: { bytes: 0 },
-          }),
+          provider
+            ? b.restore({ sandboxId: id, fence: 3, checkpoint: checkpoint! }, { ownerId: id, hostId: 'profile-b' })
+            : restoreCheckpoint({
+                store,
+                checkpoint: checkpoint!,
+                targetDir: target,
+                tempPrefix: path.join(root, `download-${rep}`),
+                limits: DEFAULT_ARCHIVE_LIMITS,
+                progress: { bytes: 0 },
+              }),
         ),
       );
       rows.get.push(
@@ -126,6 +158,10 @@ async function main(): Promise<void> {
       await fs.mkdir(extract);
       rows.untar.push(await ms(() => sh(`zstd -q -d -c '${archive}' | tar -C '${extract}' -xf -`)));
       await s3.send(new DeleteObjectCommand({ Bucket: minio.bucket, Key: key }));
+      if (provider) {
+        await a.destroy({ sandboxId: id, fence: 4 }, { ownerId: id, hostId: 'profile-a' });
+        await b.destroy({ sandboxId: id, fence: 4 }, { ownerId: id, hostId: 'profile-b' });
+      }
       await store.deletePrefix(`checkpoints/profile-${rep}/`);
       await fs.rm(archive, { force: true });
       await fs.rm(target, { recursive: true, force: true });
@@ -149,8 +185,13 @@ async function main(): Promise<void> {
   }
 }
 
+// The sandboxes' init processes are detached: the loop must not end while a restore waits on one.
+const keepAlive = setInterval(() => undefined, 1000);
 main().then(
-  () => process.exit(0),
+  () => {
+    clearInterval(keepAlive);
+    process.exit(0);
+  },
   (err: unknown) => {
     console.error(err);
     process.exit(1);
