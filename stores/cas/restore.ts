@@ -9,6 +9,7 @@ import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
 import { hashSpans } from './hasher';
+import { Lanes } from './lanes';
 import { invalid, readManifest, type Manifest, type ManifestEntry } from './manifest';
 import { zstdDecompressFile } from './zstd';
 
@@ -22,8 +23,13 @@ import { zstdDecompressFile } from './zstd';
 // event loop (as the walk reads them, see stores/walk.ts): one asynchronous call
 // per step made a restore of 20,000 small files wait on the thread pool for seconds.
 
-/** Packs downloading (and held decompressed) at once. */
-const PACKS_AHEAD = 4;
+/** Packs downloading (and held decompressed) at once: with 4, the writer waited for each fifth pack's download. */
+const PACKS_AHEAD = 6;
+/**
+ * zstd processes at once, the pack the writer needs soonest first: four at once on two cores finished
+ * together, and the writer waited for all of them to have the first.
+ */
+const DECOMPRESSING = 2;
 
 const NEW_FILE =
   fsSync.constants.O_WRONLY | fsSync.constants.O_CREAT | fsSync.constants.O_EXCL | fsSync.constants.O_NOFOLLOW;
@@ -176,6 +182,7 @@ class PackReader {
   private readonly chunksOf = new Map<number, Set<string>>();
   private next = 0;
   private closed = false;
+  private readonly decompressing = new Lanes(DECOMPRESSING);
 
   constructor(
     private readonly store: CheckpointStore,
@@ -245,7 +252,10 @@ class PackReader {
       await this.store.download(ref, file, this.signal);
       if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
-      const bytes = await zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`);
+      const bytes = await this.decompressing.run(
+        () => zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`),
+        this.order.indexOf(pack),
+      );
       const chunks = [...(this.chunksOf.get(pack) ?? [])];
       const hashes = await hashSpans(
         bytes,

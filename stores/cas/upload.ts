@@ -10,7 +10,7 @@ import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { readWhole, walkSandbox, type WalkEntry } from '../walk';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
-import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES } from './hasher';
+import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
 import {
   admitEntry,
   compressSegment,
@@ -29,6 +29,7 @@ import {
   type SegmentRef,
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
+import { Lanes } from './lanes';
 import { zstdCompressFile } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
@@ -40,8 +41,12 @@ import { zstdCompressFile } from './zstd';
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
-/** Packs compressed and uploading at once: with 2, the walk waited on the store and zstd in turn. */
+/** Packs uploading at once: with 2, the walk waited on the store and zstd in turn. */
 const UPLOADS_IN_FLIGHT = 4;
+/** zstd processes at once (each uses one core). */
+const COMPRESSING = 2;
+/** Packs sealed and not yet stored (on disk, in the temp files) before the walk waits for one. */
+const PACKS_QUEUED = 8;
 /** Bytes of a large file read (and cut) at once. */
 const READ_BYTES = 8 * 1024 * 1024;
 
@@ -301,26 +306,31 @@ async function chunkFile(
     readWhole(file, length, walked.path, position, buffer.subarray(room));
     return buffer;
   };
-  let carry: Buffer = Buffer.alloc(0);
   let read = 0;
-  let next: Buffer | undefined = readPiece(0);
-  while (next) {
-    const piece: Buffer = next;
+  /** Sends a piece, after the bytes the previous cut left over, to the hashing thread. */
+  const cut = (piece: Buffer, carry: Buffer): Cutting => {
     read += piece.length - room;
     if (carry.length > room) throw new Error(`FastCDC left ${carry.length} bytes uncut, more than its largest chunk`);
     carry.copy(piece, room - carry.length);
     const data = piece.subarray(room - carry.length);
     const cutting = cutAndHash(data, read === size);
-    cutting.catch(() => undefined); // awaited below, after the next read
-    next = read < size ? readPiece(read) : undefined;
-    const { ends, hashes: cut } = await cutting;
+    cutting.catch(() => undefined); // awaited in its turn
+    return { data, cutting };
+  };
+  type Cutting = { data: Buffer; cutting: Promise<Chunked> };
+  let current: Cutting | undefined = cut(readPiece(0), Buffer.alloc(0));
+  while (current) {
+    const { data, cutting }: Cutting = current;
+    const next = read < size ? readPiece(read) : undefined;
+    const { ends, hashes: cuts }: Chunked = await cutting;
+    // The next piece goes to the hashing thread before this one's chunks are packed: it cuts while they wait.
+    current = next ? cut(next, data.subarray(ends.at(-1) ?? 0)) : undefined;
     let start = 0;
     for (let i = 0; i < ends.length; i += 1) {
-      await onChunk(cut[i], data.subarray(start, ends[i]));
-      hashes.push(cut[i]);
+      await onChunk(cuts[i], data.subarray(start, ends[i]));
+      hashes.push(cuts[i]);
       start = ends[i];
     }
-    carry = data.subarray(start);
   }
   return hashes;
 }
@@ -419,7 +429,13 @@ function assemble(
   return { format: 'stasis-cas-2', takenAtNs, entries, chunks, packs };
 }
 
-/** Groups new chunks into packs, compresses (zstd) and uploads them, a bounded number at once. */
+/**
+ * Groups new chunks into packs, compresses (zstd) and uploads them. The stages overlap: a sealed pack
+ * goes to its file at once (its chunks' memory is then free), at most COMPRESSING zstd run and
+ * UPLOADS_IN_FLIGHT puts, and the walk goes on cutting and hashing until PACKS_QUEUED packs wait.
+ * With one bound on all three (4 packs each written, compressed and put in turn), the walk and the
+ * hashing thread stood still whenever four puts were waiting on the store.
+ */
 class Packer {
   private parts: Buffer[] = [];
   private partHashes: string[] = [];
@@ -427,6 +443,8 @@ class Packer {
   private readonly pendingChunks = new Map<string, { offset: number; length: number; slot: number }>();
   private readonly sealed: (PackRef | undefined)[] = [];
   private readonly inFlight = new Set<Promise<void>>();
+  private readonly compressing = new Lanes(COMPRESSING);
+  private readonly putting = new Lanes(UPLOADS_IN_FLIGHT);
   private failure: unknown;
   uploadedBytes = 0;
   uploadedPacks = 0;
@@ -469,17 +487,24 @@ class Packer {
   private async seal(): Promise<void> {
     const slot = this.sealed.length;
     this.sealed.push(undefined);
-    const parts = this.parts;
     // Named by its release request and the chunks it holds: a retry of the request that packs the same
     // chunks rewrites its own object, and never one another checkpoint names (a failed put removes its key).
     const name = chunkHash(Buffer.from(`${this.attempt}\n${this.partHashes.join('')}`));
-    const size = this.size;
+    const { parts, size } = this;
     this.parts = [];
     this.partHashes = [];
     this.size = 0;
-    while (this.inFlight.size >= UPLOADS_IN_FLIGHT) await Promise.race(this.inFlight);
+    while (this.inFlight.size >= PACKS_QUEUED) await Promise.race(this.inFlight);
     if (this.failure !== undefined) throw this.failure;
-    const upload = this.upload(slot, name, parts, size).then(
+    const plain = `${this.tempPrefix}.${slot}`;
+    // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
+    try {
+      writeParts(plain, parts, size);
+    } catch (err) {
+      fsSync.rmSync(plain, { force: true });
+      throw err;
+    }
+    const upload = this.upload(slot, name, plain, size).then(
       () => {
         this.inFlight.delete(upload);
       },
@@ -491,24 +516,29 @@ class Packer {
     this.inFlight.add(upload);
   }
 
-  private async upload(slot: number, name: string, parts: Buffer[], size: number): Promise<void> {
-    const plain = `${this.tempPrefix}.${slot}`;
+  private async upload(slot: number, name: string, plain: string, size: number): Promise<void> {
     const packed = `${plain}.zst`;
     try {
-      // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
-      writeParts(plain, parts, size);
-      await zstdCompressFile(plain, packed);
-      const compressed = fsSync.readFileSync(packed);
-      const stored = await this.store.put(
-        `${this.packsKey}${name}${PACK_SUFFIX}`,
-        Readable.from([compressed]),
-        {},
-        this.signal,
-      );
-      this.sealed[slot] = { ...stored, size };
-      this.uploadedBytes += compressed.length;
-      this.uploadedPacks += 1;
-      this.progress.bytes += compressed.length;
+      await this.compressing.run(async () => {
+        if (this.failure !== undefined) throw this.failure;
+        await zstdCompressFile(plain, packed);
+      });
+      fsSync.rmSync(plain, { force: true });
+      await this.putting.run(async () => {
+        if (this.failure !== undefined) throw this.failure;
+        this.signal?.throwIfAborted();
+        const compressed = fsSync.readFileSync(packed);
+        const stored = await this.store.put(
+          `${this.packsKey}${name}${PACK_SUFFIX}`,
+          Readable.from([compressed]),
+          {},
+          this.signal,
+        );
+        this.sealed[slot] = { ...stored, size };
+        this.uploadedBytes += compressed.length;
+        this.uploadedPacks += 1;
+        this.progress.bytes += compressed.length;
+      });
     } finally {
       fsSync.rmSync(plain, { force: true });
       fsSync.rmSync(packed, { force: true });
