@@ -108,7 +108,7 @@ function s3For(env: BenchEnv): S3Client {
   });
 }
 
-/** The store the providers use, counting the bytes every `put` sends (packs apart from manifests). */
+/** The store the providers use, counting the bytes every `put` and `putBytes` sends (packs apart from manifests). */
 function countingStore(store: CheckpointStore): { store: CheckpointStore; sent: { packs: number; other: number } } {
   const sent = { packs: 0, other: 0 };
   const counted: CheckpointStore = {
@@ -123,6 +123,11 @@ function countingStore(store: CheckpointStore): { store: CheckpointStore; sent: 
       });
       body.on('error', (err) => count.destroy(err));
       return store.put(key, body.pipe(count), labels, signal);
+    },
+    putBytes(key, bytes, labels, signal) {
+      if (key.includes('/packs/')) sent.packs += bytes.length;
+      else sent.other += bytes.length;
+      return store.putBytes(key, bytes, labels, signal);
     },
     download: (c, file, signal) => store.download(c, file, signal),
     delete: (uri) => store.delete(uri),

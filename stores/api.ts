@@ -10,6 +10,12 @@ export interface CheckpointStore {
   readonly kind: 's3' | 'fs';
   /** Streams `body` into the store under `key`; returns its uri, sha-256 and size. */
   put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint>;
+  /**
+   * Stores `bytes` (at most MAX_PUT_BYTES of stores/keys.ts, else INVALID_ARGUMENT) under `key` in one request; returns
+   * its uri, sha-256 and size. For the objects already in memory (checkpoint packs, manifest segments
+   * and top objects): no multipart upload, so a failed or cancelled call leaves nothing under the key.
+   */
+  putBytes(key: string, bytes: Buffer, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint>;
   /** Downloads into `file`, verifying the sha-256 and size recorded in `checkpoint`. */
   download(checkpoint: Checkpoint, file: string, signal?: AbortSignal): Promise<{ labels: Record<string, string> }>;
   delete(uri: string): Promise<void>;

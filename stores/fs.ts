@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream, type Dirent, type WriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -11,7 +12,7 @@ import type { CheckpointStore, StoredObject } from './api';
 import { abortReason } from './abort';
 import { hasErrorCode, isTempFile, makeDirDurable, removeStaleTemps, writeFileAtomic } from './atomic-file';
 import { HashingStream, verifyDownload } from './hashing';
-import { checkKey, checkPrefix } from './keys';
+import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // A checkpoint store in a local (or shared, e.g. NFS) directory: the embedded
 // default when no S3 endpoint is configured. Each object is `<dir>/<key>` with
@@ -49,6 +50,40 @@ export class FsCheckpointStore implements CheckpointStore {
     } catch (err) {
       hasher.destroy();
       await fs.rm(file, { force: true });
+      throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
+    }
+  }
+
+  async putBytes(
+    key: string,
+    bytes: Buffer,
+    labels: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<Checkpoint> {
+    const file = path.join(this.dir, checkKey(key));
+    checkPutBytes(key, bytes);
+    const checkpoint: Checkpoint = {
+      uri: pathToFileURL(file).href,
+      sha256: createHash('sha256').update(bytes).digest('hex'),
+      bytes: bytes.length,
+    };
+    try {
+      signal?.throwIfAborted();
+      await makeDirDurable(path.dirname(file));
+      await removeStaleTemps(file);
+      await removeStaleTemps(sidecarOf(file));
+      // As put: a temp file renamed only once whole and synced, so a failed write leaves nothing under the key.
+      await writeFileAtomic(file, bytes);
+      signal?.throwIfAborted();
+      await writeFileAtomic(
+        sidecarOf(file),
+        JSON.stringify({ labels, sha256: checkpoint.sha256, bytes: checkpoint.bytes }),
+      );
+      signal?.throwIfAborted();
+      return checkpoint;
+    } catch (err) {
+      await fs.rm(file, { force: true });
+      await fs.rm(sidecarOf(file), { force: true }).catch(() => undefined); // the original error says more
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
     }
   }

@@ -24,3 +24,20 @@ export function checkPrefix(prefix: string): string {
   checkKey(prefix.slice(0, -1));
   return prefix;
 }
+
+/**
+ * The largest object putBytes takes: one request, held in memory. Well above what the checkpoint
+ * engine writes that way (a pack: ~12 MiB, and restore takes none stored larger than 24 MiB; a
+ * segment: a few MiB; a top object: ~1 MiB at the default limit of 20 GiB a checkpoint).
+ */
+export const MAX_PUT_BYTES = 64 * 1024 * 1024;
+
+/** Refuses what putBytes does not take in one request. */
+export function checkPutBytes(key: string, bytes: Buffer): void {
+  if (bytes.length > MAX_PUT_BYTES) {
+    throw new StasisError(
+      'INVALID_ARGUMENT',
+      `object ${key} has ${bytes.length} bytes, more than the ${MAX_PUT_BYTES} a single put takes; stream it with put`,
+    );
+  }
+}

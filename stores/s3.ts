@@ -5,10 +5,12 @@ import {
   HeadObjectCommand,
   ListMultipartUploadsCommand,
   paginateListObjectsV2,
+  PutObjectCommand,
   S3Client,
   S3ServiceException,
 } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
+import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import { Readable } from 'node:stream';
@@ -19,11 +21,12 @@ import type { Checkpoint } from '../common/schemas';
 import type { CheckpointStore, StoredObject } from './api';
 import { abortReason } from './abort';
 import { HashingStream, verifyDownload } from './hashing';
-import { checkKey, checkPrefix } from './keys';
+import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // Checkpoints in any S3-compatible store (MinIO locally, AWS S3 in production).
 // Uploads stream through a hashing tee into a multipart upload, so a workspace
-// of any size never sits in memory or on local disk twice.
+// of any size never sits in memory or on local disk twice. Objects already in
+// memory (checkpoint packs, manifests) go in one PutObject (putBytes).
 
 export interface S3StoreOptions {
   bucket: string;
@@ -113,6 +116,40 @@ export class S3CheckpointStore implements CheckpointStore {
     } finally {
       signal?.removeEventListener('abort', onAbort);
       body.destroy();
+    }
+  }
+
+  async putBytes(
+    key: string,
+    bytes: Buffer,
+    labels: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<Checkpoint> {
+    checkKey(key);
+    checkPutBytes(key, bytes);
+    if (signal?.aborted) throw abortReason(signal, 'checkpoint upload');
+    // No ListMultipartUploads first (put's costs a request per object): putBytes never starts a multipart
+    // upload, and the keys it writes (packs, segments, manifests) are written by nothing else, so none
+    // can be open under them.
+    const sha256 = createHash('sha256').update(bytes).digest('hex');
+    try {
+      await this.client.send(
+        new PutObjectCommand({
+          Bucket: this.options.bucket,
+          Key: key,
+          Body: bytes,
+          ContentLength: bytes.length,
+          ContentType: 'application/octet-stream',
+          Metadata: { [LABELS_METADATA]: Buffer.from(JSON.stringify(labels)).toString('base64') },
+        }),
+        signal ? { abortSignal: signal } : {},
+      );
+      if (signal?.aborted) throw abortReason(signal, 'checkpoint upload');
+      return { uri: `s3://${this.options.bucket}/${key}`, sha256, bytes: bytes.length };
+    } catch (err) {
+      // The put may have completed although its answer was lost or it was cancelled just then: leave nothing under the key.
+      await this.client.send(new DeleteObjectCommand({ Bucket: this.options.bucket, Key: key })).catch(() => undefined);
+      throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
     }
   }
 

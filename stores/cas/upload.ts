@@ -8,6 +8,7 @@ import type { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
+import { MAX_PUT_BYTES } from '../keys';
 import { readWhole, walkSandbox, type WalkEntry } from '../walk';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
@@ -177,12 +178,7 @@ async function storeManifest(
         signal?.throwIfAborted();
         const upload = (async (): Promise<SegmentRef> => {
           const body = compressSegment(json);
-          await input.store.put(
-            `${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`,
-            Readable.from([body]),
-            {},
-            signal,
-          );
+          await input.store.putBytes(`${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`, body, {}, signal);
           stats.segments += 1;
           stats.segmentBytes += body.length;
           input.progress.bytes += body.length;
@@ -201,12 +197,12 @@ async function storeManifest(
   }
   const body = await encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
   stats.topBytes = body.length;
-  const checkpoint = await input.store.put(
-    `${input.prefix}${input.name}${MANIFEST_SUFFIX}`,
-    Readable.from([body]),
-    input.labels,
-    signal,
-  );
+  const key = `${input.prefix}${input.name}${MANIFEST_SUFFIX}`;
+  // Streamed only past what one request takes (a workspace of terabytes): put ends what a killed attempt left open.
+  const checkpoint =
+    body.length <= MAX_PUT_BYTES
+      ? await input.store.putBytes(key, body, input.labels, signal)
+      : await input.store.put(key, Readable.from([body]), input.labels, signal);
   return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
 }
 
@@ -528,12 +524,7 @@ class Packer {
         if (this.failure !== undefined) throw this.failure;
         this.signal?.throwIfAborted();
         const compressed = fsSync.readFileSync(packed);
-        const stored = await this.store.put(
-          `${this.packsKey}${name}${PACK_SUFFIX}`,
-          Readable.from([compressed]),
-          {},
-          this.signal,
-        );
+        const stored = await this.store.putBytes(`${this.packsKey}${name}${PACK_SUFFIX}`, compressed, {}, this.signal);
         this.sealed[slot] = { ...stored, size };
         this.uploadedBytes += compressed.length;
         this.uploadedPacks += 1;

@@ -22,8 +22,11 @@ import { bubblewrapCommands } from '../../providers/bwrap';
 import { createLocalProvider } from '../../providers/local';
 import { S3CheckpointStore } from '../../stores/s3';
 import type { CheckpointStore } from '../../stores/api';
+import { MANIFEST_SUFFIX, PACK_SUFFIX } from '../../stores/cas/manifest';
+import type { Checkpoint } from '../../common/schemas';
 import { createStasisWorker } from '../../workers/worker';
 import { MID_UPLOAD_BYTES, PART_BYTES, type KillPoint } from './kill-points';
+import { startS3Proxy, type FaultProxy } from './s3-proxy';
 
 const env = (name: string): string => {
   const value = process.env[name];
@@ -57,8 +60,16 @@ async function stopHere(sandboxId: string, point: KillPoint, context?: RequestCo
 const sandboxOfKey = (key: string): string => key.split('/')[1] ?? '';
 
 function killableStore(inner: CheckpointStore): CheckpointStore {
+  /** Logs a stored object; after the checkpoint object itself (not a pack or segment), stops if planned. */
+  const uploaded = async (key: string, checkpoint: Checkpoint, whole: boolean) => {
+    const sandboxId = sandboxOfKey(key);
+    log({ event: 'uploaded', sandboxId, uri: checkpoint.uri });
+    if (whole && planned(sandboxId, 'release:after-upload')) await stopHere(sandboxId, 'release:after-upload');
+    return checkpoint;
+  };
   return {
     kind: inner.kind,
+    // A tar.gz checkpoint: one streamed (multipart) upload, stopped here mid-body.
     async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
       const sandboxId = sandboxOfKey(key);
       let source: Readable = body;
@@ -67,7 +78,7 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
         const gate = new Transform({
           transform(chunk: Buffer, _encoding, callback) {
             // Feed the upload up to MID_UPLOAD_BYTES (more than one part, so a multipart upload is in
-            // progress), then stop feeding it. A chunk may be a whole pack: pass its head on first.
+            // progress), then stop feeding it. A chunk may be large: pass its head on first.
             const room = MID_UPLOAD_BYTES - bytes;
             bytes += chunk.length;
             if (bytes <= MID_UPLOAD_BYTES) return callback(null, chunk);
@@ -78,17 +89,37 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
         body.on('error', (err) => gate.destroy(err));
         source = body.pipe(gate);
       }
-      const checkpoint = await inner.put(key, source, labels, signal);
-      log({ event: 'uploaded', sandboxId, uri: checkpoint.uri });
-      if (planned(sandboxId, 'release:after-upload')) await stopHere(sandboxId, 'release:after-upload');
-      return checkpoint;
+      return uploaded(key, await inner.put(key, source, labels, signal), true);
     },
+    // Packs, segments and the manifest of a content-addressed checkpoint: a pack's PutObject is cut
+    // mid-body on the wire (holdPackPut), as a worker killed during it leaves it.
+    putBytes: async (key, bytes, labels, signal) =>
+      uploaded(key, await inner.putBytes(key, bytes, labels, signal), key.endsWith(MANIFEST_SUFFIX)),
     download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
     delete: (uri) => inner.delete(uri),
     exists: (uri) => inner.exists(uri),
     deletePrefix: (prefix) => inner.deletePrefix(prefix),
     list: (prefix) => inner.list(prefix),
     read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
+  };
+}
+
+/**
+ * For the fault proxy in front of the store: a planned sandbox's first pack PutObject larger than
+ * MID_UPLOAD_BYTES sends that much of its body, and then nothing (until SIGKILL).
+ */
+function holdPackPut(bucket: string): NonNullable<FaultProxy['hold']> {
+  const held = new Set<string>();
+  return ({ method, path: urlPath, contentLength }) => {
+    const key = decodeURIComponent(urlPath.split('?')[0]).replace(`/${bucket}/`, '');
+    const sandboxId = sandboxOfKey(key);
+    if (method !== 'PUT' || !key.endsWith(PACK_SUFFIX) || contentLength <= MID_UPLOAD_BYTES) return undefined;
+    if (held.has(sandboxId) || !planned(sandboxId, 'release:mid-upload')) return undefined;
+    held.add(sandboxId);
+    return {
+      afterBytes: MID_UPLOAD_BYTES,
+      onHeld: () => void stopHere(sandboxId, 'release:mid-upload', undefined, key),
+    };
   };
 }
 
@@ -126,11 +157,14 @@ async function main(): Promise<void> {
   Runtime.install({ logger: new DefaultLogger('WARN') });
   const config = loadConfig(process.env);
   const bundle = JSON.parse(readFileSync(env('KILL_BUNDLE'), 'utf8')) as WorkflowBundleWithSourceMap;
+  // In this process: killed with it, it leaves the store a PutObject cut part-way, as a real kill does.
+  const proxy = await startS3Proxy(env('STASIS_S3_ENDPOINT'));
+  proxy.hold = holdPackPut(config.STASIS_S3_BUCKET);
   const store = killableStore(
     new S3CheckpointStore({
       bucket: config.STASIS_S3_BUCKET,
       region: config.STASIS_S3_REGION,
-      endpoint: env('STASIS_S3_ENDPOINT'),
+      endpoint: proxy.url,
       credentials: { accessKeyId: env('AWS_ACCESS_KEY_ID'), secretAccessKey: env('AWS_SECRET_ACCESS_KEY') },
       partSizeBytes: PART_BYTES,
     }),

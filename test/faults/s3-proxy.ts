@@ -3,8 +3,10 @@ import type { AddressInfo, Socket } from 'node:net';
 
 // A small fault-injecting HTTP proxy on loopback in front of an S3 store
 // (MinIO): it passes requests through, answers 503 SlowDown, delays each
-// request, or stalls (accepts and never answers). The Host header is passed
-// through unchanged, so SigV4 signatures made for the proxy's address verify.
+// request, or stalls (accepts and never answers); `hold` cuts chosen requests
+// part-way through their body (a worker killed while a PutObject is on the wire).
+// The Host header is passed through unchanged, so SigV4 signatures made for the
+// proxy's address verify.
 
 export type ProxyMode = { kind: 'pass' } | { kind: '503' } | { kind: 'delay'; ms: number } | { kind: 'stall' };
 
@@ -13,13 +15,25 @@ export interface ProxiedRequest {
   method: string;
   path: string;
   /** What the proxy did with it. */
-  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'upstream error';
+  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'upstream error';
+}
+
+/**
+ * A request whose body goes upstream only up to `afterBytes`; then `onHeld` is called once, and the
+ * request hangs (or, with `reset`, both its connections are cut: the client sees a failed request).
+ */
+export interface BodyHold {
+  afterBytes: number;
+  onHeld: () => void;
+  reset?: boolean;
 }
 
 export interface FaultProxy {
   /** http://127.0.0.1:<port>, to use as STASIS_S3_ENDPOINT. */
   url: string;
   mode: ProxyMode;
+  /** Chooses the requests to cut part-way (whatever the mode). */
+  hold?: (request: { method: string; path: string; contentLength: number }) => BodyHold | undefined;
   requests: ProxiedRequest[];
   close(): Promise<void>;
 }
@@ -48,11 +62,48 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
     req.pipe(out);
   };
 
+  /** Sends upstream the head of the body and no more: the store has a request in flight that never completes. */
+  const forwardHead = (req: http.IncomingMessage, hold: BodyHold) => {
+    const out = http.request({
+      host: upstream.hostname,
+      port: upstream.port,
+      method: req.method,
+      path: req.url,
+      headers: req.headers,
+    });
+    out.on('error', () => undefined);
+    let sent = 0;
+    req.on('data', (chunk: Buffer) => {
+      if (sent >= hold.afterBytes) return;
+      const room = hold.afterBytes - sent;
+      sent += chunk.length;
+      if (sent < hold.afterBytes) {
+        out.write(chunk);
+        return;
+      }
+      req.pause();
+      out.write(chunk.subarray(0, room), () => {
+        hold.onHeld();
+        if (!hold.reset) return;
+        req.socket.destroy();
+        out.destroy();
+      });
+    });
+  };
+
   const server = http.createServer((req, res) => {
     const mode = proxy.mode;
     const record: ProxiedRequest = { at: Date.now(), method: req.method ?? '', path: req.url ?? '', outcome: 'passed' };
     proxy.requests.push(record);
-    if (mode.kind === '503') {
+    const hold = proxy.hold?.({
+      method: record.method,
+      path: record.path,
+      contentLength: Number(req.headers['content-length'] ?? 0),
+    });
+    if (hold) {
+      record.outcome = 'held';
+      forwardHead(req, hold);
+    } else if (mode.kind === '503') {
       record.outcome = '503';
       req.resume();
       req.on('end', () => {

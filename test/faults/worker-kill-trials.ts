@@ -4,7 +4,7 @@ import { once } from 'node:events';
 import { existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { ListMultipartUploadsCommand } from '@aws-sdk/client-s3';
+import { HeadObjectCommand, ListMultipartUploadsCommand } from '@aws-sdk/client-s3';
 import { Client, Connection } from '@temporalio/client';
 import { StasisClient } from '../../client';
 import { killSandbox, scanSandboxProcesses, sandboxProcesses } from '../../providers/processes';
@@ -45,7 +45,10 @@ export type KillProvider = 'local' | 'bwrap';
 export function workerKillTrials(provider: KillProvider, area: string): void {
   const RUNS_PER_RELEASE_POINT = 3;
   const RUNS = RUNS_PER_RELEASE_POINT * RELEASE_POINTS.length;
-  /** Larger than one multipart part and incompressible, so the mid-upload stop has a multipart upload in progress. */
+  /**
+   * Incompressible, and larger than a pack and than one multipart part: the mid-upload stop has a pack's
+   * PutObject cut part-way (content-addressed checkpoints) or a multipart upload in progress (tar.gz).
+   */
   const LARGE_BLOB = 2 * MID_UPLOAD_BYTES;
 
   const ROOT = path.join(__dirname, '..', '..');
@@ -183,6 +186,25 @@ export function workerKillTrials(provider: KillProvider, area: string): void {
     return count;
   }
 
+  /**
+   * The uploads a sandbox's mid-upload stop left on the wire: a multipart upload open under a tar.gz key, or a
+   * pack whose PutObject was cut part-way (the store has no object under its key).
+   */
+  async function uploadsInFlight(sandboxId: string): Promise<number> {
+    let count = await unfinishedUploads(sandboxId);
+    for (const entry of logEntries().filter((e) => e.event === 'stopped' && e.sandboxId === sandboxId && e.key)) {
+      if (!entry.key!.endsWith('.pack')) continue;
+      const stored = await s3
+        .send(new HeadObjectCommand({ Bucket: process.env.STASIS_S3_BUCKET, Key: entry.key }))
+        .then(
+          () => true,
+          () => false,
+        );
+      if (!stored) count += 1;
+    }
+    return count;
+  }
+
   const sandboxRoot = (sandboxId: string) => path.join(dataDir, 'hosts', hostId, 'sandboxes', sandboxId);
   const processCount = async (sandboxId: string) => (await sandboxProcesses({ sandboxId, hostId })).length;
 
@@ -212,7 +234,7 @@ export function workerKillTrials(provider: KillProvider, area: string): void {
       await client.runs.start({ ...cycleSpec(run.runId, 'killable', { blobBytes }), runId: run.runId });
     }
 
-    // Kill 1: every release stopped at its point; the mid-upload ones with a multipart upload in progress.
+    // Kill 1: every release stopped at its point; the mid-upload ones with an upload on the wire.
     await eventually(
       async () => runs.every((r) => existsSync(path.join(files.markers, `${r.sandboxId}@${r.releasePoint}`))),
       180_000,
@@ -220,9 +242,9 @@ export function workerKillTrials(provider: KillProvider, area: string): void {
     );
     for (const run of runs.filter((r) => r.releasePoint === 'release:mid-upload')) {
       await eventually(
-        async () => (await unfinishedUploads(run.sandboxId)) > 0,
+        async () => (await uploadsInFlight(run.sandboxId)) > 0,
         30_000,
-        `${run.sandboxId}: multipart upload in progress`,
+        `${run.sandboxId}: upload in progress`,
       );
     }
     await killAndRestart(runs.map((r) => ({ sandboxId: r.sandboxId, point: r.releasePoint })));

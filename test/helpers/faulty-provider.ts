@@ -2,6 +2,7 @@ import type { ProviderDeps, SandboxProvider, SandboxReleaseReceipt } from '../..
 import { createLocalProvider } from '../../providers/local';
 import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../../stores/api';
+import type { Checkpoint } from '../../common/schemas';
 
 /**
  * How one release call fails: `throw` (an exception); `not-released` (a receipt
@@ -243,27 +244,30 @@ export function faultyProvider(faults: ReleaseFaults) {
 
 /** The provider's real checkpoint store, whose uploads fail as `faults.putPlan` says. */
 function faultyStore(store: CheckpointStore, faults: ReleaseFaults): CheckpointStore {
+  /** One put of either kind, numbered per sandbox for `faults.putPlan`. */
+  const faulted = async (key: string, signal: AbortSignal | undefined, upload: () => Promise<Checkpoint>) => {
+    const sandboxId = key.split('/')[1] ?? '';
+    const putCalls = (faults.putCalls ??= []);
+    const fault = faults.putPlan?.(sandboxId, putCalls.filter((c) => c.sandboxId === sandboxId).length + 1);
+    const call: ProviderCall = { sandboxId, fence: -1, idempotencyKey: key, outcome: 'uploading', at: Date.now() };
+    putCalls.push(call);
+    const checkpoint = await upload();
+    if (fault !== 'hang-after-upload') {
+      call.outcome = 'uploaded';
+      return checkpoint;
+    }
+    call.outcome = 'uploaded, answer held';
+    await new Promise<void>((resolve) => {
+      if (signal?.aborted) resolve();
+      signal?.addEventListener('abort', () => resolve());
+    });
+    call.outcome = 'uploaded, answer lost';
+    throw new Error(`put of ${key} cancelled after its upload`);
+  };
   return {
     kind: store.kind,
-    async put(key, body, labels, signal) {
-      const sandboxId = key.split('/')[1] ?? '';
-      const putCalls = (faults.putCalls ??= []);
-      const fault = faults.putPlan?.(sandboxId, putCalls.filter((c) => c.sandboxId === sandboxId).length + 1);
-      const call: ProviderCall = { sandboxId, fence: -1, idempotencyKey: key, outcome: 'uploading', at: Date.now() };
-      putCalls.push(call);
-      const checkpoint = await store.put(key, body, labels, signal);
-      if (fault !== 'hang-after-upload') {
-        call.outcome = 'uploaded';
-        return checkpoint;
-      }
-      call.outcome = 'uploaded, answer held';
-      await new Promise<void>((resolve) => {
-        if (signal?.aborted) resolve();
-        signal?.addEventListener('abort', () => resolve());
-      });
-      call.outcome = 'uploaded, answer lost';
-      throw new Error(`put of ${key} cancelled after its upload`);
-    },
+    put: (key, body, labels, signal) => faulted(key, signal, () => store.put(key, body, labels, signal)),
+    putBytes: (key, bytes, labels, signal) => faulted(key, signal, () => store.putBytes(key, bytes, labels, signal)),
     download: (checkpoint, file, signal) => store.download(checkpoint, file, signal),
     delete: (uri) => store.delete(uri),
     exists: (uri) => store.exists(uri),

@@ -59,15 +59,15 @@ describe('checkpoint garbage collection', () => {
             const began = Date.now();
             let collected: Awaited<ReturnType<typeof collectGarbage>> | undefined;
             const collecting: CheckpointStore = Object.create(store, {
-              put: {
+              putBytes: {
                 value: async (
                   key: string,
-                  ...rest: Parameters<CheckpointStore['put']> extends [string, ...infer R] ? R : never
+                  ...rest: Parameters<CheckpointStore['putBytes']> extends [string, ...infer R] ? R : never
                 ) => {
                   if (key.endsWith(MANIFEST_SUFFIX)) {
                     collected = await collectGarbage(store, prefix, { graceMs: Date.now() - began + 20 });
                   }
-                  return store.put(key, ...rest);
+                  return store.putBytes(key, ...rest);
                 },
               },
             }) as CheckpointStore;
@@ -84,11 +84,12 @@ describe('checkpoint garbage collection', () => {
           if (step.kind === 'killed-take') {
             // Packs go out, then the attempt dies before its manifest: nothing names them.
             const dying: CheckpointStore = Object.create(store, {
-              put: {
+              putBytes: {
                 value: (
                   key: string,
-                  ...rest: Parameters<CheckpointStore['put']> extends [string, ...infer R] ? R : never
-                ) => (key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('killed')) : store.put(key, ...rest)),
+                  ...rest: Parameters<CheckpointStore['putBytes']> extends [string, ...infer R] ? R : never
+                ) =>
+                  key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('killed')) : store.putBytes(key, ...rest),
               },
             }) as CheckpointStore;
             await fs.writeFile(path.join(root, 'workspace', 'fresh'), bytes(3000));
@@ -147,9 +148,9 @@ describe('checkpoint garbage collection', () => {
     const sandboxId = uniqueId('gc-grace');
     await fs.writeFile(path.join(root, 'workspace', 'a'), bytes(5000));
     const dying = Object.create(store, {
-      put: {
+      putBytes: {
         value: (key: string, ...rest: [never, never, never]) =>
-          key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('in flight')) : store.put(key, ...rest),
+          key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('in flight')) : store.putBytes(key, ...rest),
       },
     }) as CheckpointStore;
     await expect(take(dying, root, sandboxId)).rejects.toThrow('in flight');
@@ -178,9 +179,9 @@ describe('checkpoint garbage collection', () => {
         for (let f = 0; f < 3; f += 1)
           await fs.writeFile(path.join(root, 'workspace', `g${f}`), bytes(9 * 1024 * 1024));
         const dying = Object.create(store, {
-          put: {
+          putBytes: {
             value: (key: string, ...rest: [never, never, never]) =>
-              key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('killed')) : store.put(key, ...rest),
+              key.endsWith(MANIFEST_SUFFIX) ? Promise.reject(new Error('killed')) : store.putBytes(key, ...rest),
           },
         }) as CheckpointStore;
         await expect(take(dying, root, sandboxId)).rejects.toThrow('killed');

@@ -1,68 +1,75 @@
-import { Transform, type Readable } from 'node:stream';
 import { uploadSnapshot } from '../../providers/snapshot';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import type { CheckpointStore } from '../../stores/api';
-import { s3StoreFromEnv } from '../providers/helpers';
+import { PACK_SUFFIX } from '../../stores/cas/manifest';
+import { S3CheckpointStore } from '../../stores/s3';
+import { startS3Proxy } from '../faults/s3-proxy';
 
 // The worker of cas-snapshot's kill test, in a process of its own: it uploads a
-// checkpoint and SIGKILLs itself once the second pack's multipart upload has sent
-// its first part, after printing that pack's key.
+// checkpoint through a fault proxy (in this process) that cuts the second pack's
+// PutObject after KILL_AFTER_BYTES of its body, and SIGKILLs itself once another
+// pack is stored, after printing the cut pack's key.
 
 const [dataDir, sandboxId, fence, idempotencyKey] = process.argv.slice(2);
 const KILL_AFTER_BYTES = 6 * 1024 * 1024;
+const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
 
-const inner = s3StoreFromEnv(5 * 1024 * 1024);
-let packs = 0;
-let firstPackDone: () => void;
-const firstPack = new Promise<void>((resolve) => (firstPackDone = resolve));
-const store: CheckpointStore = {
-  kind: inner.kind,
-  put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
-    if (!key.includes('/packs/')) return inner.put(key, body, labels, signal);
-    if (++packs < 2) return inner.put(key, body, labels, signal).finally(() => firstPackDone());
-    let bytes = 0;
-    const gate = new Transform({
-      transform(chunk: Buffer, _encoding, callback) {
-        const before = bytes;
-        bytes += chunk.length;
-        if (bytes <= KILL_AFTER_BYTES) {
-          callback(null, chunk);
-          return;
-        }
-        // The first 5 MiB part is on its way: the upload is fed no further; once the first pack is stored,
-        // and the part had time to arrive, the process dies as a killed worker does.
-        if (before <= KILL_AFTER_BYTES) {
-          this.push(chunk.subarray(0, KILL_AFTER_BYTES - before + 1));
-          void firstPack.then(() =>
-            process.stdout.write(`KILLED-IN ${key}\n`, () =>
-              setTimeout(() => process.kill(process.pid, 'SIGKILL'), 500),
-            ),
-          );
-        }
-      },
-    });
-    body.on('error', (err) => gate.destroy(err));
-    return inner.put(key, body.pipe(gate), labels, signal);
-  },
-  download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
-  delete: (uri) => inner.delete(uri),
-  exists: (uri) => inner.exists(uri),
-  deletePrefix: (prefix) => inner.deletePrefix(prefix),
-  list: (prefix) => inner.list(prefix),
-  read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
-};
+let packsStored: () => void;
+const packStored = new Promise<void>((resolve) => (packsStored = resolve));
 
-uploadSnapshot({
-  store,
-  paths: sandboxPaths(dataDir, sandboxId),
-  sandboxId,
-  fence: Number(fence),
-  idempotencyKey,
-  labels: {},
-  limits: DEFAULT_ARCHIVE_LIMITS,
-  progress: { phase: '', bytes: 0 },
-}).then(
+async function main(): Promise<void> {
+  const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+  let packPuts = 0;
+  proxy.hold = ({ method, path }) => {
+    const key = decodeURIComponent(path.split('?')[0]).replace(`/${bucket}/`, '');
+    if (method !== 'PUT' || !key.endsWith(PACK_SUFFIX) || ++packPuts !== 2) return undefined;
+    return {
+      afterBytes: KILL_AFTER_BYTES,
+      // The head of the body is on the wire; once another pack is stored, the process dies as a killed worker does.
+      onHeld: () =>
+        void packStored.then(() =>
+          process.stdout.write(`KILLED-IN ${key}\n`, () => setTimeout(() => process.kill(process.pid, 'SIGKILL'), 500)),
+        ),
+    };
+  };
+  const inner = new S3CheckpointStore({
+    endpoint: proxy.url,
+    bucket,
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    credentials: {
+      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+    },
+  });
+  const store: CheckpointStore = {
+    kind: inner.kind,
+    put: (key, body, labels, signal) => inner.put(key, body, labels, signal),
+    putBytes: async (key, bytes, labels, signal) => {
+      const stored = await inner.putBytes(key, bytes, labels, signal);
+      if (key.endsWith(PACK_SUFFIX)) packsStored();
+      return stored;
+    },
+    download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
+    delete: (uri) => inner.delete(uri),
+    exists: (uri) => inner.exists(uri),
+    deletePrefix: (prefix) => inner.deletePrefix(prefix),
+    list: (prefix) => inner.list(prefix),
+    read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
+  };
+  await uploadSnapshot({
+    store,
+    paths: sandboxPaths(dataDir, sandboxId),
+    sandboxId,
+    fence: Number(fence),
+    idempotencyKey,
+    labels: {},
+    limits: DEFAULT_ARCHIVE_LIMITS,
+    progress: { phase: '', bytes: 0 },
+  });
+}
+
+main().then(
   () => process.stdout.write('FINISHED\n', () => process.exit(0)),
   (err: unknown) => {
     process.stderr.write(`${String(err)}\n`);

@@ -14,7 +14,7 @@ import { bytes, describeTree, NAMES, newSandboxRoot, restoreFresh } from './cas-
 
 // The upload pipeline of the content-addressed checkpoints (packs written, compressed and put in
 // overlapping stages, more packs queued than put at once) against a real MinIO, with puts that
-// finish out of order and one that fails part-way through its body.
+// finish out of order and one that fails while its request is in flight.
 
 const store = s3StoreFromEnv(5 * 1024 * 1024);
 
@@ -23,17 +23,21 @@ function faultyStore(delays: number[], failAt: number | undefined): { store: Che
   let packPuts = 0;
   const wrapped: CheckpointStore = {
     kind: store.kind,
-    async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
-      if (!key.endsWith(PACK_SUFFIX)) return store.put(key, body, labels, signal);
+    put: (key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) =>
+      store.put(key, body, labels, signal),
+    async putBytes(key: string, bytes: Buffer, labels: Record<string, string>, signal?: AbortSignal) {
+      if (!key.endsWith(PACK_SUFFIX)) return store.putBytes(key, bytes, labels, signal);
       const n = packPuts++;
       await delay(delays[n % delays.length]);
       if (n === failAt) {
-        // A fault inside the put: part of the body has gone when the store fails.
-        for await (const piece of body) if ((piece as Buffer).length > 0) break;
-        body.destroy();
+        // A fault inside the put: its request is cancelled in flight (or, if it won the race, its answer is lost).
+        const cut = new AbortController();
+        const putting = store.putBytes(key, bytes, labels, cut.signal).catch(() => undefined);
+        setImmediate(() => cut.abort(new Error('cut')));
+        await putting;
         throw new Error(`injected failure of pack put ${n}`);
       }
-      return store.put(key, body, labels, signal);
+      return store.putBytes(key, bytes, labels, signal);
     },
     download: (c, file, signal) => store.download(c, file, signal),
     delete: (uri) => store.delete(uri),

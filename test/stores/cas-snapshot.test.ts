@@ -124,7 +124,7 @@ test('a worker killed in the middle of a pack upload: the retry completes, and n
   const dataDir = await tempDir('cas-kill');
   const a = await sandbox(id, dataDir);
   await populate(a.volume);
-  // Three packs of incompressible data, each larger than a 5 MiB multipart part.
+  // Three packs of incompressible data, each larger than where the kill cuts a pack's PutObject.
   const big = path.join(a.volume, 'workspace', 'big.bin');
   await fs.writeFile(big, bytes(24 * 1024 * 1024));
   const child = spawn(
@@ -161,10 +161,12 @@ test('a worker killed in the middle of a pack upload: the retry completes, and n
     ).filter((u) => u.Key === killedKey).length;
   const packsStored = async () =>
     (await store.list(`checkpoints/${id}/packs/`)).filter((o) => o.key.endsWith(PACK_SUFFIX)).map((o) => o.uri);
-  // What a killed attempt leaves: finished packs no manifest names (the first; others uploading beside it may finish), and a multipart upload under way.
+  // What a killed attempt leaves: finished packs no manifest names (others uploading beside it may finish); of the
+  // pack whose PutObject was cut part-way nothing at all (no object, no multipart upload: putBytes starts none).
   const left = await packsStored();
   expect(left.length).toBeGreaterThan(0);
-  expect(await openUploads()).toBe(1);
+  expect(await store.exists(`s3://${process.env.STASIS_S3_BUCKET ?? 'stasis'}/${killedKey}`)).toBe(false);
+  expect(await openUploads()).toBe(0);
   expect(await namedPacks(id)).toEqual(new Set());
   // Meanwhile the file's first bytes changed: its first chunk, and the first pack's name with it, differ on the retry.
   const handle = await fs.open(big, 'r+');

@@ -4,12 +4,17 @@ import {
   ListObjectsV2Command,
   S3Client,
 } from '@aws-sdk/client-s3';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
+import { pathToFileURL } from 'node:url';
+import fc from 'fast-check';
 import type { CheckpointStore } from '../../stores/api';
+import { MAX_PUT_BYTES } from '../../stores/keys';
+import { S3CheckpointStore } from '../../stores/s3';
+import { startS3Proxy } from '../faults/s3-proxy';
 import { FsCheckpointStore } from '../../stores/fs';
 import { createCheckpointStore } from '../../stores/index';
 import { loadConfig } from '../../common/config';
@@ -144,6 +149,71 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     await stasisError(store.deletePrefix(`${prefix}1-a.tar.gz`), 'INVALID_ARGUMENT');
   });
 
+  it('putBytes stores bytes in one request: sha-256, size, labels and bytes come back as given', async () => {
+    const { store } = await make();
+    const work = await tempDir('store-bytes');
+    const prefix = `checkpoints/${uniqueId('bytes')}/`;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.oneof(
+          fc.uint8Array({ maxLength: 300 }),
+          fc.integer({ min: 1, max: 9 * 1024 * 1024 }).map((n) => randomBytes(n)),
+        ),
+        fc.dictionary(fc.string({ minLength: 1, maxLength: 8 }), fc.string({ maxLength: 20 }), { maxKeys: 3 }),
+        async (raw, labels) => {
+          const bytes = Buffer.from(raw);
+          const key = `${prefix}${uniqueId('o')}.pack`;
+          const stored = await store.putBytes(key, bytes, labels);
+          expect(stored).toEqual({
+            uri: store.kind === 's3' ? `s3://${bucket()}/${key}` : expect.stringMatching(/^file:\/\//),
+            sha256: createHash('sha256').update(bytes).digest('hex'),
+            bytes: bytes.length,
+          });
+          expect((await store.read(stored.uri, bytes.length)).equals(bytes)).toBe(true);
+          const copy = path.join(work, 'copy');
+          expect(await store.download(stored, copy)).toEqual({ labels });
+          // Written again under the same key (a retried attempt): the new bytes replace the old.
+          const again = await store.putBytes(key, Buffer.concat([bytes, Buffer.from('!')]), {});
+          expect(again.bytes).toBe(bytes.length + 1);
+          await store.delete(stored.uri);
+        },
+      ),
+      { numRuns: 12 },
+    );
+    await store.deletePrefix(prefix);
+  });
+
+  it('putBytes leaves nothing under the key when cancelled before or during its request, or too large', async () => {
+    const { store, leftovers } = await make();
+    const prefix = `checkpoints/${uniqueId('bytes-cancel')}/`;
+    const before = new AbortController();
+    before.abort(new Error('cancelled before'));
+    await expect(store.putBytes(`${prefix}a.pack`, randomBytes(1000), {}, before.signal)).rejects.toThrow(
+      'cancelled before',
+    );
+    let cancelled = 0;
+    for (const wait of [0, 1, 5, 20]) {
+      const during = new AbortController();
+      const putting = store.putBytes(`${prefix}b${wait}.pack`, randomBytes(8 * 1024 * 1024), {}, during.signal);
+      setTimeout(() => during.abort(new Error('cancelled during')), wait);
+      // A put that finished before the cancel stands (and is removed here); one cancelled leaves nothing.
+      const outcome = await putting.then(
+        (stored) => stored,
+        (err: unknown) => err as Error,
+      );
+      if (outcome instanceof Error) {
+        expect(outcome.message).toBe('cancelled during');
+        cancelled += 1;
+      } else await store.delete(outcome.uri);
+    }
+    expect(cancelled).toBeGreaterThan(0);
+    const tooLarge = Buffer.alloc(MAX_PUT_BYTES + 1);
+    const err = await stasisError(store.putBytes(`${prefix}c.pack`, tooLarge, {}), 'INVALID_ARGUMENT');
+    expect(err.message).toContain(`more than the ${MAX_PUT_BYTES}`);
+    await stasisError(store.putBytes('checkpoints/../x', Buffer.from('x'), {}), 'INVALID_ARGUMENT');
+    expect(await leftovers(prefix)).toEqual([]);
+  });
+
   it('refuses keys outside checkpoints/', async () => {
     const { store } = await make();
     await stasisError(store.put('../escape', Readable.from([Buffer.from('x')]), {}), 'INVALID_ARGUMENT');
@@ -173,6 +243,49 @@ describe('a put after a killed put of the same key', () => {
     await fs.writeFile(path.join(dir, `${key}.tmp-0123456789ab`), randomBytes(1000));
     await new FsCheckpointStore(dir).put(key, Readable.from([Buffer.from('retry')]), {});
     expect((await listTree(dir)).filter((p) => p.includes('.tmp-'))).toEqual([]);
+  });
+});
+
+describe('a putBytes failing in the middle of its request', () => {
+  it('s3: a PutObject whose connection is cut part-way through its body leaves nothing under the key', async () => {
+    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+    const prefix = `checkpoints/${uniqueId('bytes-cut')}/`;
+    let cuts = 0;
+    // Every attempt (the SDK retries once) is cut after 3 MiB of its 8 MiB body.
+    proxy.hold = ({ method }) =>
+      method === 'PUT' ? { afterBytes: 3 * 1024 * 1024, onHeld: () => (cuts += 1), reset: true } : undefined;
+    try {
+      const store = new S3CheckpointStore({
+        endpoint: proxy.url,
+        bucket: bucket(),
+        region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+        credentials: {
+          accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+          secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+        },
+      });
+      await expect(store.putBytes(`${prefix}a.pack`, randomBytes(8 * 1024 * 1024), {})).rejects.toThrow();
+      expect(cuts).toBeGreaterThan(0);
+      const client = s3Client();
+      const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
+      const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
+      expect({ objects: objects.Contents ?? [], uploads: uploads.Uploads ?? [] }).toEqual({ objects: [], uploads: [] });
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it('fs: a write failing after the bytes are in place (its labels file cannot be written) leaves no object', async () => {
+    const dir = await tempDir('fs-bytes-fail');
+    const store = new FsCheckpointStore(dir);
+    const key = `checkpoints/${uniqueId('bytes-fail')}/a.pack`;
+    // A directory where the labels file goes: renaming the written labels file onto it fails.
+    await fs.mkdir(path.join(dir, `${key}.labels.json`), { recursive: true });
+    await expect(store.putBytes(key, randomBytes(4096), {})).rejects.toThrow();
+    expect(await store.exists(pathToFileURL(path.join(dir, key)).href)).toBe(false);
+    expect((await listTree(dir)).filter((p) => p.startsWith(`${key}`) && !p.startsWith(`${key}.labels.json`))).toEqual(
+      [],
+    );
   });
 });
 
