@@ -1,9 +1,6 @@
-import * as path from 'node:path';
-import { CopyObjectCommand, DeleteObjectCommand } from '@aws-sdk/client-s3';
 import type { StepShape } from '../../common/schemas';
-import { evictUnderPressure } from '../../providers/maintenance';
-import { sandboxesDir } from '../../providers/sandbox-state';
-import { checkpointKeys, testS3 } from '../helpers/s3';
+import { evictDormantCopies } from '../helpers/hosts';
+import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 
 // A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
@@ -13,7 +10,6 @@ import { startStack, eventually, type TestStack } from '../helpers/stack';
 
 let stack: TestStack;
 const s3 = testS3();
-const bucket = process.env.STASIS_S3_BUCKET;
 beforeAll(async () => {
   stack = await startStack({ hostId: 'host-a' });
 });
@@ -40,19 +36,14 @@ async function failedResume(next: StepShape) {
   );
   const { sandboxId } = released.record;
   // No dormant copy on the host, and the checkpoint away from the store: the restore cannot succeed.
-  const dir = sandboxesDir(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'));
-  expect(
-    (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted,
-  ).toContain(sandboxId);
+  expect(await evictDormantCopies(stack)).toContain(sandboxId);
   const [key] = await checkpointKeys(s3, sandboxId);
-  await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${key}`, Key: `aside/${key}` }));
-  await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  const putBack = await moveAside(s3, key);
   try {
     await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
     await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   } finally {
-    await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/aside/${key}`, Key: key }));
-    await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: `aside/${key}` }));
+    await putBack();
   }
   const snapshot = await stack.client.runs.get(runId);
   const after = await stack.client.runs.resource(runId);
