@@ -4,6 +4,7 @@ import {
   resumeRunUpdate,
   suspendRunUpdate,
 } from '../../workflows/definitions';
+import { releasedView } from '../helpers/runs';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
@@ -31,16 +32,7 @@ const spec = (onDeny: 'fail' | 'continue' = 'continue') => ({
   sandbox: { provider: 'local' },
 });
 
-async function waitForRelease(runId: string) {
-  return eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    60_000,
-    'record RELEASED',
-  );
-}
+const waitForRelease = (runId: string) => releasedView(stack.client, runId, 60_000);
 
 test('writeFile → ask → expectFile → exec → complete: released while waiting, restored on approve', async () => {
   const { runId } = await stack.client.runs.start(spec());

@@ -1,7 +1,8 @@
 import type { StepShape } from '../../common/schemas';
 import { evictDormantCopies } from '../helpers/hosts';
 import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { releasedView } from '../helpers/runs';
+import { startStack, type TestStack } from '../helpers/stack';
 
 // A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
 // the same Run, once resuming for a job (fused) and once for a file write (a resume of its own),
@@ -26,14 +27,7 @@ async function failedResume(next: StepShape) {
     },
     sandbox: { provider: 'local' },
   });
-  const released = await eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    60_000,
-    'released',
-  );
+  const released = await releasedView(stack.client, runId, 60_000);
   const { sandboxId } = released.record;
   // No dormant copy on the host, and the checkpoint away from the store: the restore cannot succeed.
   expect(await evictDormantCopies(stack)).toContain(sandboxId);
