@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
 import { hostPathPolicy, loadConfig, type Config } from '../../common/config';
+import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import { StasisClient } from '../../client';
 import { storeMetricsSource } from '../../client/metrics';
 import { createFiguresStore } from '../../stores/figures';
@@ -62,14 +63,14 @@ function quietRuntime(): void {
   });
 }
 
-export async function startStack(
-  options: {
-    env?: Record<string, string>;
-    hostId?: string;
-    worker?: Partial<StasisWorkerOptions>;
-    startWorker?: boolean;
-  } = {},
-): Promise<TestStack> {
+export interface StackOptions {
+  env?: Record<string, string>;
+  hostId?: string;
+  worker?: Partial<StasisWorkerOptions>;
+  startWorker?: boolean;
+}
+
+export async function startStack(options: StackOptions = {}): Promise<TestStack> {
   quietRuntime();
   const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'stack-'));
   const config = loadConfig({
@@ -128,6 +129,51 @@ export async function startStack(
   };
   if (options.startWorker !== false) await stack.startWorker(config.STASIS_HOST_ID);
   return stack;
+}
+
+/**
+ * A Temporal dev server of the test's own, on `port` with its database in `dataDir`: never the
+ * shared one of the global setup (whose TEMPORAL_ADDRESS the test workers inherit).
+ */
+export function startOwnTemporal(options: {
+  dataDir: string;
+  port: number;
+  extraArgs?: string[];
+}): Promise<TemporalServer> {
+  return startTemporal({ ...options, env: { ...process.env, TEMPORAL_ADDRESS: '' } });
+}
+
+/**
+ * A stack on a Temporal dev server of its own that suggests continue-as-new after
+ * `suggestContinueAsNewAfter` history events, so long Runs and sandboxes really continue as new
+ * (and carry their state) within a test. Its stop() stops that server too.
+ */
+export async function startStackOnOwnTemporal(
+  suggestContinueAsNewAfter: number,
+  options: StackOptions = {},
+): Promise<TestStack> {
+  const temporal = await startOwnTemporal({
+    dataDir: mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'own-temporal-')),
+    port: await freePort(),
+    extraArgs: ['--dynamic-config-value', `limit.historyCount.suggestContinueAsNew=${suggestContinueAsNewAfter}`],
+  });
+  let stack: TestStack;
+  try {
+    stack = await startStack({ ...options, env: { ...options.env, TEMPORAL_ADDRESS: temporal.address } });
+  } catch (error) {
+    await temporal.stop();
+    throw error;
+  }
+  return {
+    ...stack,
+    async stop() {
+      try {
+        await stack.stop();
+      } finally {
+        await temporal.stop();
+      }
+    },
+  };
 }
 
 let lastSeen: unknown;
