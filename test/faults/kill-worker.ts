@@ -23,6 +23,7 @@ import { createLocalProvider } from '../../providers/local';
 import { S3CheckpointStore } from '../../stores/s3';
 import type { CheckpointStore } from '../../stores/api';
 import { createStasisWorker } from '../../workers/worker';
+import { passThrough } from '../helpers/store-wrap';
 import { MID_UPLOAD_BYTES, PART_BYTES, type KillPoint } from './kill-points';
 
 const env = (name: string): string => {
@@ -58,7 +59,7 @@ const sandboxOfKey = (key: string): string => key.split('/')[1] ?? '';
 
 function killableStore(inner: CheckpointStore): CheckpointStore {
   return {
-    kind: inner.kind,
+    ...passThrough(inner),
     async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
       const sandboxId = sandboxOfKey(key);
       let source: Readable = body;
@@ -83,12 +84,6 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
       if (planned(sandboxId, 'release:after-upload')) await stopHere(sandboxId, 'release:after-upload');
       return checkpoint;
     },
-    download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
-    delete: (uri) => inner.delete(uri),
-    exists: (uri) => inner.exists(uri),
-    deletePrefix: (prefix) => inner.deletePrefix(prefix),
-    list: (prefix) => inner.list(prefix),
-    read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
   };
 }
 

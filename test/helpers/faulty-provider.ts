@@ -2,6 +2,7 @@ import type { ProviderDeps, SandboxProvider, SandboxReleaseReceipt } from '../..
 import { createLocalProvider } from '../../providers/local';
 import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../../stores/api';
+import { passThrough } from './store-wrap';
 
 /**
  * How one release call fails: `throw` (an exception); `not-released` (a receipt
@@ -244,7 +245,7 @@ export function faultyProvider(faults: ReleaseFaults) {
 /** The provider's real checkpoint store, whose uploads fail as `faults.putPlan` says. */
 function faultyStore(store: CheckpointStore, faults: ReleaseFaults): CheckpointStore {
   return {
-    kind: store.kind,
+    ...passThrough(store),
     async put(key, body, labels, signal) {
       const sandboxId = key.split('/')[1] ?? '';
       const putCalls = (faults.putCalls ??= []);
@@ -264,11 +265,5 @@ function faultyStore(store: CheckpointStore, faults: ReleaseFaults): CheckpointS
       call.outcome = 'uploaded, answer lost';
       throw new Error(`put of ${key} cancelled after its upload`);
     },
-    download: (checkpoint, file, signal) => store.download(checkpoint, file, signal),
-    delete: (uri) => store.delete(uri),
-    exists: (uri) => store.exists(uri),
-    deletePrefix: (prefix) => store.deletePrefix(prefix),
-    list: (prefix) => store.list(prefix),
-    read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),
   };
 }

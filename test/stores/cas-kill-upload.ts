@@ -3,6 +3,7 @@ import { uploadSnapshot } from '../../providers/snapshot';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import type { CheckpointStore } from '../../stores/api';
+import { passThrough } from '../helpers/store-wrap';
 import { s3StoreFromEnv } from '../providers/helpers';
 
 // The worker of cas-snapshot's kill test, in a process of its own: it uploads a
@@ -17,7 +18,7 @@ let packs = 0;
 let firstPackDone: () => void;
 const firstPack = new Promise<void>((resolve) => (firstPackDone = resolve));
 const store: CheckpointStore = {
-  kind: inner.kind,
+  ...passThrough(inner),
   put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
     if (!key.includes('/packs/')) return inner.put(key, body, labels, signal);
     if (++packs < 2) return inner.put(key, body, labels, signal).finally(() => firstPackDone());
@@ -45,12 +46,6 @@ const store: CheckpointStore = {
     body.on('error', (err) => gate.destroy(err));
     return inner.put(key, body.pipe(gate), labels, signal);
   },
-  download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
-  delete: (uri) => inner.delete(uri),
-  exists: (uri) => inner.exists(uri),
-  deletePrefix: (prefix) => inner.deletePrefix(prefix),
-  list: (prefix) => inner.list(prefix),
-  read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
 };
 
 uploadSnapshot({

@@ -1,9 +1,4 @@
-import {
-  CreateMultipartUploadCommand,
-  ListMultipartUploadsCommand,
-  ListObjectsV2Command,
-  S3Client,
-} from '@aws-sdk/client-s3';
+import { CreateMultipartUploadCommand, ListMultipartUploadsCommand, ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
@@ -13,6 +8,7 @@ import type { CheckpointStore } from '../../stores/api';
 import { FsCheckpointStore } from '../../stores/fs';
 import { createCheckpointStore } from '../../stores/index';
 import { loadConfig } from '../../common/config';
+import { testS3 } from '../helpers/s3';
 import { listTree, s3StoreFromEnv, sha256File, stasisError, tempDir, uniqueId } from '../providers/helpers';
 
 // Both checkpoint stores against the same contract, with real files and a real MinIO.
@@ -26,17 +22,6 @@ function endless(): Readable {
   });
 }
 
-function s3Client(): S3Client {
-  return new S3Client({
-    endpoint: process.env.STASIS_S3_ENDPOINT,
-    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-    forcePathStyle: true,
-    credentials: {
-      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-    },
-  });
-}
 const bucket = () => process.env.STASIS_S3_BUCKET ?? 'stasis';
 
 const stores: {
@@ -58,7 +43,7 @@ const stores: {
     make: async () => ({
       store: s3StoreFromEnv(5 * 1024 * 1024),
       leftovers: async (prefix) => {
-        const client = s3Client();
+        const client = testS3();
         const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
         const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
         return [
@@ -153,7 +138,7 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
 
 describe('a put after a killed put of the same key', () => {
   it('s3: aborts the multipart upload the killed put left open', async () => {
-    const client = s3Client();
+    const client = testS3();
     const key = `checkpoints/${uniqueId('killed')}/1-a.tar.gz`;
     await client.send(new CreateMultipartUploadCommand({ Bucket: bucket(), Key: key }));
     const open = async () =>
