@@ -132,6 +132,22 @@ export async function startStack(options: StackOptions = {}): Promise<TestStack>
 }
 
 /**
+ * The stack of this test file: `start` runs before its tests and the stack stops after them. Its
+ * fields are there from then on: read them in tests and hooks, not while the file loads.
+ */
+export function useStack(start: () => Promise<TestStack> = () => startStack()): TestStack {
+  const stack = {} as TestStack;
+  beforeAll(async () => {
+    Object.assign(stack, await start());
+  });
+  afterAll(async () => {
+    // Nothing to stop when the start failed.
+    if ('stop' in stack) await stack.stop();
+  });
+  return stack;
+}
+
+/**
  * A Temporal dev server of the test's own, on `port` with its database in `dataDir`: never the
  * shared one of the global setup (whose TEMPORAL_ADDRESS the test workers inherit).
  */

@@ -5,17 +5,11 @@ import {
   suspendRunUpdate,
 } from '../../workflows/definitions';
 import { releasedView } from '../helpers/runs';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, eventually } from '../helpers/stack';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const spec = (onDeny: 'fail' | 'continue' = 'continue') => ({
   agent: {

@@ -1,6 +1,6 @@
 import type { AgentAction, AgentDriver } from '../../drivers/api';
 import { CARRIED_INTERACTIONS } from '../../workflows/run-state';
-import { startStackOnOwnTemporal, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal } from '../helpers/stack';
 
 // A long Run — thousands of steps, outputs of several MiB, hundreds of interactions —
 // completes, with bounded history per workflow run and bounded state carried through
@@ -33,13 +33,7 @@ const long: AgentDriver = {
   },
 };
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStackOnOwnTemporal(200, { worker: { drivers: [long] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(200, { worker: { drivers: [long] } }));
 
 test(`a Run of ${STEPS} steps, ${BIG_AT.size} outputs of 2 MiB and ${STEPS / ASK_EVERY} interactions completes with bounded history and carried state`, async () => {
   const started = Date.now();

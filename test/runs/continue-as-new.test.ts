@@ -1,14 +1,8 @@
-import { startStackOnOwnTemporal, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal } from '../helpers/stack';
 
 // A Temporal server of its own that suggests continue-as-new after a few events,
 // so long Runs and sandboxes really continue as new and carry their whole state.
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStackOnOwnTemporal(40);
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(40));
 
 async function runCount(workflowId: string): Promise<number> {
   let n = 0;

@@ -2,21 +2,15 @@ import type { StepShape } from '../../common/schemas';
 import { evictDormantCopies } from '../helpers/hosts';
 import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
 import { releasedView } from '../helpers/runs';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 
 // A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
 // the same Run, once resuming for a job (fused) and once for a file write (a resume of its own),
 // with its checkpoint away from the store, ends the same way, its sandbox rolled back to RELEASED
 // with its checkpoint, and the job never ran.
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a' });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
 
 /** Starts a Run that writes a file, asks, then takes `next`; answers it once released with its checkpoint away. */
 async function failedResume(next: StepShape) {

@@ -3,16 +3,10 @@ import { sandboxPaths } from '../../providers/sandbox-state';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 import { hostDataDir } from '../helpers/hosts';
 import { releasedView } from '../helpers/runs';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack } from '../helpers/stack';
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 /**
  * Starts a Run that writes a file, asks, then would exec; once it is released, rewrites the

@@ -1,13 +1,7 @@
 import { releasedView } from '../helpers/runs';
-import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+import { useStack, eventually, saw } from '../helpers/stack';
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const resource = async (runId: string) => saw(await stack.client.runs.resource(runId));
 

@@ -1,16 +1,10 @@
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
-import { startStackOnOwnTemporal, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal, eventually } from '../helpers/stack';
 
 // A Temporal server of its own that suggests continue-as-new after a few events: the sandbox
 // workflow must never continue as new while a release (or anything else) is under way.
-let stack: TestStack;
 const faults: ReleaseFaults = { calls: [] };
-beforeAll(async () => {
-  stack = await startStackOnOwnTemporal(40, { worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(40, { worker: { providers: [faultyProvider(faults)] } }));
 
 /** Activities of `type` a run scheduled and never saw end (completed, failed, timed out or cancelled). */
 async function openActivities(workflowId: string, runId: string, type: string): Promise<number> {

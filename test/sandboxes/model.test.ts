@@ -7,7 +7,7 @@ import { sandboxPaths } from '../../providers/sandbox-state';
 import { backAndMaintained, evictDormantCopies, hostDataDir, leftOn } from '../helpers/hosts';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { storedKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 import { IDEMPOTENT, LEGAL, type UserOp } from '../helpers/transition-table';
 
 // Model-based test: random sequences of operations and faults drive the real sandboxWorkflow and the
@@ -20,14 +20,8 @@ const HOST = 'host-a';
 const OTHER_HOST = 'host-b';
 const faults: ReleaseFaults = { calls: [] };
 const s3 = testS3();
-let stack: TestStack;
 
-beforeAll(async () => {
-  stack = await startStack({ hostId: HOST, worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: HOST, worker: { providers: [faultyProvider(faults)] } }));
 
 interface Model {
   state: SandboxState;

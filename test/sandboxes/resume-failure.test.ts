@@ -1,18 +1,12 @@
 import { evictDormantCopies } from '../helpers/hosts';
 import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 
 // A resume whose restore fails must leave the sandbox suspended and resumable:
 // one failure never bricks it.
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a' });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
 
 test('a resume that fails while the checkpoint is unavailable rolls back to suspended, and a retry resumes', async () => {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
