@@ -12,6 +12,8 @@ import { storeMetricsSource } from '../../client/metrics';
 import { createFiguresStore } from '../../stores/figures';
 import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
 
+export { eventually, saw } from './eventually';
+
 // A real Stasis stack for one test file: its own task queue (so parallel test
 // files never take each other's tasks) and data dir, a worker per host, and the
 // typed client, against the Temporal dev server and MinIO of the global setup.
@@ -190,32 +192,4 @@ export async function startStackOnOwnTemporal(
       }
     },
   };
-}
-
-let lastSeen: unknown;
-/** Lets a check record what it saw, so a timeout says what the state was. */
-export function saw<T>(value: T): T {
-  lastSeen = value;
-  return value;
-}
-
-/** Polls until `check` returns a value (not undefined/false), or fails after `timeoutMs`. */
-export async function eventually<T>(
-  check: () => Promise<T | undefined | false>,
-  timeoutMs = 30_000,
-  what = 'condition',
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value !== undefined && value !== false) return value;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline && lastSeen !== undefined) last ??= `last seen ${JSON.stringify(lastSeen)}`;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
