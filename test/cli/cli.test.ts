@@ -73,6 +73,16 @@ async function json<T>(...args: string[]): Promise<T> {
     throw new Error(`stasis ${args.join(' ')} exited ${result.code}: ${result.stdout}${result.stderr}`);
   return JSON.parse(result.stdout) as T;
 }
+/** What `stasis run list --waiting` prints, once it lists the Run. */
+const waitingList = (runId: string) =>
+  eventually(
+    async () => {
+      const list = await stasis('run', 'list', '--waiting');
+      return list.stdout.includes(runId) && list.stdout;
+    },
+    60_000,
+    'the Run in the waiting list',
+  );
 /** The Run as `stasis run get --json` shows it, once COMPLETED. */
 const completed = (runId: string) =>
   eventually(
@@ -164,14 +174,7 @@ test('human output: the waiting list says how to answer, and approve --input ans
   expect(started.code).toBe(0);
   const runId = /^Started run (\S+)/.exec(started.stdout)?.[1] ?? '';
   expect(runId).toMatch(/^run-/);
-  const listed = await eventually(
-    async () => {
-      const list = await stasis('run', 'list', '--waiting');
-      return list.stdout.includes(runId) && list.stdout;
-    },
-    60_000,
-    'the Run in the waiting list',
-  );
+  const listed = await waitingList(runId);
   expect(listed).toContain(`answer: stasis approve ${runId} int-1 --input <text>`);
   const answered = await stasis('approve', runId, 'int-1', '--input', 'main');
   expect({ code: answered.code, stdout: answered.stdout }).toEqual({
@@ -203,14 +206,7 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
     }),
   );
   const { runId } = await json<{ runId: string }>('run', 'start', file);
-  const listed = await eventually(
-    async () => {
-      const list = await stasis('run', 'list', '--waiting');
-      return list.stdout.includes(runId) && list.stdout;
-    },
-    60_000,
-    'the Run in the waiting list',
-  );
+  const listed = await waitingList(runId);
   expect(listed).toContain(
     `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option "tonight"]`,
   );
