@@ -1,17 +1,32 @@
-import { condition, defineUpdate, proxyActivities, setHandler, workflowInfo } from '@temporalio/workflow';
+import {
+  condition,
+  defineUpdate,
+  proxyActivities,
+  proxyLocalActivities,
+  setHandler,
+  workflowInfo,
+} from '@temporalio/workflow';
 
-// The bare-Temporal baseline of figure 2: a workflow with the same number of Updates and
-// host-queue activities per cycle as a Stasis Run's cycle, doing no sandbox work.
+// The bare-Temporal baseline of figure 2: a workflow with the same Update and the same activities
+// per cycle as a Stasis Run's cycle, in the same steps, doing no sandbox work.
 
 export const bareRespond = defineUpdate<void, []>('respond');
 
+/**
+ * What one workflow task of the Run completed with: the local activities it ran (their markers),
+ * then the activities it scheduled, on the host queue and on the shared one. Those of one step run
+ * side by side, as the Run's did (its webhook delivery runs beside its release).
+ */
+export interface BareStep {
+  local: number;
+  host: number;
+  shared: number;
+}
+
 export interface BareCycle {
-  /** Activities before the Run waits (on the host queue, and on the shared one). */
-  hostBefore: number;
-  sharedBefore: number;
-  /** Activities after the answer. */
-  hostAfter: number;
-  sharedAfter: number;
+  /** Steps before the Run waits for its answer, and after it. */
+  before: BareStep[];
+  after: BareStep[];
 }
 
 interface BareActivities {
@@ -28,11 +43,19 @@ export async function bareCycleWorkflow(cycle: BareCycle): Promise<string> {
   const queue = workflowInfo().taskQueue;
   const shared = proxyActivities<BareActivities>({ startToCloseTimeout: '10m' });
   const host = proxyActivities<BareActivities>({ taskQueue: `${queue}@host`, startToCloseTimeout: '10m' });
-  for (let i = 0; i < cycle.sharedBefore; i++) await shared.bareNoop();
-  for (let i = 0; i < cycle.hostBefore; i++) await host.bareNoop();
+  const local = proxyLocalActivities<BareActivities>({ startToCloseTimeout: '30s' });
+  const run = async (steps: BareStep[]) => {
+    for (const step of steps) {
+      for (let i = 0; i < step.local; i++) await local.bareNoop();
+      await Promise.all([
+        ...Array.from({ length: step.host }, () => host.bareNoop()),
+        ...Array.from({ length: step.shared }, () => shared.bareNoop()),
+      ]);
+    }
+  };
+  await run(cycle.before);
   waiting = true;
   await condition(() => answered);
-  for (let i = 0; i < cycle.sharedAfter; i++) await shared.bareNoop();
-  for (let i = 0; i < cycle.hostAfter; i++) await host.bareNoop();
+  await run(cycle.after);
   return 'done';
 }

@@ -1,27 +1,41 @@
-import { NativeConnection, Worker } from '@temporalio/worker';
+import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import type { temporal } from '@temporalio/proto';
+import { CpuMeter, type CpuUse } from './cpu';
 import type { BenchEnv } from './env';
-import type { BareCycle } from './bare-workflow';
+import type { BareCycle, BareStep } from './bare-workflow';
 import { newRunId } from './specs';
 import { mapLimit, round } from './stats';
 
 // Figure 2's baseline: bare Temporal on the same server, with the same worker settings, running
-// a workflow with the cycle's Updates and activities (counted from a Stasis Run's history) and
-// no sandbox work.
+// a workflow with the cycle's Update, activities and local activities in the same steps (read
+// from a Stasis Run's history) and no sandbox work.
 
 const QUEUE = 'bare';
 
-/** The activities of a Stasis Run, before and after its answer, by queue (host or shared). */
+/**
+ * The steps of a Stasis Run's cycle, before and after its answer: what each of its workflow tasks
+ * completed with (local activities, and activities by queue: host or shared), from its history.
+ */
 export function cycleShape(events: temporal.api.history.v1.IHistoryEvent[]): BareCycle {
-  const cycle: BareCycle = { hostBefore: 0, sharedBefore: 0, hostAfter: 0, sharedAfter: 0 };
+  const cycle: BareCycle = { before: [], after: [] };
   let answered = false;
+  let step: BareStep | undefined;
+  const current = (): BareStep => {
+    if (!step) {
+      step = { local: 0, host: 0, shared: 0 };
+      (answered ? cycle.after : cycle.before).push(step);
+    }
+    return step;
+  };
   for (const e of events) {
-    if (e.workflowExecutionUpdateAcceptedEventAttributes) answered = true;
+    if (e.workflowTaskCompletedEventAttributes) step = undefined;
+    if (e.workflowExecutionUpdateAcceptedEventAttributes) {
+      answered = true;
+      step = undefined;
+    }
+    if (e.markerRecordedEventAttributes?.markerName === 'core_local_activity') current().local += 1;
     const scheduled = e.activityTaskScheduledEventAttributes;
-    if (!scheduled) continue;
-    const onHost = (scheduled.taskQueue?.name ?? '').includes('@');
-    const key = `${onHost ? 'host' : 'shared'}${answered ? 'After' : 'Before'}` as keyof BareCycle;
-    cycle[key] += 1;
+    if (scheduled) current()[(scheduled.taskQueue?.name ?? '').includes('@') ? 'host' : 'shared'] += 1;
   }
   return cycle;
 }
@@ -32,6 +46,26 @@ export interface BareResult {
   completed: number;
   wallMs: number;
   cyclesPerSecond: number;
+  /** CPU seconds by part over the run, as the Stasis phase's: where the machine's cores went. */
+  cpu: CpuUse;
+}
+
+let bundle: Promise<WorkflowBundleWithSourceMap> | undefined;
+
+/** The bare workflow's bundle, built once per process: before a phase, not inside its profile (bench/throughput.ts). */
+export function bareBundle(): Promise<WorkflowBundleWithSourceMap> {
+  bundle ??= bundleWorkflowCode({
+    workflowsPath: require.resolve('./bare-workflow'),
+    logger: {
+      log: () => undefined,
+      trace: () => undefined,
+      debug: () => undefined,
+      info: () => undefined,
+      warn: () => undefined,
+      error: (m: string) => console.error(m),
+    },
+  });
+  return bundle;
 }
 
 /** `concurrency` bare cycles started at once, each answered by its Update, until all completed. */
@@ -47,12 +81,13 @@ export async function runBare(env: BenchEnv, concurrency: number, cycle: BareCyc
   const workflows = await Worker.create({
     ...common,
     taskQueue: QUEUE,
-    workflowsPath: require.resolve('./bare-workflow'),
+    workflowBundle: await bareBundle(),
   });
   const host = await Worker.create({ ...common, taskQueue: `${QUEUE}@host` });
   const running = Promise.all([workflows.run(), host.run()]);
   try {
     const ids = Array.from({ length: concurrency }, () => newRunId(`bare${concurrency}`));
+    const cpu = new CpuMeter(env);
     const t0 = performance.now();
     let completed = 0;
     // All started (20 start calls in flight, as the Stasis phase does), then all answered and awaited at once.
@@ -72,6 +107,7 @@ export async function runBare(env: BenchEnv, concurrency: number, cycle: BareCyc
       completed,
       wallMs: Math.round(wallMs),
       cyclesPerSecond: round(completed / (wallMs / 1000), 2),
+      cpu: cpu.stop(),
     };
   } finally {
     workflows.shutdown();

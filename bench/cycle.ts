@@ -160,10 +160,12 @@ export async function runCycleBench(
   largeMiB: number,
   log: (line: string) => void,
 ): Promise<ModeResult[]> {
+  // Configured as the worker's provider (sandbox volumes included), so the difference is orchestration alone.
   const provider = createLocalProvider({
     hostId: 'bench-baseline',
     dataDir: path.join(env.scratch, 'baseline'),
     store: env.store,
+    volumes: env.config.STASIS_SANDBOX_VOLUMES,
   });
   const results: ModeResult[] = [];
   for (const c of modeCases(largeMiB)) {

@@ -1,11 +1,11 @@
-import { cycleShape, runBare, type BareResult } from './bare';
+import { bareBundle, cycleShape, runBare, type BareResult } from './bare';
 import { CpuMeter, type CpuUse } from './cpu';
 import { analyseCycle } from './cycle';
 import type { BenchEnv } from './env';
 import { listIds, phaseClause, releasedAmong, respondAll, settle } from './fleet';
 import { timedHistory } from './history';
 import { leftovers, type Leftovers } from './leftovers';
-import type { ProfileSummary } from './profile';
+import { profiled, type ProfileSummary } from './profile';
 import { PeakRss } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
 import { cycleSpec, newRunId, type ModeCase } from './specs';
@@ -44,35 +44,14 @@ export async function runThroughput(
   concurrency: number,
   timeoutMs: number,
   log: (line: string) => void,
+  options: { profile?: boolean } = {},
 ): Promise<ThroughputResult> {
-  const errors: string[] = [];
-  const ids = Array.from({ length: concurrency }, () => newRunId(`tp${concurrency}`));
-  const idSet = new Set(ids);
-  const before = await scrapeSdk(env.sdkMetricsUrl);
-  const rss = new PeakRss();
-  const cpu = new CpuMeter(env);
-  const t0 = performance.now();
-  const deadline = Date.now() + timeoutMs;
-  await mapLimit(ids, 20, (id) =>
-    env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))),
-  );
-  const answered = new Set<string>();
-  const answering: Promise<string[]>[] = [];
-  while (answered.size < concurrency && Date.now() < deadline) {
-    const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
-    for (const id of released) answered.add(id);
-    if (released.length > 0) answering.push(respondAll(env, released, 20, deadline));
-    // Runs that failed before suspending are never answered: stop waiting for them.
-    const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
-    for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
-    await sleep(200);
-  }
-  for (const e of (await Promise.all(answering)).flat()) errors.push(e);
-  const { completed, failed, failures } = await settle(env, idSet, deadline, 200);
-  const wallMs = performance.now() - t0;
-  const peakRssMiB = rss.stop();
-  const cpuUse = cpu.stop();
-  const sdk = sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl));
+  // Built before the phase: bundling is the baseline's set-up, neither in its time nor in the profile of the Stasis phase.
+  await bareBundle();
+  const measure = async <T>(fn: () => Promise<T>): Promise<{ value: T; profile?: ProfileSummary }> =>
+    options.profile ? profiled(fn) : { value: await fn() };
+  const { value: phase, profile } = await measure(() => stasisPhase(env, concurrency, timeoutMs));
+  const { ids, errors, completed, failed, failures, wallMs, peakRssMiB, cpuUse, sdk } = phase;
   const sample = ids.slice(0, Math.min(10, ids.length));
   const analysed = await Promise.all(
     sample.map(async (id) => {
@@ -108,6 +87,7 @@ export async function runThroughput(
     leftovers: await leftovers(env),
     failures,
     errors: errors.slice(0, 5),
+    ...(profile ? { profile } : {}),
     ...(bare
       ? { bare, ratioToBare: round(completed / (wallMs / 1000) / Math.max(0.001, bare.cyclesPerSecond), 2) }
       : {}),
@@ -118,4 +98,37 @@ export async function runThroughput(
       (errors.length ? `; ${errors.length} errors: ${errors[0]}` : ''),
   );
   return result;
+}
+
+/** The Stasis part of the phase: N Runs started at once, each answered once released, until all closed. */
+async function stasisPhase(env: BenchEnv, concurrency: number, timeoutMs: number) {
+  const errors: string[] = [];
+  const ids = Array.from({ length: concurrency }, () => newRunId(`tp${concurrency}`));
+  const idSet = new Set(ids);
+  const before = await scrapeSdk(env.sdkMetricsUrl);
+  const rss = new PeakRss();
+  const cpu = new CpuMeter(env);
+  const t0 = performance.now();
+  const deadline = Date.now() + timeoutMs;
+  await mapLimit(ids, 20, (id) =>
+    env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))),
+  );
+  const answered = new Set<string>();
+  const answering: Promise<string[]>[] = [];
+  while (answered.size < concurrency && Date.now() < deadline) {
+    const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
+    for (const id of released) answered.add(id);
+    if (released.length > 0) answering.push(respondAll(env, released, 20, deadline));
+    // Runs that failed before suspending are never answered: stop waiting for them.
+    const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
+    for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
+    await sleep(200);
+  }
+  for (const e of (await Promise.all(answering)).flat()) errors.push(e);
+  const { completed, failed, failures } = await settle(env, idSet, deadline, 200);
+  const wallMs = performance.now() - t0;
+  const peakRssMiB = rss.stop();
+  const cpuUse = cpu.stop();
+  const sdk = sdkDelta(before, await scrapeSdk(env.sdkMetricsUrl));
+  return { ids, errors, completed, failed, failures, wallMs, peakRssMiB, cpuUse, sdk };
 }

@@ -102,13 +102,22 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   ): Promise<T> {
     return withLifecycleLock(request.sandboxId, async () => {
       const { paths, state } = await load(request.sandboxId);
+      const loaded = JSON.stringify(state);
       admitFence(state, request.fence, operation);
       try {
         return await fn(state, paths);
       } finally {
-        await writeState(paths, state);
+        await saveIfChanged(paths, state, loaded);
       }
     });
+  }
+
+  /**
+   * Writes the state unless it is still what was read (`loaded`, its JSON then): a call that changed
+   * nothing (an exec, an attach or a DETACH release at the current fence) costs no write and no fsyncs.
+   */
+  async function saveIfChanged(paths: SandboxPaths, state: HostSandboxState, loaded: string): Promise<void> {
+    if (JSON.stringify(state) !== loaded) await writeState(paths, state);
   }
 
   /**
@@ -495,6 +504,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         const duplicate = await receipts.replay(request);
         if (duplicate) return duplicate;
         const { state } = await load(request.sandboxId);
+        const loaded = JSON.stringify(state);
         admitFence(state, request.fence, 'release');
         let checkpoint: Checkpoint | undefined;
         try {
@@ -502,7 +512,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           if (request.mode === 'SNAPSHOT_AND_TERMINATE')
             checkpoint = await snapshotAndTerminate(state, paths, request, context);
         } finally {
-          await writeState(paths, state);
+          await saveIfChanged(paths, state, loaded);
         }
         const receipt: SandboxReleaseReceipt = {
           sandboxId: request.sandboxId,

@@ -275,6 +275,38 @@ describe('local provider: fences', () => {
     await stasisError(host.restart().resume({ sandboxId: id, fence: 5 }, context()), 'STALE_FENCE');
     await host.provider.resume({ sandboxId: id, fence: 6 }, context());
   });
+
+  it('rewrites the state only when a call changed it: a raised fence always reaches the disk', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    const { stateFile } = sandboxPaths(host.dataDir, id);
+    // Each write is a new file renamed over the old one: its inode tells whether the state was rewritten.
+    const inode = async () => (await fs.stat(stateFile)).ino;
+    const onDisk = async () => JSON.parse(await fs.readFile(stateFile, 'utf8')) as { maxFence: number; status: string };
+    let last = await inode();
+    // At the fence already seen, nothing changes: no write.
+    await sh(host.provider, id, 'true', 1);
+    await host.provider.attach({ sandboxId: id, fence: 1 }, context());
+    await host.provider.release(release(id, 'DETACH', 1), context());
+    expect(await inode()).toBe(last);
+    // A DETACH release and an attach that raise the fence are written, and a restarted worker holds to them.
+    for (const [call, fence] of [
+      ['release', 2],
+      ['attach', 3],
+      ['exec', 4],
+    ] as const) {
+      if (call === 'release') await host.provider.release(release(id, 'DETACH', fence), context());
+      if (call === 'attach') await host.provider.attach({ sandboxId: id, fence }, context());
+      if (call === 'exec') await sh(host.provider, id, 'true', fence);
+      expect(await inode()).not.toBe(last);
+      last = await inode();
+      expect((await onDisk()).maxFence).toBe(fence);
+      await stasisError(host.restart().attach({ sandboxId: id, fence: fence - 1 }, context()), 'STALE_FENCE');
+    }
+    // A status change at the same fence is written too.
+    await host.provider.stop({ sandboxId: id, fence: 4 }, context());
+    expect((await onDisk()).status).toBe('stopped');
+  });
 });
 
 describe('local provider: release', () => {

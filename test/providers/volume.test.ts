@@ -173,6 +173,25 @@ describe.each([
     await expect(fs.lstat(sandboxPaths(host.dataDir, id).root)).rejects.toMatchObject({ code: 'ENOENT' });
   });
 
+  test('a new volume is formatted without writing zeros: a default-size (10 GiB) image takes a few MiB of disk, and is a whole filesystem', async () => {
+    const host = await volumeHost({ make });
+    const id = uniqueId('sbx');
+    await host.provider.provision({ sandboxId: id, fence: 1 }, context());
+    await host.provider.start({ sandboxId: id, fence: 1 }, context());
+    const paths = sandboxPaths(host.dataDir, id);
+    expect(await sh(host.provider, id, 'head -c 3000000 /dev/urandom > r.bin; sync; wc -c < r.bin')).toBe('3000000\n');
+    // Stopped, the volume is unmounted: its image is checked as a host reboot would find it.
+    await host.provider.stop({ sandboxId: id, fence: 1 }, context());
+    const image = await fs.stat(paths.volumeImage);
+    expect(image.size).toBe(10_240 * MIB);
+    // Zeroed by mkfs, its 64 MiB journal alone would take 64 MiB: the fresh sparse file already reads as zeros.
+    expect(image.blocks * 512).toBeLessThan(16 * MIB);
+    // -f: checked whole even though clean; -n: nothing changed. Exit 0: no problem found.
+    execFileSync('e2fsck', ['-f', '-n', paths.volumeImage], { stdio: 'pipe' });
+    await host.provider.destroy({ sandboxId: id, fence: 1 }, context());
+    expect(mountsUnder(host.dataDir)).toEqual([]);
+  });
+
   test('destroy leaves no mount, no loop device and no image', async () => {
     const host = await volumeHost({ make });
     const id = uniqueId('sbx');
