@@ -14,7 +14,9 @@ import {
 import type { Checkpoint } from '../common/schemas';
 import type { RequestContext, SandboxProvider } from '../providers/api';
 import { createLocalProvider } from '../providers/local';
+import { resolveLimits } from '../providers/limits';
 import { sandboxPaths } from '../providers/sandbox-state';
+import { mountVolume, prepareVolume, removeSandboxDir } from '../providers/volume';
 import type { CheckpointStore } from '../stores/api';
 import type { BenchEnv } from './env';
 import { summarize, timed, type Summary } from './stats';
@@ -24,6 +26,12 @@ import { fillNodeModules, fillWorkspace, MiB, type WorkspaceShape } from './work
 // S3 store (MinIO), each row beside its baselines in the same run on the same
 // bytes and the same MinIO: `tar | zstd -1 -T0` + PutObject (GetObject +
 // `zstd -d | tar -x` back) and restic (backup, restore, incremental backup).
+// The hosts keep sandboxes on their own volumes (the worker's default), and the
+// baselines extract onto a fresh volume of the same kind: creating 20,000 files
+// costs what the filesystem makes it cost, and the busy host root filesystem
+// made that cost swing from one moment to the next. Ours and the baselines run
+// one right after the other, in turns (ours first in even repetitions, the
+// baselines first in odd ones), so a swing of the machine's load hits both.
 
 /** A workspace the figure measures. */
 export interface CheckpointWorkspace {
@@ -310,48 +318,83 @@ async function oneRep(
   const checkpoints: Checkpoint[] = [];
   const scratch = path.join(env.scratch, `${sandboxId}-baseline`);
   await fs.mkdir(scratch, { recursive: true });
+  // The baselines extract onto a fresh volume like the one a cross-host restore creates (a plain directory of
+  // the same filesystem where the host cannot mount volumes).
+  const pathsX = sandboxPaths(path.join(env.scratch, 'ckpt-x'), sandboxId);
+  const oursFirst = rep % 2 === 0;
   try {
-    const first = await release();
-    checkpoints.push(first.checkpoint);
-
-    // Baselines of the first suspend on the same bytes (the directories the checkpoint holds).
+    // The copy reaches the volume's disk now: a release unmounts the volume, which would write it back inside the timing.
+    await sh(`sync -f '${pathsA.volume}'`);
     const archive = path.join(scratch, 'archive.tar.zst');
-    const tarZstd = await timed(() =>
-      sh(`tar -C '${pathsA.volume}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`),
-    );
-    const archiveBytes = (await fs.stat(archive)).size;
     const objectKey = `baseline/${sandboxId}.tar.zst`;
-    const put = await timed(() =>
-      s3.send(
-        new PutObjectCommand({
-          Bucket: env.minio.bucket,
-          Key: objectKey,
-          Body: createReadStream(archive),
-          ContentLength: archiveBytes,
-        }),
-      ),
-    );
-    await fs.rm(archive);
+    // Baselines of the first suspend on the same bytes (the directories the checkpoint holds).
+    const baselineSnapshot = async () => {
+      // Ours unmounts the sandbox's volume when it ran first: mounted again (untimed) for tar to read it.
+      await mountVolume(pathsA);
+      const tarZstd = await timed(() =>
+        sh(`tar -C '${pathsA.volume}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`),
+      );
+      const archiveBytes = (await fs.stat(archive)).size;
+      const put = await timed(() =>
+        s3.send(
+          new PutObjectCommand({
+            Bucket: env.minio.bucket,
+            Key: objectKey,
+            Body: createReadStream(archive),
+            ContentLength: archiveBytes,
+          }),
+        ),
+      );
+      await fs.rm(archive);
+      return { tarZstd: { ms: tarZstd.ms, bytes: archiveBytes }, putObjectMs: put.ms };
+    };
+    let first: Awaited<ReturnType<typeof release>>;
+    let baseline: Awaited<ReturnType<typeof baselineSnapshot>>;
+    if (oursFirst) {
+      first = await release();
+      baseline = await baselineSnapshot();
+    } else {
+      baseline = await baselineSnapshot();
+      first = await release();
+    }
+    checkpoints.push(first.checkpoint);
     let resticFirst: { ms: number; bytes: number } | undefined;
     if (restic) {
       await restic(`-r '${repo}' init`);
+      await mountVolume(pathsA);
       resticFirst = await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS);
     }
 
-    // Cross-host restore, and its baselines.
-    const remote = await timed(() => b.restore({ sandboxId, fence: fence++, checkpoint: first.checkpoint }, ctxB));
-    if (remote.value.source !== 'checkpoint') throw new Error(`cross-host restore used ${remote.value.source}`);
-    // Destroyed only at the end: destroying a sandbox deletes its checkpoints, which the re-suspends below build on.
-    const get = await timed(async () => {
-      const response = await s3.send(new GetObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
-      if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
-      await pipeline(response.Body, createWriteStream(archive));
-    });
-    const extractDir = path.join(scratch, 'extract');
-    await fs.mkdir(extractDir);
-    const untar = await timed(() => sh(`zstd -q -d -c '${archive}' | tar -C '${extractDir}' -xf -`));
-    await fs.rm(extractDir, { recursive: true, force: true });
-    await fs.rm(archive, { force: true });
+    // Cross-host restore, and its baselines. Destroyed only at the end: destroying a sandbox deletes its
+    // checkpoints, which the re-suspends below build on.
+    await prepareVolume(pathsX, resolveLimits(undefined).diskMiB, 'auto');
+    const extractDir = path.join(pathsX.volume, 'extract');
+    const crossHost = async () => {
+      const remote = await timed(() => b.restore({ sandboxId, fence: fence++, checkpoint: first.checkpoint }, ctxB));
+      if (remote.value.source !== 'checkpoint') throw new Error(`cross-host restore used ${remote.value.source}`);
+      return remote.ms;
+    };
+    const baselineRestore = async () => {
+      const get = await timed(async () => {
+        const response = await s3.send(new GetObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
+        if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
+        await pipeline(response.Body, createWriteStream(archive));
+      });
+      await fs.mkdir(extractDir);
+      const untar = await timed(() => sh(`zstd -q -d -c '${archive}' | tar -C '${extractDir}' -xf -`));
+      await fs.rm(extractDir, { recursive: true, force: true });
+      await fs.rm(archive, { force: true });
+      return { getObjectMs: get.ms, untarMs: untar.ms };
+    };
+    let crossHostRestoreMs: number;
+    let back: Awaited<ReturnType<typeof baselineRestore>>;
+    if (oursFirst) {
+      crossHostRestoreMs = await crossHost();
+      back = await baselineRestore();
+    } else {
+      back = await baselineRestore();
+      crossHostRestoreMs = await crossHost();
+    }
     await s3.send(new DeleteObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
     let resticRestoreMs: number | undefined;
     if (restic) {
@@ -371,6 +414,8 @@ async function oneRep(
       const again = await release();
       checkpoints.push(again.checkpoint);
       latest = again.checkpoint;
+      // The release unmounted the sandbox's volume: mounted again for restic to read it.
+      if (restic) await mountVolume(pathsA);
       const r = restic ? await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS) : undefined;
       incremental.push({
         change: change.name,
@@ -382,18 +427,17 @@ async function oneRep(
     }
     return {
       first: { ms: first.ms, bytes: first.bytes },
-      tarZstd: { ms: tarZstd.ms, bytes: archiveBytes },
-      putObjectMs: put.ms,
+      ...baseline,
       ...(resticFirst ? { resticFirst } : {}),
-      crossHostRestoreMs: remote.ms,
-      getObjectMs: get.ms,
-      untarMs: untar.ms,
+      crossHostRestoreMs,
+      ...back,
       ...(resticRestoreMs !== undefined ? { resticRestoreMs } : {}),
       incremental,
     };
   } finally {
     await a.destroy({ sandboxId, fence: fence + 1 }, ctxA).catch(() => undefined);
     await b.destroy({ sandboxId, fence: fence + 1 }, ctxB).catch(() => undefined);
+    await removeSandboxDir(pathsX).catch(() => undefined);
     for (const c of new Set(checkpoints.map((x) => x.uri))) await env.store.delete(c).catch(() => undefined);
     await fs.rm(scratch, { recursive: true, force: true });
   }
@@ -445,8 +489,20 @@ export async function runCheckpointBench(
   log: (line: string) => void,
 ): Promise<{ results: CheckpointResult[]; restic: boolean }> {
   const { store, sent } = countingStore(env.store);
-  const a = createLocalProvider({ hostId: 'bench-ckpt-a', dataDir: path.join(env.scratch, 'ckpt-a'), store });
-  const b = createLocalProvider({ hostId: 'bench-ckpt-b', dataDir: path.join(env.scratch, 'ckpt-b'), store });
+  // Sandbox volumes where the host can mount them, as the worker's default (STASIS_SANDBOX_VOLUMES=auto).
+  const volumes = 'auto';
+  const a = createLocalProvider({
+    hostId: 'bench-ckpt-a',
+    dataDir: path.join(env.scratch, 'ckpt-a'),
+    store,
+    volumes,
+  });
+  const b = createLocalProvider({
+    hostId: 'bench-ckpt-b',
+    dataDir: path.join(env.scratch, 'ckpt-b'),
+    store,
+    volumes,
+  });
   const s3 = s3For(env);
   const restic = await resticFor(env);
   if (!restic) log('checkpoint: the restic command is not installed: its columns are left out');

@@ -23,13 +23,35 @@ export function phaseClause(among: Set<string>): string {
   return ` AND WorkflowId STARTS_WITH '${prefix}'`;
 }
 
+const RELEASED = `StasisResourceState = 'RELEASED' AND StasisStatus = 'WAITING' AND ExecutionStatus = 'Running'`;
+
 /** Ids of `among` that are suspended with their compute RELEASED and waiting on an answer. */
 export async function releasedAmong(env: BenchEnv, among: Set<string>): Promise<string[]> {
-  const ids = await listIds(
-    env,
-    `StasisResourceState = 'RELEASED' AND StasisStatus = 'WAITING' AND ExecutionStatus = 'Running'${phaseClause(among)}`,
-  );
+  const ids = await listIds(env, `${RELEASED}${phaseClause(among)}`);
   return [...ids].filter((id) => among.has(id));
+}
+
+/**
+ * How many Runs of a phase are released and waiting: a count, so a poll sends no rows however many
+ * Runs wait (listing them every 500 ms sent every waiting Run's search attributes and memo each time).
+ * `among` must share a prefix no other phase uses (phaseClause); otherwise the Runs are listed.
+ */
+export async function countReleased(env: BenchEnv, among: Set<string>): Promise<number> {
+  const clause = phaseClause(among);
+  if (clause === '') return (await releasedAmong(env, among)).length;
+  return (await env.temporal.workflow.count(`${RELEASED}${clause}`)).count;
+}
+
+/**
+ * Polls (a count) until every id of `ids` is released or `by` passes; returns how many were then.
+ * Never throws at `by`: a phase reports the Runs it reached.
+ */
+export async function waitReleased(env: BenchEnv, ids: Set<string>, by: number, intervalMs = 1000): Promise<number> {
+  for (;;) {
+    const released = await countReleased(env, ids);
+    if (released >= ids.size || Date.now() > by) return released;
+    await sleep(intervalMs);
+  }
 }
 
 export interface Closed {
@@ -71,7 +93,16 @@ export async function waitAllClosed(
   deadline: number,
   intervalMs = 250,
 ): Promise<Closed> {
+  const clause = phaseClause(ids);
   for (;;) {
+    // Polled by a count where the phase's Runs share a prefix (no rows sent), listed once at the end.
+    if (clause !== '') {
+      const { count } = await env.temporal.workflow.count(`ExecutionStatus != 'Running'${clause}`);
+      if (count < ids.size && Date.now() <= deadline) {
+        await sleep(intervalMs);
+        continue;
+      }
+    }
     const closed = await closedAmong(env, ids);
     if (closed.completed.size + closed.failed.size === ids.size) return closed;
     if (Date.now() > deadline) return closed;

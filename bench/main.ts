@@ -204,8 +204,8 @@ async function main(): Promise<void> {
     const short = (w: WaitingResult | undefined, ramp: number) => {
       if (w && w.runs < w.target)
         results.notMeasured.push(
-          `Scale of waiting with ${w.target} Runs: ${w.runs} were suspended within the ${secs(ramp)} ramp this budget allowed ` +
-            `(${secs(w.suspendAllMs)} for them); the figures are for ${w.runs}.`,
+          `Scale of waiting with ${w.target} Runs: ${w.runs} were waiting together within the ${secs(ramp)} ramp this budget allowed ` +
+            `(${secs(w.suspendAllMs)} for them)${w.shortBecause ? `: ${w.shortBecause}` : ''}; the figures are for ${w.runs}.`,
         );
     };
     short(results.waiting, rampMs);

@@ -59,8 +59,10 @@ const PREAMBLE = `{
   v8.setFlagsFromString('--expose-gc');
   const collect = vm.runInNewContext('gc');
   const port = workerData.probePort;
-  port.on('message', () => {
+  port.on('message', (message) => {
     collect();
+    // A heap snapshot when asked for one (a file path): what the thread's objects are, by constructor.
+    if (typeof message === 'object' && message.snapshot) v8.writeHeapSnapshot(message.snapshot);
     port.postMessage(v8.getHeapStatistics());
   });
   port.unref();
@@ -70,16 +72,34 @@ const PREAMBLE = `{
 v8.setFlagsFromString('--expose-gc');
 const gc = vm.runInNewContext('gc') as () => void;
 
-/** The thread's heap statistics; undefined if it does not answer within 10 s (it is ending). */
-function threadHeap(port: WorkerThreads.MessagePort): Promise<v8.HeapInfo | undefined> {
+/** The thread's heap statistics; undefined if it does not answer in time (it is ending). */
+function threadHeap(
+  port: WorkerThreads.MessagePort,
+  request: 'stats' | { snapshot: string } = 'stats',
+  timeoutMs = 10_000,
+): Promise<v8.HeapInfo | undefined> {
   return new Promise((resolve) => {
-    const timer = setTimeout(() => resolve(undefined), 10_000);
+    const timer = setTimeout(() => resolve(undefined), timeoutMs);
     port.once('message', (stats: v8.HeapInfo) => {
       clearTimeout(timer);
       resolve(stats);
     });
-    port.postMessage('stats');
+    port.postMessage(request);
   });
+}
+
+/**
+ * Writes a heap snapshot of each workflow thread (after a full GC) as `<prefix>-<thread>.heapsnapshot`;
+ * returns the files. For bench/heap-diff.ts: what each cached Run holds, by constructor.
+ */
+export async function snapshotWorkflowThreads(prefix: string): Promise<string[]> {
+  const files: string[] = [];
+  for (const [i, port] of probes.entries()) {
+    const file = `${prefix}-${i}.heapsnapshot`;
+    // Writing a snapshot of a large heap takes a while: a minute before the thread counts as gone.
+    if (await threadHeap(port, { snapshot: file }, 60_000)) files.push(file);
+  }
+  return files;
 }
 
 export interface WorkerMemory {
@@ -99,7 +119,7 @@ const mib = (bytes: number) => Math.round((bytes / (1024 * 1024)) * 10) / 10;
 /** The process's memory by part, after a full GC of every heap. */
 export async function workerMemory(): Promise<WorkerMemory> {
   gc();
-  const threads = (await Promise.all(probes.map(threadHeap))).filter((t) => t !== undefined);
+  const threads = (await Promise.all(probes.map((port) => threadHeap(port)))).filter((t) => t !== undefined);
   const main = v8.getHeapStatistics();
   const match = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync('/proc/self/status', 'utf8'));
   const rssMiB = Math.round((match ? Number(match[1]) : 0) / 1024);

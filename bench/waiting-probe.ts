@@ -1,10 +1,12 @@
 import { readFileSync } from 'node:fs';
-import { perRun, probeWorkflowThreads, workerMemory } from './memory';
+import { perRun, probeWorkflowThreads, snapshotWorkflowThreads, workerMemory } from './memory';
 
 // Where a waiting Run's memory goes: `node dist/bench/waiting-probe.js <runs> [KEY=VALUE...]`
 // starts the bench's world with those worker settings (STASIS_* variables), suspends <runs> Runs, and
 // prints the process's memory by part (RSS, main V8 heap, each workflow thread's V8 heap, what is
 // outside V8) with 0 Runs, with all waiting, and after all completed. An experiment, not a figure.
+// `--snapshots=<dir>` also writes a heap snapshot of the workflow threads at each step, for
+// `node dist/bench/heap-diff.js <a> <b> <runs between>` (what one more cached Run holds, by constructor).
 
 // Before the SDK is loaded (./env imports it below): its workflow threads then report their V8 heaps.
 probeWorkflowThreads();
@@ -42,7 +44,10 @@ async function main(): Promise<void> {
   const path = await import('node:path');
   const log = (line: string) => process.stderr.write(`[probe] ${line}\n`);
   const env = await startEnv(log, settings);
+  const snapshots = process.argv.find((a) => a.startsWith('--snapshots='))?.slice('--snapshots='.length);
   const measure = async (label: string, runs: number) => {
+    if (snapshots)
+      log(`snapshots: ${(await snapshotWorkflowThreads(path.join(snapshots, label.replace(/\W+/g, '-')))).join(' ')}`);
     const row = {
       label,
       runs,

@@ -1,9 +1,10 @@
+import { randomUUID } from 'node:crypto';
 import { statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { RunSpec } from '../common/schemas';
 import { CpuMeter, type CpuUse } from './cpu';
 import type { BenchEnv } from './env';
-import { releasedAmong, respondAll, settle, waitAllReleased } from './fleet';
+import { countReleased, releasedAmong, respondAll, settle, waitReleased } from './fleet';
 import { leftovers, sandboxProcessCount, type Leftovers } from './leftovers';
 import { perRun, workerMemory, type WorkerMemory } from './memory';
 import { PeakRss, rssMiB } from './rss';
@@ -15,9 +16,12 @@ import { mapLimit, round, sleep } from './stats';
 // process is held), what holding them costs, and how long answering all takes.
 
 export interface WaitingResult {
-  /** Runs planned, and Runs actually started before the ramp's deadline. */
+  /** Runs planned; Runs suspended and waiting together (what the figures are for); Runs started. */
   target: number;
   runs: number;
+  started?: number;
+  /** Why fewer than `target` Runs waited (the ramp's end, the time left, Runs still suspending at the cutoff). */
+  shortBecause?: string;
   /** Starting all Runs until every one is suspended with its compute released. */
   suspendAllMs: number;
   /** While all are suspended: sandbox processes of the worker's host (must be 0). */
@@ -100,27 +104,29 @@ export async function runWaiting(
   const rss = new PeakRss();
   const cpuSuspending = new CpuMeter(env);
   const deadline = Date.now() + timeoutMs;
-  const planned = Array.from({ length: target }, () => newRunId('wait'));
+  // A prefix of this phase's own: its visibility polls count its Runs, not an earlier phase's.
+  const tag = `wait${randomUUID().slice(0, 4)}`;
+  const planned = Array.from({ length: target }, () => newRunId(tag));
   const ids: string[] = [];
   const t0 = performance.now();
   const rampEnd = Date.now() + rampMs;
   // A bounded window of Runs not yet released, topped up as they release: the host never runs
   // thousands of sandboxes' init processes at once, and never idles between batches either.
   const WINDOW = 150;
-  const released = new Set<string>();
+  let released = 0;
   const all = new Set(planned);
   const steps: { memory: WorkerMemory; runs: number }[] = [];
   // Starting stops at the ramp's end, or earlier once the Runs started so far could no longer be
   // suspended, answered and completed before the deadline at the rate seen so far.
   const fits = () => {
     const elapsed = performance.now() - t0;
-    if (released.size < WINDOW || elapsed <= 0) return true;
-    const perRunMs = elapsed / released.size;
-    const rest = (ids.length - released.size) * perRunMs + ids.length * perRunMs * ANSWER_TO_SUSPEND;
+    if (released < WINDOW || elapsed <= 0) return true;
+    const rest = (ids.length - released) * perRunMs() + ids.length * perRunMs() * ANSWER_TO_SUSPEND;
     return Date.now() + rest < deadline - 10_000;
   };
+  const perRunMs = () => (performance.now() - t0) / Math.max(1, released);
   while (ids.length < planned.length && Date.now() < rampEnd && fits()) {
-    const room = WINDOW - (ids.length - released.size);
+    const room = WINDOW - (ids.length - released);
     if (room >= 25) {
       const batch = planned.slice(ids.length, ids.length + room);
       ids.push(...batch);
@@ -128,16 +134,36 @@ export async function runWaiting(
         env.client.runs.start(waitingSpec(id, env.scratch)).catch((err: unknown) => errors.push(String(err))),
       );
     }
-    await sleep(500);
-    for (const id of await releasedAmong(env, all)) released.add(id);
+    await sleep(1000);
+    released = await countReleased(env, all);
     // Every eighth of the plan: the one nearest half of the Runs the ramp reaches is the midpoint.
-    if (released.size >= ((steps.length + 1) * target) / 8 && steps.length < 7)
-      steps.push({ memory: await workerMemory(), runs: released.size });
+    if (released >= ((steps.length + 1) * target) / 8 && steps.length < 7)
+      steps.push({ memory: await workerMemory(), runs: released });
   }
-  const runs = ids.length;
+  const rampStop =
+    ids.length === planned.length
+      ? undefined
+      : Date.now() >= rampEnd
+        ? `the ${Math.round(rampMs / 1000)} s ramp ended after ${ids.length} Runs were started`
+        : `starting stopped at ${ids.length} Runs: at ${Math.round(perRunMs())} ms per suspended Run, more could not be suspended, answered and completed in the phase's time`;
   const idSet = new Set(ids);
-  await waitAllReleased(env, idSet, deadline, 250);
+  // Those started are waited for only as long as answering and completing them still fits: past
+  // that, the figures are for the Runs that were waiting together (a run under load used to throw
+  // them all away here).
+  const answerMs = ids.length * perRunMs() * ANSWER_TO_SUSPEND;
+  released = await waitReleased(env, idSet, Math.max(Date.now() + 10_000, deadline - answerMs - 10_000), 1000);
   const suspendAllMs = performance.now() - t0;
+  const waitingIds = await releasedAmong(env, idSet);
+  const runs = waitingIds.length;
+  const stillSuspending = ids.length - runs;
+  const shortBecause = [
+    ...(rampStop ? [rampStop] : []),
+    ...(stillSuspending > 0
+      ? [
+          `${stillSuspending} of the ${ids.length} started were not yet suspended when answering had to begin (${Math.round(suspendAllMs / 1000)} s after the first start); they are answered if they suspend before the phase's deadline`,
+        ]
+      : []),
+  ].join('; ');
   const suspendingCpu = cpuSuspending.stop();
   const processesHeld = await sandboxProcessCount();
   const rssWhileWaitingMiB = Math.round(rssMiB());
@@ -146,20 +172,29 @@ export async function runWaiting(
     .filter((step) => step.runs < runs)
     .sort((a, b) => Math.abs(a.runs - runs / 2) - Math.abs(b.runs - runs / 2))[0];
   const dbWaiting = databaseMiB(env);
+  if (shortBecause) log(`waiting: ${runs} of ${target} planned Runs waiting together: ${shortBecause}`);
   log(
     `waiting: ${runs} Runs suspended in ${Math.round(suspendAllMs)} ms, ${processesHeld} processes held, RSS ${rssBaseMiB} → ${rssWhileWaitingMiB} MiB, database ${round(dbWaiting)} MiB`,
   );
 
   const t1 = performance.now();
   const cpuAnswering = new CpuMeter(env);
-  for (const e of await respondAll(env, ids, 50, deadline)) errors.push(e);
+  for (const e of await respondAll(env, waitingIds, 50, deadline)) errors.push(e);
   const answerAllMs = performance.now() - t1;
+  // The stragglers, if they suspended meanwhile: answered too, so no Run is left waiting for ever.
+  if (stillSuspending > 0) {
+    const answered = new Set(waitingIds);
+    const late = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
+    for (const e of await respondAll(env, late, 50, deadline)) errors.push(e);
+  }
   const { completed, failed, failures } = await settle(env, idSet, deadline, 500);
   const completeAllMs = performance.now() - t1;
   const answeringCpu = cpuAnswering.stop();
   const result: WaitingResult = {
     target,
     runs,
+    started: ids.length,
+    ...(shortBecause ? { shortBecause } : {}),
     suspendAllMs: Math.round(suspendAllMs),
     processesHeld,
     rssBaseMiB,

@@ -55,11 +55,16 @@ export const Env = z.object({
   STASIS_SANDBOX_VOLUMES: z.enum(['auto', 'required', 'off']).default('auto'),
   /**
    * Runs kept in the worker's workflow cache; a Run evicted from it replays its history when it is
-   * next answered. 0 disables the cache; 1 is refused (the SDK needs 2 to make progress).
+   * next answered. 1 is refused (the SDK needs 2 to make progress), and so is 0 (no cache): with no cache
+   * the SDK core (1.24) evicts a Run while its local activities' results are still due and strands the
+   * workflow task until it times out (10 s a task; temporalio/sdk-rust#1482).
    */
   STASIS_MAX_CACHED_WORKFLOWS: z
     .string()
-    .regex(/^(0|[2-9]|[1-9][0-9]{1,6})$/, 'must be 0 (no cache) or a whole number of Runs from 2 to 9999999')
+    .regex(
+      /^([2-9]|[1-9][0-9]{1,6})$/,
+      'must be a whole number of Runs from 2 to 9999999 (0, no cache, strands workflow tasks in the Temporal SDK)',
+    )
     .transform(Number)
     .default(DEFAULT_MAX_CACHED_WORKFLOWS),
   STASIS_HTTP_ADDR: hostPort.default('127.0.0.1:8080'),

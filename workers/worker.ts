@@ -53,6 +53,10 @@ export function workflowBundle(): Promise<WorkflowBundleWithSourceMap> {
     // Merges the search-attribute upserts of an activation (workflows/visibility.ts, PATCH_ONE_UPSERT):
     // every bundle that runs or replays Stasis workflows must carry it.
     workflowInterceptorModules: [require.resolve('../workflows/upsert-merge')],
+    // Loaded once per workflow thread and shared (frozen) by every workflow in it, instead of once per
+    // workflow: instantiating Stasis's modules cost each cached Run ~120 KiB of heap (BENCHMARKS.md).
+    // Safe only because these modules hold no state of their own (test/workers/workflow-bundle.test.ts).
+    preloadModules: [require.resolve('../workflows'), require.resolve('../workflows/upsert-merge')],
     logger: quietBundlerLogger,
   });
   return cachedBundle;

@@ -79,3 +79,87 @@ export function cutPoints(
     ends.push(start);
   }
 }
+
+/**
+ * FastCDC's inner loop (the gear scan) as WebAssembly: 2-3 times the speed of the JavaScript loop
+ * above (32 MiB in 40-100 ms instead of 80-200 ms on the 2-core development machine under load),
+ * which made cutting the largest cost of a first snapshot. 163 bytes, assembled by hand from:
+ *
+ *   (module
+ *     (memory (export "memory") 1)            ;; the gear table at 0 (256 × i32), the data from 1024
+ *     (func (export "cut") (param $p i32) (param $normal i32) (param $limit i32)
+ *                          (param $maskSmall i32) (param $maskLarge i32) (result i32)
+ *       (local $fp i32)
+ *       (block (loop                           ;; up to the average size: the harder mask
+ *         (br_if 1 (i32.ge_u (local.get $p) (local.get $normal)))
+ *         (local.set $fp (i32.add (i32.shl (local.get $fp) (i32.const 1))
+ *                                 (i32.load (i32.shl (i32.load8_u (local.get $p)) (i32.const 2)))))
+ *         (local.set $p (i32.add (local.get $p) (i32.const 1)))
+ *         (if (i32.eqz (i32.and (local.get $fp) (local.get $maskSmall))) (then (return (local.get $p))))
+ *         (br 0)))
+ *       (block (loop                           ;; then up to the largest: the easier one
+ *         ... the same with $limit and $maskLarge ...))
+ *       (local.get $limit)))
+ *
+ * `cut` returns the address just past the byte where the chunk ends (or $limit).
+ */
+export const GEAR_SCAN_WASM =
+  'AGFzbQEAAAABCgFgBX9/f39/AX8DAgEABQMBAAEHEAIGbWVtb3J5AgADY3V0AAAKcgFwAQF/AkADQCAAIAFPDQEgBUEBdCAALQAAQQJ0KAIAaiEFIABBAWohACAFIANxRQRAIAAPCwwACwsCQANAIAAgAk8NASAFQQF0IAAtAABBAnQoAgBqIQUgAEEBaiEAIAUgBHFFBEAgAA8LDAALCyACCw==';
+
+/** The WebAssembly global, as far as used here (the project's type libraries do not declare it). */
+declare const WebAssembly: {
+  Module: new (bytes: Uint8Array) => object;
+  Instance: new (module: object) => { exports: Record<string, unknown> };
+};
+
+interface WasmMemory {
+  buffer: ArrayBuffer;
+  grow(pages: number): number;
+}
+
+/**
+ * cutPoints with its gear scan in WebAssembly (GEAR_SCAN_WASM): the same cuts (a property test holds
+ * them to cutPoints'), for the hashing thread. Each call copies `data` into the module's memory,
+ * which grows to the largest piece and stays.
+ *
+ * Self-contained (no imports, no closures over this module): it runs in the hashing thread from its source text.
+ */
+export function wasmCutPoints(
+  wasm: Uint8Array,
+  gear: Int32Array,
+): (data: Uint8Array, eof: boolean, min: number, avg: number, max: number) => number[] {
+  const instance = new WebAssembly.Instance(new WebAssembly.Module(wasm));
+  const memory = instance.exports.memory as WasmMemory;
+  const scan = instance.exports.cut as (
+    p: number,
+    normal: number,
+    limit: number,
+    small: number,
+    large: number,
+  ) => number;
+  const DATA = 1024;
+  new Int32Array(memory.buffer, 0, 256).set(gear);
+  return (data, eof, min, avg, max) => {
+    let bits = 0;
+    while (2 ** (bits + 1) <= avg) bits += 1;
+    const maskSmall = ~0 << (32 - (bits + 2));
+    const maskLarge = ~0 << (32 - (bits - 2));
+    const need = DATA + data.length;
+    if (memory.buffer.byteLength < need) memory.grow(Math.ceil((need - memory.buffer.byteLength) / 65536));
+    new Uint8Array(memory.buffer, DATA, data.length).set(data);
+    const ends: number[] = [];
+    let start = 0;
+    for (;;) {
+      const left = data.length - start;
+      if (left === 0 || (!eof && left < max)) return ends;
+      let length = left;
+      if (left > min) {
+        const base = DATA + start;
+        const limit = Math.min(left, max);
+        length = scan(base + min, base + Math.min(avg, limit), base + limit, maskSmall, maskLarge) - base;
+      }
+      start += length;
+      ends.push(start);
+    }
+  };
+}

@@ -3,14 +3,24 @@ import { StasisError } from '../../common/errors';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import { checkPrefix } from '../keys';
-import { invalid, MANIFEST_SUFFIX, MAX_MANIFEST_JSON_BYTES, PACKS_DIR, PACK_SUFFIX } from './manifest';
+import {
+  invalid,
+  MANIFEST_SUFFIX,
+  MAX_MANIFEST_JSON_BYTES,
+  PACKS_DIR,
+  PACK_SUFFIX,
+  SEGMENTS_DIR,
+  SEGMENT_SUFFIX,
+  segmentsPrefixOf,
+} from './manifest';
 import { zstdDecompress } from './zstd';
 
-// Garbage collection of one sandbox's packs, mark and sweep: every manifest in
-// the prefix is live and keeps the packs it names; a pack no manifest names is
-// deleted once it is older than the grace period. A release writes its packs
-// before its manifest, so a release in flight has only packs younger than the
-// grace; the provider runs its own collection under the sandbox's lifecycle lock,
+// Garbage collection of one sandbox's packs and manifest segments, mark and sweep:
+// every manifest (top object) in the prefix is live and keeps the packs and segments
+// it names; a pack or segment nothing names is deleted once it is older than the
+// grace period. A release writes its packs and segments before its manifest, so a
+// release in flight has only new objects younger than the grace (those it reuses
+// are its baseline's, named by that live manifest); the provider runs its own collection under the sandbox's lifecycle lock,
 // where no release of the sandbox can be in flight, with no grace. Any manifest
 // that cannot be read stops the collection before anything is deleted.
 
@@ -19,12 +29,18 @@ export const DEFAULT_GC_GRACE_MS = 60 * 60 * 1000;
 /** The largest manifest read (compressed). */
 const MAX_MANIFEST_BYTES = 512 * 1024 * 1024;
 
-const PackUris = z.object({ packs: z.array(z.object({ uri: z.string() })) });
+/** What marking reads of either format: pack uris, and (`stasis-cas-2`) segment names. */
+const Named = z.object({
+  packs: z.array(z.object({ uri: z.string() })),
+  segments: z.array(z.tuple([z.string().regex(/^[0-9a-f]{64}$/)]).rest(z.unknown())).optional(),
+});
 
 export interface GcResult {
   manifests: number;
   packsKept: number;
   packsDeleted: number;
+  segmentsKept: number;
+  segmentsDeleted: number;
 }
 
 export async function collectGarbage(
@@ -48,24 +64,27 @@ export async function collectGarbage(
       throw err;
     }
     const json = await zstdDecompress(data, -1, `manifest ${object.uri}`, MAX_MANIFEST_JSON_BYTES);
-    const parsed = PackUris.safeParse(safeJson(json));
+    const parsed = Named.safeParse(safeJson(json));
     if (!parsed.success) throw invalid(object.uri, 'is not a readable manifest: garbage collection stops here');
     for (const pack of parsed.data.packs) live.add(pack.uri);
+    const segments = segmentsPrefixOf(object.uri);
+    for (const [name] of parsed.data.segments ?? []) live.add(`${segments}${name}${SEGMENT_SUFFIX}`);
     manifests += 1;
   }
-  let packsKept = 0;
-  let packsDeleted = 0;
+  const counts = { packsKept: 0, packsDeleted: 0, segmentsKept: 0, segmentsDeleted: 0 };
   for (const object of objects) {
-    if (!object.key.startsWith(`${prefix}${PACKS_DIR}`) || !object.key.endsWith(PACK_SUFFIX)) continue;
+    const pack = object.key.startsWith(`${prefix}${PACKS_DIR}`) && object.key.endsWith(PACK_SUFFIX);
+    const segment = object.key.startsWith(`${prefix}${SEGMENTS_DIR}`) && object.key.endsWith(SEGMENT_SUFFIX);
+    if (!pack && !segment) continue;
     if (live.has(object.uri) || object.modified.getTime() > cutoff) {
-      packsKept += 1;
+      counts[pack ? 'packsKept' : 'segmentsKept'] += 1;
       continue;
     }
     options.signal?.throwIfAborted();
     await store.delete(object.uri);
-    packsDeleted += 1;
+    counts[pack ? 'packsDeleted' : 'segmentsDeleted'] += 1;
   }
-  return { manifests, packsKept, packsDeleted };
+  return { manifests, ...counts };
 }
 
 function safeJson(data: Buffer): unknown {

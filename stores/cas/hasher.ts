@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { Worker } from 'node:worker_threads';
-import { CHUNK_SIZES, cutPoints, gearTable, type ChunkSizes } from './fastcdc';
+import { CHUNK_SIZES, GEAR_SCAN_WASM, gearTable, wasmCutPoints, type ChunkSizes } from './fastcdc';
 
 // Chunking and sha-256 of chunk data run in one worker thread, so a checkpoint of
 // gigabytes never holds the worker's event loop (activities, heartbeats) for more
@@ -49,7 +49,7 @@ interface Request {
 const WORKER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const cutPoints = ${cutPoints.toString()};
+const cutPoints = (${wasmCutPoints.toString()})(workerData.wasm, workerData.gear);
 parentPort.on('message', ({ id, data, ends, spans, cut }) => {
   try {
     const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
@@ -58,7 +58,7 @@ parentPort.on('message', ({ id, data, ends, spans, cut }) => {
       parentPort.postMessage({ id, ends: [], hashes });
       return;
     }
-    const cuts = cut ? cutPoints(bytes, cut.eof, cut.min, cut.avg, cut.max, workerData.gear) : ends;
+    const cuts = cut ? cutPoints(bytes, cut.eof, cut.min, cut.avg, cut.max) : ends;
     const hashes = [];
     let start = 0;
     for (const end of cuts) {
@@ -93,7 +93,10 @@ function request(message: Request): Promise<Chunked> {
 }
 
 function startWorker(): Worker {
-  const started = new Worker(WORKER_SOURCE, { eval: true, workerData: { gear: gearTable() } });
+  const started = new Worker(WORKER_SOURCE, {
+    eval: true,
+    workerData: { gear: gearTable(), wasm: Buffer.from(GEAR_SCAN_WASM, 'base64') },
+  });
   started.unref();
   started.on('message', (reply: { id: number; ends?: number[]; hashes?: string[]; error?: string }) => {
     const waiter = pending.get(reply.id);

@@ -10,32 +10,43 @@ import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { readWhole, walkSandbox, type WalkEntry } from '../walk';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
-import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES } from './hasher';
+import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
 import {
   admitEntry,
-  encodeManifest,
+  compressSegment,
+  encodeTop,
   MANIFEST_SUFFIX,
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
   packsPrefixOf,
+  SEGMENT_SUFFIX,
+  SEGMENTS_DIR,
+  splitManifest,
   type Manifest,
   type ManifestEntry,
   type PackRef,
+  type SegmentRef,
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
+import { Lanes } from './lanes';
 import { zstdCompressFile } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
 // baseline, cut and hash only that, upload only chunks the baseline's checkpoint
-// does not already hold (in packs of a few MiB), then the manifest. The manifest
-// goes last: until it is in the store nothing names the new packs, and a killed
-// attempt leaves only packs that garbage collection removes.
+// does not already hold (in packs of a few MiB), then the manifest: the segments
+// the baseline's checkpoint does not already have, and last the top object. Until
+// it is in the store nothing names the new packs and segments, and a killed
+// attempt leaves only objects that garbage collection removes.
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
-/** Packs compressed and uploading at once: with 2, the walk waited on the store and zstd in turn. */
+/** Packs uploading at once: with 2, the walk waited on the store and zstd in turn. */
 const UPLOADS_IN_FLIGHT = 4;
+/** zstd processes at once (each uses one core). */
+const COMPRESSING = 2;
+/** Packs sealed and not yet stored (on disk, in the temp files) before the walk waits for one. */
+const PACKS_QUEUED = 8;
 /** Bytes of a large file read (and cut) at once. */
 const READ_BYTES = 8 * 1024 * 1024;
 
@@ -46,6 +57,10 @@ export interface TakeStats {
   /** Compressed bytes of the packs uploaded. */
   packBytes: number;
   packs: number;
+  /** Manifest segments uploaded (the rest were the baseline's), their stored bytes, and the top object's. */
+  segments: number;
+  segmentBytes: number;
+  topBytes: number;
 }
 
 export async function takeCheckpoint(input: {
@@ -73,7 +88,15 @@ export async function takeCheckpoint(input: {
   const known = knownChunks(baseline);
   const entries: ManifestEntry[] = [];
   const local: Baseline['local'] = {};
-  const stats: TakeStats = { files: 0, filesHashed: 0, packBytes: 0, packs: 0 };
+  const stats: TakeStats = {
+    files: 0,
+    filesHashed: 0,
+    packBytes: 0,
+    packs: 0,
+    segments: 0,
+    segmentBytes: 0,
+    topBytes: 0,
+  };
   const onChunk = (hash: string, bytes: Buffer) => (known.has(hash) ? undefined : packer.add(hash, bytes));
   const smallFiles = new SmallFiles(onChunk);
   try {
@@ -111,17 +134,80 @@ export async function takeCheckpoint(input: {
     await packer.abandon();
     throw err;
   }
-  const manifest = assemble(takenAtNs.toString(), entries, known, packer);
+  const assembled = assemble(takenAtNs.toString(), entries, known, packer);
   stats.packBytes = packer.uploadedBytes;
   stats.packs = packer.uploadedPacks;
-  const body = await encodeManifest(manifest);
+  const { checkpoint, manifest } = await storeManifest(input, assembled, baseline, stats);
+  return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
+}
+
+/** Segments uploading at once: small objects, so the store's latency, not its bandwidth, sets the pace. */
+const SEGMENT_UPLOADS = 16;
+
+/**
+ * Stores the manifest as `stasis-cas-2`: each segment the baseline's checkpoint does not already
+ * name is uploaded (under its name: a retry or another checkpoint with the same segment writes the
+ * same bytes), then the top object, last. The baseline's segments are reused only as its packs are:
+ * while its checkpoint exists (usableBaseline), which keeps them from garbage collection.
+ */
+async function storeManifest(
+  input: {
+    store: CheckpointStore;
+    prefix: string;
+    name: string;
+    labels: Record<string, string>;
+    progress: { bytes: number };
+    signal?: AbortSignal;
+  },
+  manifest: Manifest,
+  baseline: Baseline | undefined,
+  stats: TakeStats,
+): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
+  const { signal } = input;
+  const { segments, takenAtNs, packs } = splitManifest(manifest);
+  const stored = new Map<string, SegmentRef>((baseline?.manifest.segments ?? []).map((ref) => [ref[0], ref]));
+  const refs: SegmentRef[] = [];
+  const uploads = new Map<string, Promise<SegmentRef>>();
+  const running = new Set<Promise<SegmentRef>>();
+  try {
+    for (const { ref, json } of segments) {
+      const name = ref[0];
+      if (!stored.has(name) && !uploads.has(name)) {
+        while (running.size >= SEGMENT_UPLOADS) await Promise.race(running).catch(() => undefined);
+        signal?.throwIfAborted();
+        const upload = (async (): Promise<SegmentRef> => {
+          const body = compressSegment(json);
+          await input.store.put(
+            `${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`,
+            Readable.from([body]),
+            {},
+            signal,
+          );
+          stats.segments += 1;
+          stats.segmentBytes += body.length;
+          input.progress.bytes += body.length;
+          return [name, body.length, ref[2], ref[3]];
+        })();
+        upload.catch(() => undefined); // awaited below
+        uploads.set(name, upload);
+        running.add(upload);
+        void upload.finally(() => running.delete(upload)).catch(() => undefined);
+      }
+    }
+    for (const { ref } of segments) refs.push(stored.get(ref[0]) ?? (await uploads.get(ref[0])!));
+  } finally {
+    // Nothing is still writing once the attempt has failed.
+    await Promise.allSettled(uploads.values());
+  }
+  const body = await encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
+  stats.topBytes = body.length;
   const checkpoint = await input.store.put(
     `${input.prefix}${input.name}${MANIFEST_SUFFIX}`,
     Readable.from([body]),
     input.labels,
     signal,
   );
-  return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
+  return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
 }
 
 function describe(walked: WalkEntry): ManifestEntry {
@@ -220,26 +306,31 @@ async function chunkFile(
     readWhole(file, length, walked.path, position, buffer.subarray(room));
     return buffer;
   };
-  let carry: Buffer = Buffer.alloc(0);
   let read = 0;
-  let next: Buffer | undefined = readPiece(0);
-  while (next) {
-    const piece: Buffer = next;
+  /** Sends a piece, after the bytes the previous cut left over, to the hashing thread. */
+  const cut = (piece: Buffer, carry: Buffer): Cutting => {
     read += piece.length - room;
     if (carry.length > room) throw new Error(`FastCDC left ${carry.length} bytes uncut, more than its largest chunk`);
     carry.copy(piece, room - carry.length);
     const data = piece.subarray(room - carry.length);
     const cutting = cutAndHash(data, read === size);
-    cutting.catch(() => undefined); // awaited below, after the next read
-    next = read < size ? readPiece(read) : undefined;
-    const { ends, hashes: cut } = await cutting;
+    cutting.catch(() => undefined); // awaited in its turn
+    return { data, cutting };
+  };
+  type Cutting = { data: Buffer; cutting: Promise<Chunked> };
+  let current: Cutting | undefined = cut(readPiece(0), Buffer.alloc(0));
+  while (current) {
+    const { data, cutting }: Cutting = current;
+    const next = read < size ? readPiece(read) : undefined;
+    const { ends, hashes: cuts }: Chunked = await cutting;
+    // The next piece goes to the hashing thread before this one's chunks are packed: it cuts while they wait.
+    current = next ? cut(next, data.subarray(ends.at(-1) ?? 0)) : undefined;
     let start = 0;
     for (let i = 0; i < ends.length; i += 1) {
-      await onChunk(cut[i], data.subarray(start, ends[i]));
-      hashes.push(cut[i]);
+      await onChunk(cuts[i], data.subarray(start, ends[i]));
+      hashes.push(cuts[i]);
       start = ends[i];
     }
-    carry = data.subarray(start);
   }
   return hashes;
 }
@@ -335,10 +426,16 @@ function assemble(
       chunks[hash] = [index, where.offset, where.length];
     }
   }
-  return { format: 'stasis-cas-1', takenAtNs, entries, chunks, packs };
+  return { format: 'stasis-cas-2', takenAtNs, entries, chunks, packs };
 }
 
-/** Groups new chunks into packs, compresses (zstd) and uploads them, a bounded number at once. */
+/**
+ * Groups new chunks into packs, compresses (zstd) and uploads them. The stages overlap: a sealed pack
+ * goes to its file at once (its chunks' memory is then free), at most COMPRESSING zstd run and
+ * UPLOADS_IN_FLIGHT puts, and the walk goes on cutting and hashing until PACKS_QUEUED packs wait.
+ * With one bound on all three (4 packs each written, compressed and put in turn), the walk and the
+ * hashing thread stood still whenever four puts were waiting on the store.
+ */
 class Packer {
   private parts: Buffer[] = [];
   private partHashes: string[] = [];
@@ -346,6 +443,8 @@ class Packer {
   private readonly pendingChunks = new Map<string, { offset: number; length: number; slot: number }>();
   private readonly sealed: (PackRef | undefined)[] = [];
   private readonly inFlight = new Set<Promise<void>>();
+  private readonly compressing = new Lanes(COMPRESSING);
+  private readonly putting = new Lanes(UPLOADS_IN_FLIGHT);
   private failure: unknown;
   uploadedBytes = 0;
   uploadedPacks = 0;
@@ -388,17 +487,24 @@ class Packer {
   private async seal(): Promise<void> {
     const slot = this.sealed.length;
     this.sealed.push(undefined);
-    const parts = this.parts;
     // Named by its release request and the chunks it holds: a retry of the request that packs the same
     // chunks rewrites its own object, and never one another checkpoint names (a failed put removes its key).
     const name = chunkHash(Buffer.from(`${this.attempt}\n${this.partHashes.join('')}`));
-    const size = this.size;
+    const { parts, size } = this;
     this.parts = [];
     this.partHashes = [];
     this.size = 0;
-    while (this.inFlight.size >= UPLOADS_IN_FLIGHT) await Promise.race(this.inFlight);
+    while (this.inFlight.size >= PACKS_QUEUED) await Promise.race(this.inFlight);
     if (this.failure !== undefined) throw this.failure;
-    const upload = this.upload(slot, name, parts, size).then(
+    const plain = `${this.tempPrefix}.${slot}`;
+    // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
+    try {
+      writeParts(plain, parts, size);
+    } catch (err) {
+      fsSync.rmSync(plain, { force: true });
+      throw err;
+    }
+    const upload = this.upload(slot, name, plain, size).then(
       () => {
         this.inFlight.delete(upload);
       },
@@ -410,24 +516,29 @@ class Packer {
     this.inFlight.add(upload);
   }
 
-  private async upload(slot: number, name: string, parts: Buffer[], size: number): Promise<void> {
-    const plain = `${this.tempPrefix}.${slot}`;
+  private async upload(slot: number, name: string, plain: string, size: number): Promise<void> {
     const packed = `${plain}.zst`;
     try {
-      // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
-      writeParts(plain, parts, size);
-      await zstdCompressFile(plain, packed);
-      const compressed = fsSync.readFileSync(packed);
-      const stored = await this.store.put(
-        `${this.packsKey}${name}${PACK_SUFFIX}`,
-        Readable.from([compressed]),
-        {},
-        this.signal,
-      );
-      this.sealed[slot] = { ...stored, size };
-      this.uploadedBytes += compressed.length;
-      this.uploadedPacks += 1;
-      this.progress.bytes += compressed.length;
+      await this.compressing.run(async () => {
+        if (this.failure !== undefined) throw this.failure;
+        await zstdCompressFile(plain, packed);
+      });
+      fsSync.rmSync(plain, { force: true });
+      await this.putting.run(async () => {
+        if (this.failure !== undefined) throw this.failure;
+        this.signal?.throwIfAborted();
+        const compressed = fsSync.readFileSync(packed);
+        const stored = await this.store.put(
+          `${this.packsKey}${name}${PACK_SUFFIX}`,
+          Readable.from([compressed]),
+          {},
+          this.signal,
+        );
+        this.sealed[slot] = { ...stored, size };
+        this.uploadedBytes += compressed.length;
+        this.uploadedPacks += 1;
+        this.progress.bytes += compressed.length;
+      });
     } finally {
       fsSync.rmSync(plain, { force: true });
       fsSync.rmSync(packed, { force: true });

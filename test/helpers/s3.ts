@@ -13,7 +13,7 @@ export function testS3(): S3Client {
   });
 }
 
-/** Every key under `checkpoints/<sandboxId>/`: checkpoints and the packs of their chunks. */
+/** Every key under `checkpoints/<sandboxId>/`: checkpoints, the packs of their chunks and their manifests' segments. */
 export async function storedKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
   const out = await s3.send(
     new ListObjectsV2Command({ Bucket: process.env.STASIS_S3_BUCKET, Prefix: `checkpoints/${sandboxId}/` }),
@@ -23,10 +23,13 @@ export async function storedKeys(s3: S3Client, sandboxId: string): Promise<strin
 
 /**
  * The keys of the sandbox's checkpoints, one per checkpoint: a content-addressed
- * checkpoint's manifest or an earlier version's tar.gz (not the packs they share).
+ * checkpoint's manifest or an earlier version's tar.gz (not the packs and manifest segments they share).
  */
 export async function checkpointKeys(s3: S3Client, sandboxId: string): Promise<string[]> {
-  return (await storedKeys(s3, sandboxId)).filter((key) => !key.startsWith(`checkpoints/${sandboxId}/packs/`));
+  return (await storedKeys(s3, sandboxId)).filter(
+    (key) =>
+      !key.startsWith(`checkpoints/${sandboxId}/packs/`) && !key.startsWith(`checkpoints/${sandboxId}/segments/`),
+  );
 }
 
 /**

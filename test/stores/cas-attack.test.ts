@@ -4,21 +4,25 @@ import { createHash } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
+import { deflateRawSync, inflateRawSync } from 'node:zlib';
 import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../../stores/api';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import {
   encodeManifest,
   MANIFEST_SUFFIX,
+  SEGMENT_SUFFIX,
+  SEGMENTS_DIR,
   MAX_MANIFEST_JSON_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
+  segmentsPrefixOf,
   type Manifest,
   type ManifestEntry,
 } from '../../stores/cas/manifest';
 import { collectGarbage } from '../../stores/cas/gc';
 import { restoreCheckpoint } from '../../stores/cas/restore';
-import { zstdCompress, zstdDecompressFile } from '../../stores/cas/zstd';
+import { zstdCompress, zstdDecompress, zstdDecompressFile } from '../../stores/cas/zstd';
 import { FsCheckpointStore } from '../../stores/fs';
 import { s3StoreFromEnv, stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, listNoFollow, newSandboxRoot, restoreFresh, take } from './cas-helpers';
@@ -43,8 +47,17 @@ interface Crafted {
 
 const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
 
-/** Writes a checkpoint of `entries` (each file one chunk, all chunks in one pack) straight to the store. */
-async function craft(target: CheckpointStore, entries: Crafted[], edit?: (manifest: Manifest) => void) {
+/**
+ * Writes a checkpoint of `entries` (each file one chunk, all chunks in one pack) straight to the store:
+ * `stasis-cas-1` (one object) or `stasis-cas-2` (segments of two entries each, encoded here, not by the
+ * code under test, and a top object naming them).
+ */
+async function craft(
+  target: CheckpointStore,
+  entries: Crafted[],
+  edit?: (manifest: Manifest) => void,
+  format: Manifest['format'] = 'stasis-cas-1',
+) {
   const prefix = `checkpoints/${uniqueId('attack')}/`;
   const chunks: Manifest['chunks'] = {};
   const parts: Buffer[] = [];
@@ -85,9 +98,35 @@ async function craft(target: CheckpointStore, entries: Crafted[], edit?: (manife
   }
   const manifest: Manifest = { format: 'stasis-cas-1', takenAtNs: OLD_NS, entries: manifestEntries, chunks, packs };
   edit?.(manifest);
-  return target.put(`${prefix}${uniqueId('m')}${MANIFEST_SUFFIX}`, Readable.from([await encodeManifest(manifest)]), {
-    run: 'r1',
-  });
+  const body = format === 'stasis-cas-1' ? await encodeManifest(manifest) : await segmented(target, prefix, manifest);
+  return target.put(`${prefix}${uniqueId('m')}${MANIFEST_SUFFIX}`, Readable.from([body]), { run: 'r1' });
+}
+
+/** The top object of `manifest` as `stasis-cas-2`, its segments stored. */
+async function segmented(target: CheckpointStore, prefix: string, manifest: Manifest): Promise<Buffer> {
+  const segments: [string, number, number, number][] = [];
+  for (let from = 0; from < manifest.entries.length; from += 2) {
+    const entries = manifest.entries.slice(from, from + 2);
+    const segmentChunks: Record<string, [number, number, number]> = {};
+    for (const entry of entries) {
+      for (const hash of entry.c ?? []) {
+        if (manifest.chunks[hash]) segmentChunks[hash] = manifest.chunks[hash];
+      }
+    }
+    // Pack i of the segment is pack i of the manifest; a pack the manifest does not have gets a name nothing stores.
+    const used = Math.max(0, ...Object.values(segmentChunks).map(([pack]) => pack + 1));
+    const names = Array.from({ length: used }, (_, i) =>
+      manifest.packs[i] ? /([0-9a-f]{64})\.pack$/.exec(manifest.packs[i].uri)![1] : 'f'.repeat(64),
+    );
+    const json = Buffer.from(
+      JSON.stringify({ format: 'stasis-cas-2-segment', packs: names, chunks: segmentChunks, entries }),
+    );
+    const stored = deflateRawSync(json);
+    await target.put(`${prefix}${SEGMENTS_DIR}${sha256(json)}${SEGMENT_SUFFIX}`, Readable.from([stored]), {});
+    segments.push([sha256(json), stored.length, json.length, entries.length]);
+  }
+  const top = { format: 'stasis-cas-2', takenAtNs: manifest.takenAtNs, segments, packs: manifest.packs };
+  return zstdCompress(Buffer.from(JSON.stringify(top)));
 }
 
 async function restoreInto(target: CheckpointStore, checkpoint: Awaited<ReturnType<typeof craft>>, dir: string) {
@@ -169,7 +208,8 @@ describe('crafted manifests', () => {
   );
 
   const x = Buffer.from('x');
-  test.each<[string, Crafted[], ((manifest: Manifest) => void) | undefined, string]>([
+  type Named = string | Record<Manifest['format'], string>;
+  const cases: [string, Crafted[], ((manifest: Manifest) => void) | undefined, Named][] = [
     ['a ".." segment', [{ p: 'workspace/../etc/x', k: 'f', data: x }], undefined, 'workspace/../etc/x'],
     ['an absolute path', [{ p: '/workspace/x', k: 'f', data: x }], undefined, '/workspace/x'],
     [
@@ -214,7 +254,10 @@ describe('crafted manifests', () => {
       (manifest) => {
         for (const location of Object.values(manifest.chunks)) location[0] = 3;
       },
-      'outside its pack',
+      {
+        'stasis-cas-1': 'outside its pack',
+        'stasis-cas-2': `names a pack "${'f'.repeat(64)}" the checkpoint does not list`,
+      },
     ],
     [
       'a file whose chunks do not add up to its size',
@@ -232,12 +275,15 @@ describe('crafted manifests', () => {
       },
       'workspace/l',
     ],
-  ])('%s is CHECKPOINT_INVALID naming it, and nothing is written', async (_, entries, edit, named) => {
-    const checkpoint = await craft(store, [{ p: 'workspace', k: 'd' }, ...entries], edit);
-    const dir = await tempDir('cas-attack-table');
-    const err = await stasisError(restoreInto(store, checkpoint, dir), 'CHECKPOINT_INVALID');
-    expect(err.message).toContain(named);
-    expect(await fs.readdir(dir)).toEqual([]);
+  ];
+  describe.each(['stasis-cas-1', 'stasis-cas-2'] as const)('%s', (format) => {
+    test.each(cases)('%s is CHECKPOINT_INVALID naming it, and nothing is written', async (_, entries, edit, named) => {
+      const checkpoint = await craft(store, [{ p: 'workspace', k: 'd' }, ...entries], edit, format);
+      const dir = await tempDir('cas-attack-table');
+      const err = await stasisError(restoreInto(store, checkpoint, dir), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(typeof named === 'string' ? named : named[format]);
+      expect(await fs.readdir(dir)).toEqual([]);
+    });
   });
 
   test('random hostile manifests restore inside the target or are CHECKPOINT_INVALID; nothing outside changes', async () => {
@@ -269,37 +315,170 @@ describe('crafted manifests', () => {
       { p: 'home', k: 'd' },
     ];
     await fc.assert(
-      fc.asyncProperty(fc.boolean(), fc.array(entry, { minLength: 1, maxLength: 8 }), async (withPrelude, list) => {
-        const outer = await tempDir('cas-attack');
-        const victim = path.join(outer, 'victim');
-        await fs.mkdir(victim);
-        const dir = path.join(outer, 'restore');
-        await fs.mkdir(dir);
-        const crafted = list.map((item) => ({
-          ...item,
-          l: item.l === 'VICTIM' ? victim : item.l,
-          ...(item.k === 'l' || item.k === 'h' ? {} : { l: undefined }),
-        }));
-        const checkpoint = await craft(fsStore, [...(withPrelude ? prelude : []), ...crafted]);
-        try {
-          await restoreInto(fsStore, checkpoint, dir);
-        } catch (err) {
-          if (!(err instanceof StasisError) || err.code !== 'CHECKPOINT_INVALID') throw err;
-        }
-        // Nothing beside the restore changed (its temporary files are gone too), nothing in the victim.
-        expect(await fs.readdir(victim)).toEqual([]);
-        expect((await fs.readdir(outer)).sort()).toEqual(['restore', 'victim']);
-        // Nothing restored carries setuid or setgid.
-        for (const line of await listTree(dir)) {
-          const relative = line.slice(0, -2);
-          const stat = await fs.lstat(path.join(dir, relative));
-          if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
-        }
-        await fs.chmod(dir, 0o700);
-        await fs.rm(outer, { recursive: true, force: true });
-      }),
+      fc.asyncProperty(
+        fc.boolean(),
+        fc.array(entry, { minLength: 1, maxLength: 8 }),
+        fc.constantFrom('stasis-cas-1' as const, 'stasis-cas-2' as const),
+        async (withPrelude, list, format) => {
+          const outer = await tempDir('cas-attack');
+          const victim = path.join(outer, 'victim');
+          await fs.mkdir(victim);
+          const dir = path.join(outer, 'restore');
+          await fs.mkdir(dir);
+          const crafted = list.map((item) => ({
+            ...item,
+            l: item.l === 'VICTIM' ? victim : item.l,
+            ...(item.k === 'l' || item.k === 'h' ? {} : { l: undefined }),
+          }));
+          const checkpoint = await craft(fsStore, [...(withPrelude ? prelude : []), ...crafted], undefined, format);
+          try {
+            await restoreInto(fsStore, checkpoint, dir);
+          } catch (err) {
+            if (!(err instanceof StasisError) || err.code !== 'CHECKPOINT_INVALID') throw err;
+          }
+          // Nothing beside the restore changed (its temporary files are gone too), nothing in the victim.
+          expect(await fs.readdir(victim)).toEqual([]);
+          expect((await fs.readdir(outer)).sort()).toEqual(['restore', 'victim']);
+          // Nothing restored carries setuid or setgid.
+          for (const line of await listTree(dir)) {
+            const relative = line.slice(0, -2);
+            const stat = await fs.lstat(path.join(dir, relative));
+            if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
+          }
+          await fs.chmod(dir, 0o700);
+          await fs.rm(outer, { recursive: true, force: true });
+        },
+      ),
       { numRuns: 100 },
     );
+  });
+});
+
+describe('manifests from the wire', () => {
+  // Bytes as a store could hand them back: a real checkpoint's top object or one of its segments,
+  // mutated in its JSON (then stored as the writer would: a segment under the hash of its new bytes,
+  // so it passes the hash check and reaches the parser) or in its compressed bytes. Restore either
+  // restores inside its directory or refuses with CHECKPOINT_INVALID; no other error, nothing outside.
+  test('mutated top objects and segments restore inside the target or are CHECKPOINT_INVALID', async () => {
+    const fsStore = new FsCheckpointStore(await tempDir('cas-wire-store'));
+    const root = await newSandboxRoot();
+    // Enough entries for a few segments (their boundaries depend on the paths alone).
+    for (let d = 0; d < 6; d += 1) {
+      await fs.mkdir(path.join(root, 'workspace', `d${d}`));
+      for (let i = 0; i < 80; i += 1) await fs.writeFile(path.join(root, 'workspace', `d${d}`, `f${i}`), bytes(i % 9));
+    }
+    await fs.symlink('../d0/f1', path.join(root, 'workspace', 'd1', 'link'));
+    await fs.link(path.join(root, 'workspace', 'd2', 'f3'), path.join(root, 'workspace', 'd3', 'hard'));
+    const sandboxId = uniqueId('wire');
+    const prefix = `checkpoints/${sandboxId}/`;
+    const taken = await take(fsStore, root, sandboxId);
+    const segments = taken.baseline.manifest.segments!;
+    expect(segments.length).toBeGreaterThan(1);
+    const topJson = await zstdDecompress(await fsStore.read(taken.checkpoint.uri, 1 << 20), -1, 'top', 1 << 24);
+    const segmentUri = (name: string) => `${segmentsPrefixOf(taken.checkpoint.uri)}${name}${SEGMENT_SUFFIX}`;
+    const segmentStored = await Promise.all(segments.map(([name]) => fsStore.read(segmentUri(name), 1 << 24)));
+    const segmentJson = segmentStored.map((stored) => inflateRawSync(stored));
+
+    const tokens = ['"..', '/', '"../../', '-1', '1e309', '[]', '{}', 'null', '"__proto__"', '0', '4294967296'];
+    const mutation = fc.oneof(
+      fc.record({ kind: fc.constant('set' as const), at: fc.nat(), byte: fc.integer({ min: 0, max: 255 }) }),
+      fc.record({ kind: fc.constant('insert' as const), at: fc.nat(), bytes: fc.uint8Array({ maxLength: 8 }) }),
+      fc.record({ kind: fc.constant('delete' as const), at: fc.nat(), length: fc.integer({ min: 1, max: 16 }) }),
+      fc.record({
+        kind: fc.constant('token' as const),
+        at: fc.nat(),
+        token: fc.constantFrom(...tokens, '"d"', '"l"', '"h"', '"/etc"', ',', '"workspace"', '\u0000'),
+      }),
+      fc.record({ kind: fc.constant('truncate' as const), at: fc.nat() }),
+      // The next digit from `at` replaced by another: mostly still JSON, often still a valid manifest.
+      fc.record({ kind: fc.constant('digit' as const), at: fc.nat(), digit: fc.integer({ min: 0, max: 9 }) }),
+    );
+    type Mutation = typeof mutation extends fc.Arbitrary<infer M> ? M : never;
+    const mutate = (data: Buffer, mutations: readonly Mutation[]): Buffer => {
+      let out = Buffer.from(data);
+      for (const m of mutations) {
+        const at = out.length === 0 ? 0 : m.at % (out.length + 1);
+        if (m.kind === 'set' && at < out.length) out[at] = m.byte;
+        if (m.kind === 'insert') out = Buffer.concat([out.subarray(0, at), Buffer.from(m.bytes), out.subarray(at)]);
+        if (m.kind === 'delete') out = Buffer.concat([out.subarray(0, at), out.subarray(at + m.length)]);
+        if (m.kind === 'token') out = Buffer.concat([out.subarray(0, at), Buffer.from(m.token), out.subarray(at)]);
+        if (m.kind === 'truncate') out = out.subarray(0, at);
+        if (m.kind === 'digit') {
+          const next = out.findIndex((byte, i) => i >= at && byte >= 0x30 && byte <= 0x39);
+          if (next >= 0) out[next] = 0x30 + m.digit;
+        }
+      }
+      return out;
+    };
+    let restoredWhole = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.nat(segments.length),
+        fc.boolean(),
+        fc.array(mutation, { minLength: 1, maxLength: 4 }),
+        async (which, compressed, mutations) => {
+          let top = topJson.toString();
+          if (which === 0) {
+            // The top object itself.
+            if (!compressed) top = mutate(topJson, mutations).toString('latin1');
+          } else {
+            const [name, , , count] = segments[which - 1];
+            let stored: Buffer;
+            let json: Buffer;
+            let newName: string;
+            if (compressed) {
+              // Its stored bytes changed under its old name.
+              stored = mutate(deflateRawSync(segmentJson[which - 1]), mutations);
+              json = segmentJson[which - 1];
+              newName = name;
+            } else {
+              json = mutate(segmentJson[which - 1], mutations);
+              stored = deflateRawSync(json);
+              newName = sha256(json);
+            }
+            await fsStore.put(`${prefix}${SEGMENTS_DIR}${newName}${SEGMENT_SUFFIX}`, Readable.from([stored]), {});
+            const tuple = JSON.stringify(segments[which - 1]);
+            top = top.replace(
+              tuple,
+              JSON.stringify([newName, Math.max(1, stored.length), Math.max(1, json.length), count]),
+            );
+          }
+          let body = await zstdCompress(Buffer.from(top, which === 0 && !compressed ? 'latin1' : 'utf8'));
+          if (which === 0 && compressed) body = mutate(body, mutations);
+          const checkpoint = await fsStore.put(
+            `${prefix}${uniqueId('m')}${MANIFEST_SUFFIX}`,
+            Readable.from([body]),
+            {},
+          );
+          const outer = await tempDir('cas-wire');
+          const dir = path.join(outer, 'restore');
+          await fs.mkdir(dir);
+          try {
+            await restoreInto(fsStore, checkpoint, dir);
+            restoredWhole += 1;
+          } catch (err) {
+            if (!(err instanceof StasisError) || err.code !== 'CHECKPOINT_INVALID') throw err;
+          }
+          expect((await fs.readdir(outer)).sort()).toEqual(['restore']);
+          for (const line of await listTree(dir)) {
+            const relative = line.slice(0, -2);
+            const stat = await fs.lstat(path.join(dir, relative));
+            if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
+          }
+          await fs.chmod(dir, 0o700);
+          await fs.rm(outer, { recursive: true, force: true });
+          await fsStore.delete(checkpoint.uri);
+          // A segment's own bytes back under its name for the next run.
+          if (which > 0) {
+            const key = `${prefix}${SEGMENTS_DIR}${segments[which - 1][0]}${SEGMENT_SUFFIX}`;
+            await fsStore.put(key, Readable.from([segmentStored[which - 1]]), {});
+          }
+        },
+      ),
+      { numRuns: 150 },
+    );
+    // Some mutations leave a valid manifest (a changed mtime digit, a byte of a name): those restore.
+    expect(restoredWhole).toBeGreaterThan(0);
   });
 });
 

@@ -1,24 +1,29 @@
 import fc from 'fast-check';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import type { CheckpointStore } from '../../stores/api';
 import { collectGarbage } from '../../stores/cas/gc';
-import { MANIFEST_SUFFIX, PACKS_DIR } from '../../stores/cas/manifest';
+import { MANIFEST_SUFFIX, PACKS_DIR, SEGMENT_SUFFIX, SEGMENTS_DIR, segmentsPrefixOf } from '../../stores/cas/manifest';
 import { FsCheckpointStore } from '../../stores/fs';
 import { S3CheckpointStore } from '../../stores/s3';
 import { startS3Proxy } from '../faults/s3-proxy';
 import { stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
-// Garbage collection of packs: it never deletes a pack a live manifest names,
+// Garbage collection of packs and manifest segments: it never deletes one a live manifest names,
 // whatever happened before (checkpoints taken, deleted, uploads killed after some
 // packs), it collects every other old pack, and a store that fails mid-sweep loses nothing.
 
 describe('checkpoint garbage collection', () => {
-  test('never deletes a pack a live manifest names, and collects the rest (random histories)', async () => {
+  test('never deletes a pack or segment a live manifest names, also during a release in flight, and collects the rest (random histories)', async () => {
     const action = fc.oneof(
       fc.record({ kind: fc.constant('write' as const), file: fc.nat(5), size: fc.nat(40_000) }),
+      // Many small files: manifests of several segments, some shared between checkpoints.
+      fc.record({ kind: fc.constant('write-many' as const), dir: fc.nat(3), files: fc.integer({ min: 1, max: 120 }) }),
       fc.record({ kind: fc.constant('take' as const), fromBaseline: fc.boolean() }),
+      // A collection with a grace period runs while a release is in flight (its packs and segments written, its top not yet).
+      fc.record({ kind: fc.constant('take-during-gc' as const), fromBaseline: fc.boolean() }),
       fc.record({ kind: fc.constant('killed-take' as const) }),
       fc.record({ kind: fc.constant('delete' as const), which: fc.nat() }),
       fc.record({ kind: fc.constant('gc' as const) }),
@@ -38,10 +43,43 @@ describe('checkpoint garbage collection', () => {
         for (const step of [...actions, { kind: 'gc' as const }]) {
           if (step.kind === 'write')
             await fs.writeFile(path.join(root, 'workspace', `f${step.file}`), bytes(step.size));
+          if (step.kind === 'write-many') {
+            const dir = path.join(root, 'workspace', `d${step.dir}`);
+            await fs.mkdir(dir, { recursive: true });
+            for (let i = 0; i < step.files; i += 1) await fs.writeFile(path.join(dir, `s${i}`), bytes(1 + (i % 7)));
+          }
           if (step.kind === 'take') {
             const result = await take(store, root, sandboxId, step.fromBaseline ? baseline : undefined);
             baseline = result.baseline;
             taken.push({ uri: result.checkpoint.uri, checkpoint: result.checkpoint, tree: await describeTree(root) });
+          }
+          if (step.kind === 'take-during-gc') {
+            // Everything stored before this release began is older than the grace; what it writes is younger.
+            await delay(40);
+            const began = Date.now();
+            let collected: Awaited<ReturnType<typeof collectGarbage>> | undefined;
+            const collecting: CheckpointStore = Object.create(store, {
+              put: {
+                value: async (
+                  key: string,
+                  ...rest: Parameters<CheckpointStore['put']> extends [string, ...infer R] ? R : never
+                ) => {
+                  if (key.endsWith(MANIFEST_SUFFIX)) {
+                    collected = await collectGarbage(store, prefix, { graceMs: Date.now() - began + 20 });
+                  }
+                  return store.put(key, ...rest);
+                },
+              },
+            }) as CheckpointStore;
+            const result = await take(collecting, root, sandboxId, step.fromBaseline ? baseline : undefined);
+            expect(collected).toBeDefined();
+            baseline = result.baseline;
+            taken.push({ uri: result.checkpoint.uri, checkpoint: result.checkpoint, tree: await describeTree(root) });
+            // The release in flight lost nothing: its checkpoint and every live one restore whole.
+            for (const live of taken) {
+              const restored = await restoreFresh(store, live.checkpoint);
+              expect(await describeTree(restored.target)).toEqual(live.tree);
+            }
           }
           if (step.kind === 'killed-take') {
             // Packs go out, then the attempt dies before its manifest: nothing names them.
@@ -67,16 +105,21 @@ describe('checkpoint garbage collection', () => {
               const restored = await restoreFresh(store, live.checkpoint);
               expect(await describeTree(restored.target)).toEqual(live.tree);
             }
-            // And every pack left is named by a live checkpoint.
-            const left = (await store.list(prefix)).filter((o) => o.key.includes(`/${PACKS_DIR}`)).map((o) => o.uri);
+            // And every pack and segment left is named by a live checkpoint.
+            const objects = await store.list(prefix);
+            const left = objects
+              .filter((o) => o.key.includes(`/${PACKS_DIR}`) || o.key.includes(`/${SEGMENTS_DIR}`))
+              .map((o) => o.uri);
             const liveUris = new Set(taken.flatMap((t) => t.checkpoint.uri));
-            const namedPacks = new Set<string>();
+            const named = new Set<string>();
             for (const live of taken) {
               const restored = await restoreFresh(store, live.checkpoint);
-              for (const pack of restored.baseline.manifest.packs) namedPacks.add(pack.uri);
+              for (const pack of restored.baseline.manifest.packs) named.add(pack.uri);
+              for (const [name] of restored.baseline.manifest.segments ?? [])
+                named.add(`${segmentsPrefixOf(live.checkpoint.uri)}${name}${SEGMENT_SUFFIX}`);
             }
             expect(liveUris.size).toBe(taken.length);
-            expect(left.filter((uri) => !namedPacks.has(uri))).toEqual([]);
+            expect(left.filter((uri) => !named.has(uri))).toEqual([]);
           }
         }
       }),
@@ -111,7 +154,7 @@ describe('checkpoint garbage collection', () => {
     }) as CheckpointStore;
     await expect(take(dying, root, sandboxId)).rejects.toThrow('in flight');
     const result = await collectGarbage(store, `checkpoints/${sandboxId}/`);
-    expect(result).toEqual({ manifests: 0, packsKept: 1, packsDeleted: 0 });
+    expect(result).toEqual({ manifests: 0, packsKept: 1, packsDeleted: 0, segmentsKept: 1, segmentsDeleted: 0 });
     expect((await collectGarbage(store, `checkpoints/${sandboxId}/`, { graceMs: 0 })).packsDeleted).toBe(1);
   });
 

@@ -89,13 +89,20 @@ test('resumed on another host from the store, the next suspend uploads no file d
   expect(await describeTree(b.volume)).toEqual(await describeTree(a.volume));
   expect(Object.keys(await describeTree(b.volume)).length).toBeGreaterThan(30);
   await delay(Number(RACY_MARGIN_NS / 1_000_000n) + 10);
+  const packsBefore = (await store.list(`checkpoints/${id}/packs/`)).length;
   const again = await upload(b, id, 3);
-  // The manifest is all that goes out.
-  expect(again.uploaded).toBe(0);
+  // The manifest is all that goes out (its segments once more: the restored files' ctimes are this host's).
+  expect((await store.list(`checkpoints/${id}/packs/`)).length).toBe(packsBefore);
+  expect(again.uploaded).toBeLessThan(first.uploaded / 100);
+  await delay(Number(RACY_MARGIN_NS / 1_000_000n) + 10);
+  // Then only the top object (progress counts packs and segments).
+  const unchanged = await upload(b, id, 4);
+  expect(unchanged.uploaded).toBe(0);
   await fs.writeFile(path.join(b.volume, 'workspace', 'src', 'm3.py'), bytes(2500));
-  const changed = await upload(b, id, 4);
+  const changed = await upload(b, id, 5);
   expect(changed.uploaded).toBeGreaterThan(2500);
-  expect(changed.uploaded).toBeLessThan(3000);
+  // The file (2.5 KB of random bytes) and the one segment of the manifest holding its entry (~35 entries).
+  expect(changed.uploaded).toBeLessThan(2500 + 8 * 1024);
   const c = await sandbox(id);
   await restore(c, changed.checkpoint);
   expect(await describeTree(c.volume)).toEqual(await describeTree(b.volume));

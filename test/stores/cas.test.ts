@@ -1,13 +1,31 @@
 import fc from 'fast-check';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import { PutObjectCommand } from '@aws-sdk/client-s3';
 import { testS3 } from '../helpers/s3';
-import { isBaselineEntry, isChunkLocation, RACY_MARGIN_NS } from '../../stores/cas/baseline';
+import {
+  isBaselineEntry,
+  isChunkLocation,
+  RACY_MARGIN_NS,
+  readBaseline,
+  removeBaseline,
+  writeBaseline,
+} from '../../stores/cas/baseline';
 import { cutPoints, gearTable } from '../../stores/cas/fastcdc';
-import { Manifest, ManifestEntry } from '../../stores/cas/manifest';
-import { s3StoreFromEnv, stasisError, uniqueId } from '../providers/helpers';
+import {
+  compressSegment,
+  encodeManifest,
+  Manifest,
+  MANIFEST_SUFFIX,
+  ManifestEntry,
+  SEGMENT_SUFFIX,
+  segmentsPrefixOf,
+} from '../../stores/cas/manifest';
+import { restoreCheckpoint } from '../../stores/cas/restore';
+import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
+import { s3StoreFromEnv, stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // The content-addressed checkpoint engine against a real MinIO: what is restored
@@ -130,7 +148,8 @@ describe('content-addressed checkpoints', () => {
     await delay(racyMarginMs);
 
     const unchanged = await take(store, root, sandboxId, first.baseline);
-    expect(unchanged.stats).toMatchObject({ filesHashed: 0, packBytes: 0, packs: 0 });
+    // Only the top object goes out: every segment is the first checkpoint's.
+    expect(unchanged.stats).toMatchObject({ filesHashed: 0, packBytes: 0, packs: 0, segments: 0, segmentBytes: 0 });
 
     await fs.writeFile(path.join(root, 'workspace', 'src', 'f7.ts'), bytes(5000));
     await delay(racyMarginMs);
@@ -138,12 +157,14 @@ describe('content-addressed checkpoints', () => {
     expect(oneFile.stats.filesHashed).toBe(1);
     expect(oneFile.stats.packBytes).toBeGreaterThan(4000);
     expect(oneFile.stats.packBytes).toBeLessThan(5100);
+    expect(oneFile.stats.segments).toBe(1);
 
     await fs.appendFile(path.join(root, 'workspace', 'big.bin'), bytes(1024 * 1024));
     const appended = await take(store, root, sandboxId, oneFile.baseline);
     expect(appended.stats.filesHashed).toBe(1);
     // The new MiB and at most the chunk it joined (chunks are 4 MiB at most).
     expect(appended.stats.packBytes).toBeLessThan(5.1 * 1024 * 1024);
+    expect(appended.stats.segments).toBe(1);
 
     // Restored from the store alone (another host), then taken again from the restore's baseline: nothing to upload.
     const restored = await restoreFresh(store, appended.checkpoint);
@@ -172,6 +193,114 @@ describe('content-addressed checkpoints', () => {
     const missing = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
     expect(missing.message).toContain(pack.uri);
     expect(missing.message).toContain('missing');
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+});
+
+describe('segmented manifests (stasis-cas-2)', () => {
+  /** `files` small files in directories of 40, like node_modules. */
+  async function tree(files: number) {
+    const root = await newSandboxRoot();
+    for (let i = 0; i < files; i += 1) {
+      const dir = path.join(root, 'workspace', `pkg${Math.floor(i / 40)}`);
+      if (i % 40 === 0) await fs.mkdir(dir);
+      await fs.writeFile(path.join(dir, `f${i}.js`), bytes(200 + (i % 50)));
+    }
+    await delay(racyMarginMs);
+    return root;
+  }
+
+  test('an unchanged re-suspend writes the top object alone; a change, an addition and a removal rewrite only their own segments', async () => {
+    const root = await tree(3000);
+    const sandboxId = uniqueId('cas-seg');
+    const first = await take(store, root, sandboxId);
+    const count = first.baseline.manifest.segments!.length;
+    expect(count).toBeGreaterThan(5);
+    expect(first.stats.segments).toBe(count);
+    // The top object names segments and packs only: a small fraction of the segments' bytes.
+    expect(first.stats.topBytes * 5).toBeLessThan(first.stats.segmentBytes);
+    await delay(racyMarginMs);
+    const unchanged = await take(store, root, sandboxId, first.baseline);
+    expect(unchanged.stats).toMatchObject({ filesHashed: 0, packs: 0, segments: 0 });
+    expect(unchanged.baseline.manifest.segments).toEqual(first.baseline.manifest.segments);
+
+    const target = path.join(root, 'workspace', 'pkg40', 'f1600.js');
+    await fs.writeFile(target, bytes(300));
+    await delay(racyMarginMs);
+    const changed = await take(store, root, sandboxId, unchanged.baseline);
+    expect(changed.stats).toMatchObject({ filesHashed: 1, segments: 1 });
+    const names = (taken: typeof first) => new Set(taken.baseline.manifest.segments!.map(([name]) => name));
+    const kept = [...names(changed)].filter((name) => names(unchanged).has(name)).length;
+    expect(kept).toBe(count - 1);
+
+    await fs.writeFile(path.join(root, 'workspace', 'pkg10', 'added.js'), bytes(100));
+    await fs.rm(path.join(root, 'workspace', 'pkg60', 'f2405.js'));
+    await delay(racyMarginMs);
+    const edited = await take(store, root, sandboxId, changed.baseline);
+    // Each edit touches its own segment (an added path that is a boundary splits one in two).
+    expect(edited.stats.segments).toBeGreaterThanOrEqual(2);
+    expect(edited.stats.segments).toBeLessThanOrEqual(4);
+    for (const taken of [first, changed, edited]) {
+      const restored = await restoreFresh(store, taken.checkpoint);
+      expect(restored.baseline.manifest.segments).toEqual(taken.baseline.manifest.segments);
+    }
+    expect(await describeTree((await restoreFresh(store, edited.checkpoint)).target)).toEqual(await describeTree(root));
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+
+  test('a corrupt segment and a missing segment are CHECKPOINT_INVALID naming them; nothing is written', async () => {
+    const root = await tree(1500);
+    const sandboxId = uniqueId('cas-seg-bad');
+    const taken = await take(store, root, sandboxId);
+    const [name, storedBytes] = taken.baseline.manifest.segments![1];
+    const uri = `${segmentsPrefixOf(taken.checkpoint.uri)}${name}${SEGMENT_SUFFIX}`;
+    const key = uri.replace(/^s3:\/\/[^/]+\//, '');
+    const client = testS3();
+    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+    // Well-formed deflate of other JSON, of the declared size at most.
+    const other = compressSegment(Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'));
+    expect(other.length).toBeLessThanOrEqual(storedBytes);
+    await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: other }));
+    const target = await tempDir('cas-seg-target');
+    const restoreInto = () =>
+      restoreCheckpoint({
+        store,
+        checkpoint: taken.checkpoint,
+        targetDir: target,
+        tempPrefix: `${target}.tmp`,
+        limits: DEFAULT_ARCHIVE_LIMITS,
+        progress: { bytes: 0 },
+      });
+    const corrupt = await stasisError(restoreInto(), 'CHECKPOINT_INVALID');
+    expect(corrupt.message).toContain(uri);
+    expect(corrupt.message).toContain('corrupt segment');
+    await store.delete(uri);
+    const missing = await stasisError(restoreInto(), 'CHECKPOINT_INVALID');
+    expect(missing.message).toContain(uri);
+    expect(missing.message).toContain('missing');
+    expect(await fs.readdir(target)).toEqual([]);
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+
+  test('a stasis-cas-1 checkpoint still restores, and the next checkpoint from its baseline is stasis-cas-2 with no file data', async () => {
+    const root = await tree(200);
+    const sandboxId = uniqueId('cas-v1');
+    const taken = await take(store, root, sandboxId);
+    // The same checkpoint as an earlier version wrote it: one object, every entry and chunk in it.
+    const v1 = await store.put(
+      `checkpoints/${sandboxId}/v1${MANIFEST_SUFFIX}`,
+      Readable.from([await encodeManifest(taken.baseline.manifest)]),
+      { run: 'r1' },
+    );
+    const restored = await restoreFresh(store, v1);
+    expect(restored.baseline.manifest.format).toBe('stasis-cas-1');
+    expect(restored.labels).toEqual({ run: 'r1' });
+    expect(await describeTree(restored.target)).toEqual(await describeTree(root));
+    await delay(racyMarginMs);
+    const next = await take(store, restored.target, sandboxId, restored.baseline);
+    expect(next.stats).toMatchObject({ filesHashed: 0, packBytes: 0 });
+    expect(next.baseline.manifest.format).toBe('stasis-cas-2');
+    expect(await describeTree((await restoreFresh(store, next.checkpoint)).target)).toEqual(await describeTree(root));
     await store.deletePrefix(`checkpoints/${sandboxId}/`);
   });
 });
@@ -243,6 +372,33 @@ describe('baseline checks', () => {
       ),
       { numRuns: 2000 },
     );
+  });
+});
+
+describe('baseline files', () => {
+  test('a baseline read again is the one in the file, whoever replaced it since; one that cannot be read is none', async () => {
+    const root = await newSandboxRoot();
+    await fs.writeFile(path.join(root, 'workspace', 'a'), bytes(100));
+    const sandboxId = uniqueId('cas-baseline-file');
+    const { baseline } = await take(store, root, sandboxId);
+    const file = path.join(await tempDir('cas-baseline'), 'baseline.json');
+    await writeBaseline(file, baseline);
+    const read = await readBaseline(file);
+    expect(read).toEqual(baseline);
+    // Another writer (another worker process on the host) replaces the file in place and by rename.
+    const other = { ...baseline, uri: `${baseline.uri}.other` };
+    await fs.writeFile(file, JSON.stringify(other));
+    expect((await readBaseline(file))?.uri).toBe(other.uri);
+    const renamed = `${file}.new`;
+    await fs.writeFile(renamed, JSON.stringify({ ...baseline, uri: `${baseline.uri}.renamed` }));
+    await fs.rename(renamed, file);
+    expect((await readBaseline(file))?.uri).toBe(`${baseline.uri}.renamed`);
+    await fs.writeFile(file, '{"torn":');
+    expect(await readBaseline(file)).toBeUndefined();
+    await writeBaseline(file, baseline);
+    await removeBaseline(file);
+    expect(await readBaseline(file)).toBeUndefined();
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
   });
 });
 

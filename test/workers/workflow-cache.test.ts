@@ -43,7 +43,7 @@ test('with a cache of 2, five waiting Runs hold at most 2 cache slots, and each 
   });
 });
 
-test.each(['1', '-1', 'many', '2.5', '10000000'])(
+test.each(['0', '1', '-1', '00', 'many', '2.5', '10000000'])(
   'STASIS_MAX_CACHED_WORKFLOWS=%s is a configuration error naming it',
   (value) => {
     let error: unknown;
@@ -53,11 +53,13 @@ test.each(['1', '-1', 'many', '2.5', '10000000'])(
       error = err;
     }
     expect(error).toBeInstanceOf(ConfigError);
-    expect(String((error as Error).message)).toMatch(/STASIS_MAX_CACHED_WORKFLOWS: must be 0/);
+    expect(String((error as Error).message)).toMatch(
+      /STASIS_MAX_CACHED_WORKFLOWS: must be a whole number of Runs from 2/,
+    );
   },
 );
 
-test('STASIS_MAX_CACHED_WORKFLOWS defaults to 1000 and takes 0 (no cache)', () => {
+test('STASIS_MAX_CACHED_WORKFLOWS defaults to 1000 and takes 2 (the smallest cache)', () => {
   expect(loadConfig({}).STASIS_MAX_CACHED_WORKFLOWS).toBe(1_000);
-  expect(loadConfig({ STASIS_MAX_CACHED_WORKFLOWS: '0' }).STASIS_MAX_CACHED_WORKFLOWS).toBe(0);
+  expect(loadConfig({ STASIS_MAX_CACHED_WORKFLOWS: '2' }).STASIS_MAX_CACHED_WORKFLOWS).toBe(2);
 });
