@@ -17,6 +17,7 @@ import { takeCheckpoint } from '../stores/cas/upload';
 import { S3CheckpointStore } from '../stores/s3';
 import { summarize } from './stats';
 import { fillNodeModules, fillWorkspace, MiB } from './workspace';
+import { runScript } from './script';
 
 // Issue 16's measurement of the checkpoint engine alone (not part of `npm run bench`): the first
 // snapshot (takeCheckpoint) and a restore into an empty directory (restoreCheckpoint) against a MinIO of
@@ -185,15 +186,4 @@ async function main(): Promise<void> {
   }
 }
 
-// The sandboxes' init processes are detached: the loop must not end while a restore waits on one.
-const keepAlive = setInterval(() => undefined, 1000);
-main().then(
-  () => {
-    clearInterval(keepAlive);
-    process.exit(0);
-  },
-  (err: unknown) => {
-    console.error(err);
-    process.exit(1);
-  },
-);
+runScript(main);

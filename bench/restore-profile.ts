@@ -7,6 +7,7 @@ import { DEFAULT_ARCHIVE_LIMITS } from '../stores/archive';
 import { restoreCheckpoint } from '../stores/cas/restore';
 import { FsCheckpointStore } from '../stores/fs';
 import { fillNodeModules } from './workspace';
+import { runScript } from './script';
 
 // Issue 16's diagnosis, kept to be run again (not part of `npm run bench`): where a cross-host restore of
 // a many-small-files workspace spends its time. `node dist/bench/restore-profile.js [dir] [files]`
@@ -85,15 +86,4 @@ async function main(): Promise<void> {
   await fs.rm(root, { recursive: true, force: true });
 }
 
-// The sandbox's init process is detached: without this the loop could end while a restore waits on it.
-const keepAlive = setInterval(() => undefined, 1000);
-main().then(
-  () => {
-    clearInterval(keepAlive);
-    process.exit(0);
-  },
-  (err: unknown) => {
-    console.error(err);
-    process.exit(1);
-  },
-);
+runScript(main);

@@ -446,17 +446,11 @@ export const Labels = z
   });
 export type Labels = z.infer<typeof Labels>;
 
-export const CreateSandboxInput = z
-  .object({
-    provider: ProviderName,
-    template: SandboxTemplate.optional(),
-    env: EnvMap.optional(),
-    workspace: Workspace.optional(),
-    limits: SandboxLimits.optional(),
-    policy: SandboxLifecyclePolicy.optional(),
-    labels: Labels.optional(),
-  })
-  .strict();
+/** A standalone sandbox: what a Run's sandbox is given, and a lifecycle and labels of its own. */
+export const CreateSandboxInput = SandboxSpec.extend({
+  policy: SandboxLifecyclePolicy.optional(),
+  labels: Labels.optional(),
+}).strict();
 export type CreateSandboxInput = z.infer<typeof CreateSandboxInput>;
 
 export const ExecInput = z

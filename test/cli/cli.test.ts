@@ -73,6 +73,26 @@ async function json<T>(...args: string[]): Promise<T> {
     throw new Error(`stasis ${args.join(' ')} exited ${result.code}: ${result.stdout}${result.stderr}`);
   return JSON.parse(result.stdout) as T;
 }
+/** What `stasis run list --waiting` prints, once it lists the Run. */
+const waitingList = (runId: string) =>
+  eventually(
+    async () => {
+      const list = await stasis('run', 'list', '--waiting');
+      return list.stdout.includes(runId) && list.stdout;
+    },
+    60_000,
+    'the Run in the waiting list',
+  );
+/** The Run as `stasis run get --json` shows it, once COMPLETED. */
+const completed = (runId: string) =>
+  eventually(
+    async () => {
+      const run = await json<RunSnapshot>('run', 'get', runId);
+      return run.status === 'COMPLETED' && run;
+    },
+    60_000,
+    'COMPLETED',
+  );
 const signInToken = () => new URL(summary.signInUrl ?? '').searchParams.get('token') ?? '';
 
 test('stasis dev prints its URLs and a sign-in link with a generated token that the API accepts', async () => {
@@ -140,14 +160,7 @@ test('run start examples/approval.json, run list --waiting, approve, and the Run
     respondedBy: os.userInfo().username,
     response: { decision: 'approve', comment: 'ship it' },
   });
-  const done = await eventually(
-    async () => {
-      const run = await json<RunSnapshot>('run', 'get', runId);
-      return run.status === 'COMPLETED' && run;
-    },
-    60_000,
-    'COMPLETED',
-  );
+  const done = await completed(runId);
   expect(done.output).toEqual({ published: 'release-notes.md' });
 
   const human = await stasis('run', 'get', runId);
@@ -161,25 +174,14 @@ test('human output: the waiting list says how to answer, and approve --input ans
   expect(started.code).toBe(0);
   const runId = /^Started run (\S+)/.exec(started.stdout)?.[1] ?? '';
   expect(runId).toMatch(/^run-/);
-  const listed = await eventually(
-    async () => {
-      const list = await stasis('run', 'list', '--waiting');
-      return list.stdout.includes(runId) && list.stdout;
-    },
-    60_000,
-    'the Run in the waiting list',
-  );
+  const listed = await waitingList(runId);
   expect(listed).toContain(`answer: stasis approve ${runId} int-1 --input <text>`);
   const answered = await stasis('approve', runId, 'int-1', '--input', 'main');
   expect({ code: answered.code, stdout: answered.stdout }).toEqual({
     code: 0,
     stdout: `Answered int-1 of ${runId} as ${os.userInfo().username}\n`,
   });
-  await eventually(
-    async () => (await json<RunSnapshot>('run', 'get', runId)).status === 'COMPLETED',
-    60_000,
-    'COMPLETED',
-  );
+  await completed(runId);
 });
 
 test('approve --option and --edit-command: the waiting list names them, a wrong option is refused, the edited command runs', async () => {
@@ -204,14 +206,7 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
     }),
   );
   const { runId } = await json<{ runId: string }>('run', 'start', file);
-  const listed = await eventually(
-    async () => {
-      const list = await stasis('run', 'list', '--waiting');
-      return list.stdout.includes(runId) && list.stdout;
-    },
-    60_000,
-    'the Run in the waiting list',
-  );
+  const listed = await waitingList(runId);
   expect(listed).toContain(
     `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option "tonight"]`,
   );
@@ -226,14 +221,7 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
     code: 0,
     stdout: `Approved (edited) int-1 of ${runId} as ${os.userInfo().username}\n`,
   });
-  const done = await eventually(
-    async () => {
-      const run = await json<RunSnapshot>('run', 'get', runId);
-      return run.status === 'COMPLETED' && run;
-    },
-    60_000,
-    'COMPLETED',
-  );
+  const done = await completed(runId);
   expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
 });
 

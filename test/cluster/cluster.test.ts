@@ -8,6 +8,7 @@ import { startMinio, type MinioServer } from '../../platform/minio-server';
 import { freePorts } from '../../platform/ports';
 import { S3FiguresStore, type FiguresStore, type HostFigures } from '../../stores/figures';
 import { S3Client } from '@aws-sdk/client-s3';
+import { eventually } from '../helpers/eventually';
 import { makeCerts, type Certs } from './certs';
 import { startPostgres, type Postgres } from './postgres';
 import { baseEnv, sigkill, startStasis, terminate, type StasisProcess } from './processes';
@@ -43,21 +44,6 @@ const completed = new Set<string>();
 let killedHosts = 0;
 let restoredElsewhere = 0;
 let itemsLost = 0;
-
-async function until<T>(what: string, timeoutMs: number, check: () => Promise<T | undefined | false>): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value !== undefined && value !== false) return value;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
-    await new Promise((resolve) => setTimeout(resolve, 500));
-  }
-}
 
 async function call<T>(method: string, route: string, body?: unknown): Promise<{ status: number; json: T }> {
   const response = await fetch(`${apiUrl}${route}`, {
@@ -128,10 +114,14 @@ async function suspended(
   runId: string,
   mode: 'SNAPSHOT_AND_TERMINATE' | 'DETACH' = 'SNAPSHOT_AND_TERMINATE',
 ): Promise<string> {
-  return until(`${runId} released (${mode})`, 180_000, async () => {
-    const view = await resource(runId);
-    return view.record.state === 'RELEASED' && view.record.pauseMode === mode && view.record.hostId;
-  });
+  return eventually(
+    async () => {
+      const view = await resource(runId);
+      return view.record.state === 'RELEASED' && view.record.pauseMode === mode && view.record.hostId;
+    },
+    180_000,
+    `${runId} released (${mode})`,
+  );
 }
 
 async function approve(runId: string): Promise<void> {
@@ -140,10 +130,14 @@ async function approve(runId: string): Promise<void> {
 
 /** Waits until the Run completed with its own marker (its file came back); counts what was lost. */
 async function finished(runId: string): Promise<void> {
-  const run = await until(`${runId} to finish`, 240_000, async () => {
-    const view = await ok<RunView>('GET', `/api/v1/runs/${runId}`);
-    return ['COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT'].includes(view.status) && view;
-  });
+  const run = await eventually(
+    async () => {
+      const view = await ok<RunView>('GET', `/api/v1/runs/${runId}`);
+      return ['COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT'].includes(view.status) && view;
+    },
+    240_000,
+    `${runId} to finish`,
+  );
   if (run.status === 'COMPLETED' && run.output === markers.get(runId)) completed.add(runId);
   else itemsLost += 1;
   expect(run).toMatchObject({ status: 'COMPLETED', output: markers.get(runId) });
@@ -309,7 +303,7 @@ test('Runs spread across the three hosts, each released to a checkpoint while it
   // The hosts' durable figures count every release: written just behind it (a release does not wait for them).
   const written = (byHost: Map<string, HostFigures>) =>
     HOSTS.every((host) => (byHost.get(host)?.releases ?? 0) >= [...waiting.values()].filter((h) => h === host).length);
-  await until('the durable figures to count every release', 30_000, async () => written(await hostFigures()));
+  await eventually(async () => written(await hostFigures()), 30_000, 'the durable figures to count every release');
 }, 600_000);
 
 test('SIGKILL a host while its Runs are suspended: they restore on the others from their checkpoints and complete', async () => {

@@ -7,6 +7,9 @@ import type { StasisClient } from '../../client';
 import type { Checkpoint, ResourceView, RunSpec } from '../../common/schemas';
 import { eventually, saw } from '../helpers/stack';
 
+// The fault areas import every shared check from here.
+export { releasedView } from '../helpers/runs';
+
 // Shared by the fault suite (test/faults): the one summary line per area, the
 // figures behind it, and the checks every area makes of what a Run left behind.
 
@@ -177,18 +180,6 @@ export function workspaceIntact(events: HistoryEvent[]): boolean {
     before === after &&
     before.includes('./data/blob.bin') &&
     before.includes('l 777 ./link data/note.txt')
-  );
-}
-
-/** Waits until the Run's resource record is RELEASED (its compute released) and returns that view. */
-export async function releasedView(client: StasisClient, runId: string, timeoutMs = 90_000): Promise<ResourceView> {
-  return eventually(
-    async () => {
-      const view = saw(await client.runs.resource(runId));
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    timeoutMs,
-    `${runId} released`,
   );
 }
 

@@ -25,6 +25,7 @@ import type { CheckpointStore } from '../../stores/api';
 import { MANIFEST_SUFFIX, PACK_SUFFIX } from '../../stores/cas/manifest';
 import type { Checkpoint } from '../../common/schemas';
 import { createStasisWorker } from '../../workers/worker';
+import { passThrough } from '../helpers/store-wrap';
 import { MID_UPLOAD_BYTES, PART_BYTES, type KillPoint } from './kill-points';
 import { startS3Proxy, type FaultProxy } from './s3-proxy';
 
@@ -68,7 +69,7 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
     return checkpoint;
   };
   return {
-    kind: inner.kind,
+    ...passThrough(inner),
     // A tar.gz checkpoint: one streamed (multipart) upload, stopped here mid-body.
     async put(key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) {
       const sandboxId = sandboxOfKey(key);
@@ -95,12 +96,6 @@ function killableStore(inner: CheckpointStore): CheckpointStore {
     // mid-body on the wire (holdPackPut), as a worker killed during it leaves it.
     putBytes: async (key, bytes, labels, signal) =>
       uploaded(key, await inner.putBytes(key, bytes, labels, signal), key.endsWith(MANIFEST_SUFFIX)),
-    download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
-    delete: (uri) => inner.delete(uri),
-    exists: (uri) => inner.exists(uri),
-    deletePrefix: (prefix) => inner.deletePrefix(prefix),
-    list: (prefix) => inner.list(prefix),
-    read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
   };
 }
 

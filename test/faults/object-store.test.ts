@@ -1,9 +1,7 @@
-import * as path from 'node:path';
 import { minioFromState, type MinioServerControl } from '../../platform/servers';
-import { evictUnderPressure } from '../../providers/maintenance';
-import { sandboxesDir } from '../../providers/sandbox-state';
 import { S3CheckpointStore } from '../../stores/s3';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
+import { evictDormantCopies } from '../helpers/hosts';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 import {
@@ -117,12 +115,6 @@ async function finished(h: Harness, runId: string): Promise<void> {
   tally.ok(runId);
 }
 
-/** Removes this host's dormant copies (as disk pressure would), so a resume must download its checkpoint. */
-async function evictDormantCopies(h: Harness): Promise<string[]> {
-  const dir = sandboxesDir(path.join(h.stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'));
-  return (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted;
-}
-
 describe('the shared MinIO stopped', () => {
   let h: Harness;
   const minio = sharedMinio();
@@ -152,7 +144,7 @@ describe('the shared MinIO stopped', () => {
   test('during the restore: the download is retried while down (the Run keeps resuming), the Run finishes when it is back', async () => {
     const runs = await startRuns(h, 'minio-down-restore');
     for (const runId of runs) await releasedOnce(h, runId);
-    expect((await evictDormantCopies(h)).sort()).toEqual(runs.map(sandboxOf).sort());
+    expect((await evictDormantCopies(h.stack)).sort()).toEqual(runs.map(sandboxOf).sort());
     await minio.stop();
     tally.inject();
     for (const runId of runs) await h.stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
@@ -253,7 +245,7 @@ describe('a fault-injecting proxy in front of MinIO', () => {
     const delayedBefore = proxy.requests.filter((r) => r.outcome === 'delayed').length;
     const runs = await startRuns(h, 'proxy-slow');
     for (const runId of runs) await releasedOnce(h, runId);
-    await evictDormantCopies(h);
+    await evictDormantCopies(h.stack);
     await Promise.all(runs.map((runId) => answerAndFinish(h, runId)));
     // Every restore downloaded its checkpoint through the slow proxy.
     for (const runId of runs) expect(restoresOf(h, runId).map((c) => c.outcome)).toEqual(['restored from checkpoint']);

@@ -3,11 +3,11 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { StasisClient } from '../../client';
-import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
+import { freePort, type TemporalServer } from '../../platform/servers';
 import type { ResourceView, RunSnapshot, SandboxView } from '../../common/schemas';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { testS3 } from '../helpers/s3';
-import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
+import { eventually, saw, startOwnTemporal, startStack, type TestStack } from '../helpers/stack';
 import {
   checkpointVerifies,
   cycleSpec,
@@ -56,17 +56,10 @@ let port: number;
 let temporal: TemporalServer;
 let stack: TestStack;
 
-/** Our own dev server: TEMPORAL_ADDRESS (the shared server) must not be picked up. */
-async function startOwnTemporal(): Promise<TemporalServer> {
-  const env: NodeJS.ProcessEnv = { ...process.env };
-  delete env.TEMPORAL_ADDRESS;
-  return startTemporal({ dataDir, port, env });
-}
-
 beforeAll(async () => {
   dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'temporal-restart-'));
   port = await freePort();
-  temporal = await startOwnTemporal();
+  temporal = await startOwnTemporal({ dataDir, port });
   expect(temporal.started).toBe(true);
   stack = await startStack({
     env: { TEMPORAL_ADDRESS: temporal.address, TEMPORAL_NAMESPACE: temporal.namespace },
@@ -96,7 +89,7 @@ async function restartTemporal(outageMs: number): Promise<void> {
   });
   await probe.close();
   await sleep(outageMs);
-  temporal = await startOwnTemporal();
+  temporal = await startOwnTemporal({ dataDir, port });
   console.log(`temporal restarted after ${Date.now() - started} ms down`);
 }
 

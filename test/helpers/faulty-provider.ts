@@ -3,6 +3,7 @@ import { createLocalProvider } from '../../providers/local';
 import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../../stores/api';
 import type { Checkpoint } from '../../common/schemas';
+import { passThrough } from './store-wrap';
 
 /**
  * How one release call fails: `throw` (an exception); `not-released` (a receipt
@@ -265,14 +266,8 @@ function faultyStore(store: CheckpointStore, faults: ReleaseFaults): CheckpointS
     throw new Error(`put of ${key} cancelled after its upload`);
   };
   return {
-    kind: store.kind,
+    ...passThrough(store),
     put: (key, body, labels, signal) => faulted(key, signal, () => store.put(key, body, labels, signal)),
     putBytes: (key, bytes, labels, signal) => faulted(key, signal, () => store.putBytes(key, bytes, labels, signal)),
-    download: (checkpoint, file, signal) => store.download(checkpoint, file, signal),
-    delete: (uri) => store.delete(uri),
-    exists: (uri) => store.exists(uri),
-    deletePrefix: (prefix) => store.deletePrefix(prefix),
-    list: (prefix) => store.list(prefix),
-    read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),
   };
 }

@@ -1,4 +1,4 @@
-import { ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import { CopyObjectCommand, DeleteObjectCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
 
 /** A plain S3 client on the test MinIO, to look at what Stasis stored. */
 export function testS3(): S3Client {
@@ -30,4 +30,19 @@ export async function checkpointKeys(s3: S3Client, sandboxId: string): Promise<s
     (key) =>
       !key.startsWith(`checkpoints/${sandboxId}/packs/`) && !key.startsWith(`checkpoints/${sandboxId}/segments/`),
   );
+}
+
+/**
+ * Takes the object at `key` away from the test bucket (copied to `aside/<key>`, then deleted), as
+ * if the store had lost it; the returned function puts it back where it was.
+ */
+export async function moveAside(s3: S3Client, key: string): Promise<() => Promise<void>> {
+  const bucket = process.env.STASIS_S3_BUCKET;
+  const aside = `aside/${key}`;
+  await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${key}`, Key: aside }));
+  await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  return async () => {
+    await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${aside}`, Key: key }));
+    await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: aside }));
+  };
 }

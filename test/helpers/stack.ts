@@ -6,10 +6,13 @@ import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
 import { hostPathPolicy, loadConfig, type Config } from '../../common/config';
+import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import { StasisClient } from '../../client';
 import { storeMetricsSource } from '../../client/metrics';
 import { createFiguresStore } from '../../stores/figures';
 import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
+
+export { eventually, saw } from './eventually';
 
 // A real Stasis stack for one test file: its own task queue (so parallel test
 // files never take each other's tasks) and data dir, a worker per host, and the
@@ -62,14 +65,14 @@ function quietRuntime(): void {
   });
 }
 
-export async function startStack(
-  options: {
-    env?: Record<string, string>;
-    hostId?: string;
-    worker?: Partial<StasisWorkerOptions>;
-    startWorker?: boolean;
-  } = {},
-): Promise<TestStack> {
+export interface StackOptions {
+  env?: Record<string, string>;
+  hostId?: string;
+  worker?: Partial<StasisWorkerOptions>;
+  startWorker?: boolean;
+}
+
+export async function startStack(options: StackOptions = {}): Promise<TestStack> {
   quietRuntime();
   const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'stack-'));
   const config = loadConfig({
@@ -130,30 +133,63 @@ export async function startStack(
   return stack;
 }
 
-let lastSeen: unknown;
-/** Lets a check record what it saw, so a timeout says what the state was. */
-export function saw<T>(value: T): T {
-  lastSeen = value;
-  return value;
+/**
+ * The stack of this test file: `start` runs before its tests and the stack stops after them. Its
+ * fields are there from then on: read them in tests and hooks, not while the file loads.
+ */
+export function useStack(start: () => Promise<TestStack> = () => startStack()): TestStack {
+  const stack = {} as TestStack;
+  beforeAll(async () => {
+    Object.assign(stack, await start());
+  });
+  afterAll(async () => {
+    // Nothing to stop when the start failed.
+    if ('stop' in stack) await stack.stop();
+  });
+  return stack;
 }
 
-/** Polls until `check` returns a value (not undefined/false), or fails after `timeoutMs`. */
-export async function eventually<T>(
-  check: () => Promise<T | undefined | false>,
-  timeoutMs = 30_000,
-  what = 'condition',
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const value = await check();
-      if (value !== undefined && value !== false) return value;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline && lastSeen !== undefined) last ??= `last seen ${JSON.stringify(lastSeen)}`;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
-    await new Promise((r) => setTimeout(r, 200));
+/**
+ * A Temporal dev server of the test's own, on `port` with its database in `dataDir`: never the
+ * shared one of the global setup (whose TEMPORAL_ADDRESS the test workers inherit).
+ */
+export function startOwnTemporal(options: {
+  dataDir: string;
+  port: number;
+  extraArgs?: string[];
+}): Promise<TemporalServer> {
+  return startTemporal({ ...options, env: { ...process.env, TEMPORAL_ADDRESS: '' } });
+}
+
+/**
+ * A stack on a Temporal dev server of its own that suggests continue-as-new after
+ * `suggestContinueAsNewAfter` history events, so long Runs and sandboxes really continue as new
+ * (and carry their state) within a test. Its stop() stops that server too.
+ */
+export async function startStackOnOwnTemporal(
+  suggestContinueAsNewAfter: number,
+  options: StackOptions = {},
+): Promise<TestStack> {
+  const temporal = await startOwnTemporal({
+    dataDir: mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'own-temporal-')),
+    port: await freePort(),
+    extraArgs: ['--dynamic-config-value', `limit.historyCount.suggestContinueAsNew=${suggestContinueAsNewAfter}`],
+  });
+  let stack: TestStack;
+  try {
+    stack = await startStack({ ...options, env: { ...options.env, TEMPORAL_ADDRESS: temporal.address } });
+  } catch (error) {
+    await temporal.stop();
+    throw error;
   }
+  return {
+    ...stack,
+    async stop() {
+      try {
+        await stack.stop();
+      } finally {
+        await temporal.stop();
+      }
+    },
+  };
 }

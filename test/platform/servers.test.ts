@@ -1,7 +1,8 @@
 import { HeadBucketCommand, S3Client } from '@aws-sdk/client-s3';
 import { Connection } from '@temporalio/client';
 import { encodeSearchAttributeIndexedValueType } from '@temporalio/common/lib/search-attributes';
-import { ConfigError, loadConfig } from '../../common/config';
+import { loadConfig } from '../../common/config';
+import { configProblems as problems } from '../helpers/config';
 import { spawnGroup, stopGroup, isAlive } from '../../platform/servers';
 import { searchAttributeType } from '../../platform/temporal-server';
 import { SEARCH_ATTRIBUTE_TYPES } from '../../workflows/search-attributes';
@@ -82,16 +83,6 @@ describe('process groups', () => {
 });
 
 describe('configuration', () => {
-  function problems(env: NodeJS.ProcessEnv): string[] {
-    try {
-      loadConfig(env);
-    } catch (error) {
-      if (error instanceof ConfigError) return error.problems;
-      throw error;
-    }
-    return [];
-  }
-
   it('accepts an empty environment with the defaults of the spec', () => {
     const config = loadConfig({});
     expect(config.TEMPORAL_NAMESPACE).toBe('default');

@@ -4,17 +4,12 @@ import {
   resumeRunUpdate,
   suspendRunUpdate,
 } from '../../workflows/definitions';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { releasedView } from '../helpers/runs';
+import { useStack, eventually } from '../helpers/stack';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const spec = (onDeny: 'fail' | 'continue' = 'continue') => ({
   agent: {
@@ -31,16 +26,7 @@ const spec = (onDeny: 'fail' | 'continue' = 'continue') => ({
   sandbox: { provider: 'local' },
 });
 
-async function waitForRelease(runId: string) {
-  return eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    60_000,
-    'record RELEASED',
-  );
-}
+const waitForRelease = (runId: string) => releasedView(stack.client, runId, 60_000);
 
 test('writeFile → ask → expectFile → exec → complete: released while waiting, restored on approve', async () => {
   const { runId } = await stack.client.runs.start(spec());

@@ -1,10 +1,6 @@
-import { mkdtempSync } from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import type { AgentAction, AgentDriver } from '../../drivers/api';
-import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import { CARRIED_INTERACTIONS } from '../../workflows/run-state';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal } from '../helpers/stack';
 
 // A long Run — thousands of steps, outputs of several MiB, hundreds of interactions —
 // completes, with bounded history per workflow run and bounded state carried through
@@ -37,22 +33,7 @@ const long: AgentDriver = {
   },
 };
 
-let temporal: TemporalServer;
-let stack: TestStack;
-beforeAll(async () => {
-  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'bounded-'));
-  temporal = await startTemporal({
-    dataDir,
-    port: await freePort(),
-    env: { ...process.env, TEMPORAL_ADDRESS: '' },
-    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=200'],
-  });
-  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address }, worker: { drivers: [long] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-  await temporal?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(200, { worker: { drivers: [long] } }));
 
 test(`a Run of ${STEPS} steps, ${BIG_AT.size} outputs of 2 MiB and ${STEPS / ASK_EVERY} interactions completes with bounded history and carried state`, async () => {
   const started = Date.now();

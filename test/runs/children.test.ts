@@ -1,12 +1,6 @@
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, eventually } from '../helpers/stack';
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const child = (runId: string) => ({
   runId,

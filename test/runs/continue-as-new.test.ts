@@ -1,27 +1,8 @@
-import { mkdtempSync } from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
-import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal } from '../helpers/stack';
 
 // A Temporal server of its own that suggests continue-as-new after a few events,
 // so long Runs and sandboxes really continue as new and carry their whole state.
-let temporal: TemporalServer;
-let stack: TestStack;
-beforeAll(async () => {
-  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'can-'));
-  temporal = await startTemporal({
-    dataDir,
-    port: await freePort(),
-    env: { ...process.env, TEMPORAL_ADDRESS: '' },
-    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=40'],
-  });
-  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address } });
-});
-afterAll(async () => {
-  await stack?.stop();
-  await temporal?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(40));
 
 async function runCount(workflowId: string): Promise<number> {
   let n = 0;

@@ -1,20 +1,14 @@
 import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { storedKeys, testS3 } from '../helpers/s3';
-import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
+import { useStack, eventually, saw, startStack } from '../helpers/stack';
 
 // A Run's retention expiry keeps nothing: no checkpoint of any fence, no compute, and it
 // never waits for a host that is gone.
 
 const faults: ReleaseFaults = { calls: [] };
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a', worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a', worker: { providers: [faultyProvider(faults)] } }));
 beforeEach(() => {
   faults.release = undefined;
   faults.putPlan = undefined;

@@ -6,6 +6,7 @@ import type { ActionView } from '../../common/schemas';
 import { actUpdate } from '../../workflows/definitions';
 import { CLI } from '../cli/spawn';
 import { errorCode, errorMessage, listenOnLoopback, type CallOptions, type HttpResult } from '../api/http';
+import { releasedView } from '../helpers/runs';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 
 // The external driver: the agent is a program outside the worker that sends its
@@ -170,14 +171,7 @@ test('an ask suspends and releases the sandbox; the answer resumes it and is the
   const sent = await operator('POST', `/api/v1/runs/${runId}/actions`, { body: { actionId: 'q1', action: ask } });
   expect(sent.status).toBe(202);
   expect(sent.json).toMatchObject({ actionId: 'q1', type: 'ask', status: 'waiting', interactionId: 'int-1' });
-  const view = await eventually(
-    async () => {
-      const resource = saw(await stack.client.runs.resource(runId));
-      return resource.record.state === 'RELEASED' ? resource : undefined;
-    },
-    120_000,
-    'sandbox released',
-  );
+  const view = await releasedView(stack.client, runId, 120_000);
   expect(view.suspension).toMatchObject({ reason: 'INTERACTION', interactionIds: ['int-1'] });
   const provider = stack.workers.get('host-a')!.registry.get('local');
   expect(await provider.processCount(view.record.sandboxId)).toBe(0);

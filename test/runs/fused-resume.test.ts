@@ -1,25 +1,16 @@
-import * as path from 'node:path';
-import { CopyObjectCommand, DeleteObjectCommand } from '@aws-sdk/client-s3';
 import type { StepShape } from '../../common/schemas';
-import { evictUnderPressure } from '../../providers/maintenance';
-import { sandboxesDir } from '../../providers/sandbox-state';
-import { checkpointKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { evictDormantCopies } from '../helpers/hosts';
+import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
+import { releasedView } from '../helpers/runs';
+import { useStack, startStack } from '../helpers/stack';
 
 // A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
 // the same Run, once resuming for a job (fused) and once for a file write (a resume of its own),
 // with its checkpoint away from the store, ends the same way, its sandbox rolled back to RELEASED
 // with its checkpoint, and the job never ran.
 
-let stack: TestStack;
 const s3 = testS3();
-const bucket = process.env.STASIS_S3_BUCKET;
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a' });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
 
 /** Starts a Run that writes a file, asks, then takes `next`; answers it once released with its checkpoint away. */
 async function failedResume(next: StepShape) {
@@ -30,29 +21,17 @@ async function failedResume(next: StepShape) {
     },
     sandbox: { provider: 'local' },
   });
-  const released = await eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    60_000,
-    'released',
-  );
+  const released = await releasedView(stack.client, runId, 60_000);
   const { sandboxId } = released.record;
   // No dormant copy on the host, and the checkpoint away from the store: the restore cannot succeed.
-  const dir = sandboxesDir(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'));
-  expect(
-    (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted,
-  ).toContain(sandboxId);
+  expect(await evictDormantCopies(stack)).toContain(sandboxId);
   const [key] = await checkpointKeys(s3, sandboxId);
-  await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${key}`, Key: `aside/${key}` }));
-  await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }));
+  const putBack = await moveAside(s3, key);
   try {
     await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
     await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   } finally {
-    await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/aside/${key}`, Key: key }));
-    await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: `aside/${key}` }));
+    await putBack();
   }
   const snapshot = await stack.client.runs.get(runId);
   const after = await stack.client.runs.resource(runId);

@@ -1,19 +1,19 @@
 import { readFile, writeFile } from 'node:fs/promises';
-import * as path from 'node:path';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { checkpointKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { hostDataDir } from '../helpers/hosts';
+import { releasedView } from '../helpers/runs';
+import { useStack } from '../helpers/stack';
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
-test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MISMATCH and releases compute, keeping the checkpoint', async () => {
+/**
+ * Starts a Run that writes a file, asks, then would exec; once it is released, rewrites the
+ * labels its dormant copy on the host records (as a copy of another spec, or of no spec, would
+ * have) and answers. Returns the Run and its released view.
+ */
+async function answeredWithLabels(edit: (labels: Record<string, string>) => Record<string, string>) {
   const { runId } = await stack.client.runs.start({
     agent: {
       driver: 'scripted',
@@ -21,24 +21,18 @@ test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MI
     },
     sandbox: { provider: 'local' },
   });
-  const view = await eventually(
-    async () => {
-      const v = await stack.client.runs.resource(runId);
-      return v.record.state === 'RELEASED' ? v : undefined;
-    },
-    30_000,
-    'released',
-  );
-  // The dormant copy on the host now claims to belong to another spec.
-  const stateFile = sandboxPaths(
-    path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'),
-    view.record.sandboxId,
-  ).stateFile;
+  const view = await releasedView(stack.client, runId, 30_000);
+  const { stateFile } = sandboxPaths(hostDataDir(stack, 'host-a'), view.record.sandboxId);
   const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
-  state.dormant.labels.spechash = '0'.repeat(64);
+  state.dormant.labels = edit(state.dormant.labels);
   await writeFile(stateFile, JSON.stringify(state));
-
   await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  return { runId, view };
+}
+
+test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MISMATCH and releases compute, keeping the checkpoint', async () => {
+  // The dormant copy on the host claims to belong to another spec.
+  const { runId, view } = await answeredWithLabels((labels) => ({ ...labels, spechash: '0'.repeat(64) }));
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   const snapshot = await stack.client.runs.get(runId);
   expect(snapshot.status).toBe('FAILED');
@@ -57,30 +51,7 @@ test('a checkpoint taken under another spec fails the resume with RESUME_HASH_MI
 });
 
 test('a checkpoint that records no hashes fails the resume with RESUME_HASH_MISMATCH (the workflow never compares its own copies only)', async () => {
-  const { runId } = await stack.client.runs.start({
-    agent: {
-      driver: 'scripted',
-      steps: [{ writeFile: { path: 'f', content: 'x' } }, { ask: 'go?' }, { exec: 'echo should not run' }],
-    },
-    sandbox: { provider: 'local' },
-  });
-  const view = await eventually(
-    async () => {
-      const v = await stack.client.runs.resource(runId);
-      return v.record.state === 'RELEASED' ? v : undefined;
-    },
-    30_000,
-    'released',
-  );
-  const stateFile = sandboxPaths(
-    path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'),
-    view.record.sandboxId,
-  ).stateFile;
-  const state = JSON.parse(await readFile(stateFile, 'utf8')) as { dormant: { labels: Record<string, string> } };
-  state.dormant.labels = {};
-  await writeFile(stateFile, JSON.stringify(state));
-
-  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  const { runId } = await answeredWithLabels(() => ({}));
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   expect((await stack.client.runs.get(runId)).error).toMatchObject({
     code: 'RESUME_HASH_MISMATCH',

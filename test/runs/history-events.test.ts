@@ -4,19 +4,13 @@ import * as path from 'node:path';
 import { temporal } from '@temporalio/proto';
 import type { PauseMode, RunSpec, StepShape } from '../../common/schemas';
 import { StasisKind } from '../../workflows/search-attributes';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, eventually } from '../helpers/stack';
 
 // What a Run writes to its history: at most 24 events per suspend/resume cycle in every pause mode,
 // one search-attribute upsert per workflow task at most, and none of what the Run was started with
 // (the attributes the client set at start).
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 type Event = temporal.api.history.v1.IHistoryEvent;
 const {

@@ -1,18 +1,12 @@
 import * as fc from 'fast-check';
 import type { InteractionResponse } from '../../common/schemas';
-import { eventually, startStack, type TestStack } from '../helpers/stack';
+import { useStack, eventually } from '../helpers/stack';
 
 // The structured interaction contract end to end on a real worker: what an
 // interaction carries, which answers it takes (anything else is refused and
 // changes nothing), what the agent gets back, and answering by signal.
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const spec = (steps: unknown[], labels?: Record<string, string>) => ({
   agent: { driver: 'scripted', steps },

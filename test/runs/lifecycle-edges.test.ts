@@ -1,7 +1,7 @@
 import type { AgentDriver, AgentAction } from '../../drivers/api';
 import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
-import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually, saw } from '../helpers/stack';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
 
@@ -33,13 +33,7 @@ const noSnapshot = (deps: ProviderDeps): SandboxProvider => {
   return { ...local, capabilities: { ...local.capabilities, pauseModes: ['DETACH'] } };
 };
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ worker: { drivers: [quietThenHold], providers: [noSnapshot] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ worker: { drivers: [quietThenHold], providers: [noSnapshot] } }));
 
 const provider = (name = 'local') => stack.workers.get('host-a')!.registry.get(name);
 

@@ -1,7 +1,7 @@
 import { temporal } from '@temporalio/proto';
 import { Worker } from '@temporalio/worker';
 import { workflowBundle } from '../../workers/worker';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 
 // Scripted steps run as local activities while clients poll the Run. A query that reaches a Run
 // while a local step runs makes Temporal end that workflow task early and deliver the step's result
@@ -9,13 +9,7 @@ import { startStack, eventually, type TestStack } from '../helpers/stack';
 // was then unknown to replay: the Run failed every workflow task from there (it stalled) once its
 // worker replayed it. A cache of 2 makes the worker replay the Runs as they go.
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ env: { STASIS_MAX_CACHED_WORKFLOWS: '2' } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ env: { STASIS_MAX_CACHED_WORKFLOWS: '2' } }));
 
 type Event = temporal.api.history.v1.IHistoryEvent;
 const {

@@ -1,13 +1,9 @@
-import { mkdtempSync } from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import fc from 'fast-check';
 import type { AgentAction, AgentDriver } from '../../drivers/api';
-import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import type { RunSnapshot } from '../../common/schemas';
 import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { storedKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+import { startStackOnOwnTemporal, eventually, saw, type TestStack } from '../helpers/stack';
 
 // A model-based test of Runs: random sequences of answer, suspend, resume, cancel and
 // "the agent stops thinking" drive the real runWorkflow (with a child Run) on the real
@@ -59,22 +55,13 @@ interface Real {
 }
 
 const s3 = testS3();
-let temporal: TemporalServer;
 let stack: TestStack;
 beforeAll(async () => {
-  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'model-'));
-  temporal = await startTemporal({
-    dataDir,
-    port: await freePort(),
-    env: { ...process.env, TEMPORAL_ADDRESS: '' },
-    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=30'],
-  });
-  stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address }, worker: { drivers: [modelDriver] } });
+  stack = await startStackOnOwnTemporal(30, { worker: { drivers: [modelDriver] } });
 });
 afterAll(async () => {
   for (const resolve of thinking.values()) resolve();
   await stack?.stop();
-  await temporal?.stop();
 });
 
 /** Waits until the Run is in `model`'s state, and checks nothing is half-way. */

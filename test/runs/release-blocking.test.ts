@@ -1,12 +1,7 @@
-import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+import { releasedView } from '../helpers/runs';
+import { useStack, eventually, saw } from '../helpers/stack';
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const resource = async (runId: string) => saw(await stack.client.runs.resource(runId));
 
@@ -46,14 +41,7 @@ test('a CONTINUE background job blocks release until it ends, then the record is
     { sandboxId: blocked.record.sandboxId, path: 'finish', content: Buffer.from('') },
     { ownerId: runId, hostId: 'host-a' },
   );
-  const released = await eventually(
-    async () => {
-      const view = await resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    30_000,
-    'RELEASED after the job ended',
-  );
+  const released = await releasedView(stack.client, runId, 30_000);
   expect(released.record.blockedSince).toBeUndefined();
   expect(await provider.processCount(released.record.sandboxId)).toBe(0);
 
@@ -74,14 +62,7 @@ test('an EXTERNAL job never blocks release, and a CANCEL job is cancelled', asyn
     },
     sandbox: { provider: 'local' },
   });
-  const released = await eventually(
-    async () => {
-      const view = await resource(runId);
-      return view.record.state === 'RELEASED' ? view : undefined;
-    },
-    30_000,
-    'RELEASED',
-  );
+  const released = await releasedView(stack.client, runId, 30_000);
   expect(released.record.blockedSince).toBeUndefined();
   await stack.client.runs.cancel(runId);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();

@@ -1,16 +1,10 @@
-import { startStack, eventually, saw, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually, saw } from '../helpers/stack';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { storedKeys, testS3 } from '../helpers/s3';
 
 const faults: ReleaseFaults = { calls: [] };
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({ worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ worker: { providers: [faultyProvider(faults)] } }));
 beforeEach(() => {
   faults.release = undefined;
   faults.calls.length = 0;

@@ -1,17 +1,11 @@
 import { temporal } from '@temporalio/proto';
 import { NON_RETRYABLE_CODES } from '../../common/errors';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, eventually } from '../helpers/stack';
 
 // Every retry policy derives from the one non-retryable set: read off what a real Run
 // scheduled, activity by activity (release and shared steps once listed fewer codes).
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 const SCHEDULED = temporal.api.enums.v1.EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED;
 

@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import type { AgentDriver } from '../../drivers/api';
+import { releasedView } from '../helpers/runs';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
 
@@ -53,14 +54,7 @@ test('retention expiry: compute released, checkpoint deleted, interactions expir
     sandbox: { provider: 'local' },
     policy: { suspendedRetentionSeconds: 3 },
   });
-  const sandboxId = await eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
-    },
-    30_000,
-    'released',
-  );
+  const { sandboxId } = (await releasedView(stack.client, runId, 30_000)).record;
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(1);
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   const snapshot = await stack.client.runs.get(runId);
@@ -82,14 +76,7 @@ test('retention expiry deletes every checkpoint the Run ever had, not only the l
     sandbox: { provider: 'local' },
     policy: { suspendedRetentionSeconds: 20 },
   });
-  const sandboxId = await eventually(
-    async () => {
-      const view = await stack.client.runs.resource(runId);
-      return view.record.state === 'RELEASED' ? view.record.sandboxId : undefined;
-    },
-    30_000,
-    'first release',
-  );
+  const { sandboxId } = (await releasedView(stack.client, runId, 30_000)).record;
   await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
   await eventually(
     async () => {

@@ -1,12 +1,6 @@
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack } from '../helpers/stack';
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack();
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack();
 
 test('a scripted Run provisions a local sandbox, runs an exec step and completes with its output', async () => {
   const { runId } = await stack.client.runs.start({

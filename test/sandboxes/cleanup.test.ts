@@ -1,18 +1,12 @@
 import { StasisClient } from '../../client';
 import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 
 // A sandbox's end cleans up everything, or hands what it could not clean to its host.
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a' });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
 
 test('destroy deletes every checkpoint the sandbox ever had, not only the latest', async () => {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });

@@ -1,32 +1,10 @@
-import { mkdtempSync } from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
-import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStackOnOwnTemporal, eventually } from '../helpers/stack';
 
 // A Temporal server of its own that suggests continue-as-new after a few events: the sandbox
 // workflow must never continue as new while a release (or anything else) is under way.
-let temporal: TemporalServer;
-let stack: TestStack;
 const faults: ReleaseFaults = { calls: [] };
-beforeAll(async () => {
-  const dataDir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'can-'));
-  temporal = await startTemporal({
-    dataDir,
-    port: await freePort(),
-    env: { ...process.env, TEMPORAL_ADDRESS: '' },
-    extraArgs: ['--dynamic-config-value', 'limit.historyCount.suggestContinueAsNew=40'],
-  });
-  stack = await startStack({
-    env: { TEMPORAL_ADDRESS: temporal.address },
-    worker: { providers: [faultyProvider(faults)] },
-  });
-});
-afterAll(async () => {
-  await stack?.stop();
-  await temporal?.stop();
-});
+const stack = useStack(() => startStackOnOwnTemporal(40, { worker: { providers: [faultyProvider(faults)] } }));
 
 /** Activities of `type` a run scheduled and never saw end (completed, failed, timed out or cancelled). */
 async function openActivities(workflowId: string, runId: string, type: string): Promise<number> {

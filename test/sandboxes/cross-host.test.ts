@@ -3,15 +3,9 @@ import * as path from 'node:path';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { createCheckpointStore } from '../../stores';
 import { maintainHost } from '../../workers/maintenance';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a' });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
 
 test('resume on the original host reuses it while its worker answers', async () => {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });

@@ -1,24 +1,20 @@
 import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
-import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
+import { useStack, eventually, saw, startStack } from '../helpers/stack';
 
 // A standalone sandbox's retention expiry keeps nothing and never waits for a host that is gone:
 // what that host could not remove, its maintenance removes once it is back.
 
 const faults: ReleaseFaults = { calls: [] };
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({
+const stack = useStack(() =>
+  startStack({
     hostId: 'host-a',
     env: { STASIS_SUSPENDED_RETENTION_SECONDS: '45' },
     worker: { providers: [faultyProvider(faults)] },
-  });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+  }),
+);
 
 test('retention expiry while the release is in flight to a host that is gone: expires, deletes every checkpoint, says DESTROYING then DESTROYED; the host cleans up when back', async () => {
   // Only host B serves the queue while the sandbox is created, so it lives there.

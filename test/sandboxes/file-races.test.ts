@@ -1,8 +1,6 @@
-import * as path from 'node:path';
 import type { SandboxProvider } from '../../providers/api';
-import { evictUnderPressure } from '../../providers/maintenance';
-import { sandboxesDir } from '../../providers/sandbox-state';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
+import { evictDormantCopies } from '../helpers/hosts';
 import { startStack, eventually, type TestStack } from '../helpers/stack';
 import { context, stasisError } from '../providers/helpers';
 
@@ -23,11 +21,6 @@ async function running(policy?: { timeout: string }): Promise<string> {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'faulty', ...(policy ? { policy } : {}) });
   await stack.client.sandboxes.start(sandboxId);
   return sandboxId;
-}
-
-async function evictDormantCopies(): Promise<string[]> {
-  const dir = sandboxesDir(path.join(stack.config.STASIS_DATA_DIR, 'hosts', 'host-a'));
-  return (await evictUnderPressure({ sandboxesDir: dir, minFreeBytes: 1, freeBytes: async () => 0 })).evicted;
 }
 
 const settle = <T>(p: Promise<T>) =>
@@ -55,7 +48,7 @@ test('a slow write racing a suspend is in the checkpoint or refused, never lost'
 
   // Whatever won, what was acknowledged must come back from the checkpoint itself.
   if (!suspend.ok) await stack.client.sandboxes.suspend(id);
-  expect(await evictDormantCopies()).toContain(id);
+  expect(await evictDormantCopies(stack)).toContain(id);
   await stack.client.sandboxes.resume(id);
   const read = await settle(stack.client.sandboxes.readFile(id, 'race.txt'));
   if (written.ok) expect(read).toMatchObject({ ok: true, value: Buffer.from('written') });

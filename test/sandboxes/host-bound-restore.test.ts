@@ -1,6 +1,6 @@
 import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 
 // A provider that says crossHostRestore: false is restored only on the host that made the checkpoint.
 
@@ -9,13 +9,7 @@ function pinnedProvider(deps: ProviderDeps): SandboxProvider {
   return { ...local, capabilities: { ...local.capabilities, crossHostRestore: false } };
 }
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ hostId: 'host-a', worker: { providers: [pinnedProvider] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: 'host-a', worker: { providers: [pinnedProvider] } }));
 
 test('its host gone, a resume is refused with 503 UNAVAILABLE and nothing is faked; once it is back, resume works there', async () => {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'pinned' });

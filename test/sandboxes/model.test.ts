@@ -1,15 +1,13 @@
 import { existsSync } from 'node:fs';
-import * as path from 'node:path';
 import fc from 'fast-check';
 import { StasisClient } from '../../client';
 import type { SandboxState, SandboxView } from '../../common/schemas';
-import { evictUnderPressure } from '../../providers/maintenance';
 import { killSandbox, scanSandboxProcesses } from '../../providers/processes';
-import { sandboxesDir, sandboxPaths } from '../../providers/sandbox-state';
-import { backAndMaintained, leftOn } from '../helpers/hosts';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { backAndMaintained, evictDormantCopies, hostDataDir, leftOn } from '../helpers/hosts';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
 import { storedKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 import { IDEMPOTENT, LEGAL, type UserOp } from '../helpers/transition-table';
 
 // Model-based test: random sequences of operations and faults drive the real sandboxWorkflow and the
@@ -22,14 +20,8 @@ const HOST = 'host-a';
 const OTHER_HOST = 'host-b';
 const faults: ReleaseFaults = { calls: [] };
 const s3 = testS3();
-let stack: TestStack;
 
-beforeAll(async () => {
-  stack = await startStack({ hostId: HOST, worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ hostId: HOST, worker: { providers: [faultyProvider(faults)] } }));
 
 interface Model {
   state: SandboxState;
@@ -51,7 +43,7 @@ const settle = <T>(p: Promise<T>): Promise<Outcome<T>> =>
     (error: { code?: string }) => ({ ok: false as const, error }),
   );
 
-const hostDir = () => path.join(stack.config.STASIS_DATA_DIR, 'hosts', HOST);
+const hostDir = () => hostDataDir(stack, HOST);
 const processes = async (id: string) => (await scanSandboxProcesses(HOST)).get(id)?.length ?? 0;
 const FILE_STATES: SandboxState[] = ['created', 'running', 'stopped', 'paused', 'failed'];
 
@@ -179,11 +171,7 @@ class Exec implements fc.AsyncCommand<Model, Real> {
 class EvictDormant implements fc.AsyncCommand<Model, Real> {
   check = () => true;
   async run(m: Model, r: Real): Promise<void> {
-    const { evicted } = await evictUnderPressure({
-      sandboxesDir: sandboxesDir(hostDir()),
-      minFreeBytes: 1,
-      freeBytes: async () => 0,
-    });
+    const evicted = await evictDormantCopies(stack, HOST);
     r.log.push(`evict${evicted.includes(r.id) ? ' (evicted)' : ''}`);
     if (m.state === 'suspended') expect(evicted).toContain(r.id);
     await checkInvariants(m, r);

@@ -1,19 +1,15 @@
 import { execSandboxUpdate, sandboxWorkflowId } from '../../workflows/definitions';
 import { noPauseProvider } from '../api/no-pause-provider';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 
-let stack: TestStack;
 const s3 = testS3();
-beforeAll(async () => {
-  stack = await startStack({
+const stack = useStack(() =>
+  startStack({
     env: { STASIS_SUSPENDED_RETENTION_SECONDS: '3' },
     worker: { providers: [noPauseProvider] },
-  });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+  }),
+);
 
 async function running(): Promise<string> {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });

@@ -1,17 +1,11 @@
 import { killSandbox } from '../../providers/processes';
 import { faultyProvider, type ReleaseFaults } from '../helpers/faulty-provider';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 
 // What a standalone suspend claims must be what the release did.
 
 const faults: ReleaseFaults = { calls: [] };
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ worker: { providers: [faultyProvider(faults)] } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ worker: { providers: [faultyProvider(faults)] } }));
 
 async function running(): Promise<string> {
   const { sandboxId } = await stack.client.sandboxes.create({ provider: 'faulty' });

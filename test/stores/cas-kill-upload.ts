@@ -5,6 +5,7 @@ import type { CheckpointStore } from '../../stores/api';
 import { PACK_SUFFIX } from '../../stores/cas/manifest';
 import { S3CheckpointStore } from '../../stores/s3';
 import { startS3Proxy } from '../faults/s3-proxy';
+import { passThrough } from '../helpers/store-wrap';
 
 // The worker of cas-snapshot's kill test, in a process of its own: it uploads a
 // checkpoint through a fault proxy (in this process) that cuts the second pack's
@@ -43,19 +44,12 @@ async function main(): Promise<void> {
     },
   });
   const store: CheckpointStore = {
-    kind: inner.kind,
-    put: (key, body, labels, signal) => inner.put(key, body, labels, signal),
+    ...passThrough(inner),
     putBytes: async (key, bytes, labels, signal) => {
       const stored = await inner.putBytes(key, bytes, labels, signal);
       if (key.endsWith(PACK_SUFFIX)) packsStored();
       return stored;
     },
-    download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
-    delete: (uri) => inner.delete(uri),
-    exists: (uri) => inner.exists(uri),
-    deletePrefix: (prefix) => inner.deletePrefix(prefix),
-    list: (prefix) => inner.list(prefix),
-    read: (uri, maxBytes, signal) => inner.read(uri, maxBytes, signal),
   };
   await uploadSnapshot({
     store,

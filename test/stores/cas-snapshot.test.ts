@@ -1,4 +1,4 @@
-import { ListMultipartUploadsCommand, S3Client } from '@aws-sdk/client-s3';
+import { ListMultipartUploadsCommand } from '@aws-sdk/client-s3';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -9,6 +9,7 @@ import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import { RACY_MARGIN_NS } from '../../stores/cas/baseline';
 import { isManifestUri, PACK_SUFFIX } from '../../stores/cas/manifest';
 import { zstdDecompress } from '../../stores/cas/zstd';
+import { testS3 } from '../helpers/s3';
 import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree } from './cas-helpers';
 
@@ -145,12 +146,7 @@ test('a worker killed in the middle of a pack upload: the retry completes, and n
   const signal = await new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)));
   expect({ signal, output }).toMatchObject({ signal: 'SIGKILL', output: expect.stringContaining('KILLED-IN') });
   const killedKey = /KILLED-IN (\S+)/.exec(output)![1];
-  const s3 = new S3Client({
-    endpoint: process.env.STASIS_S3_ENDPOINT,
-    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-    forcePathStyle: true,
-    credentials: { accessKeyId: process.env.AWS_ACCESS_KEY_ID!, secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY! },
-  });
+  const s3 = testS3();
   const openUploads = async () =>
     (
       (

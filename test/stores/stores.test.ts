@@ -1,9 +1,4 @@
-import {
-  CreateMultipartUploadCommand,
-  ListMultipartUploadsCommand,
-  ListObjectsV2Command,
-  S3Client,
-} from '@aws-sdk/client-s3';
+import { CreateMultipartUploadCommand, ListMultipartUploadsCommand, ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
@@ -18,6 +13,7 @@ import { startS3Proxy } from '../faults/s3-proxy';
 import { FsCheckpointStore } from '../../stores/fs';
 import { createCheckpointStore } from '../../stores/index';
 import { loadConfig } from '../../common/config';
+import { testS3 } from '../helpers/s3';
 import { listTree, s3StoreFromEnv, sha256File, stasisError, tempDir, uniqueId } from '../providers/helpers';
 
 // Both checkpoint stores against the same contract, with real files and a real MinIO.
@@ -31,17 +27,6 @@ function endless(): Readable {
   });
 }
 
-function s3Client(): S3Client {
-  return new S3Client({
-    endpoint: process.env.STASIS_S3_ENDPOINT,
-    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-    forcePathStyle: true,
-    credentials: {
-      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-    },
-  });
-}
 const bucket = () => process.env.STASIS_S3_BUCKET ?? 'stasis';
 
 const stores: {
@@ -63,7 +48,7 @@ const stores: {
     make: async () => ({
       store: s3StoreFromEnv(5 * 1024 * 1024),
       leftovers: async (prefix) => {
-        const client = s3Client();
+        const client = testS3();
         const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
         const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
         return [
@@ -223,7 +208,7 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
 
 describe('a put after a killed put of the same key', () => {
   it('s3: aborts the multipart upload the killed put left open', async () => {
-    const client = s3Client();
+    const client = testS3();
     const key = `checkpoints/${uniqueId('killed')}/1-a.tar.gz`;
     await client.send(new CreateMultipartUploadCommand({ Bucket: bucket(), Key: key }));
     const open = async () =>
@@ -266,7 +251,7 @@ describe('a putBytes failing in the middle of its request', () => {
       });
       await expect(store.putBytes(`${prefix}a.pack`, randomBytes(8 * 1024 * 1024), {})).rejects.toThrow();
       expect(cuts).toBeGreaterThan(0);
-      const client = s3Client();
+      const client = testS3();
       const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
       const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
       expect({ objects: objects.Contents ?? [], uploads: uploads.Uploads ?? [] }).toEqual({ objects: [], uploads: [] });

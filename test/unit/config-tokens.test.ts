@@ -1,18 +1,9 @@
 import fc from 'fast-check';
-import { ConfigError, loadConfig, MIN_SECRET_LENGTH } from '../../common/config';
+import { loadConfig, MIN_SECRET_LENGTH } from '../../common/config';
+import { configProblems as problems } from '../helpers/config';
 
 // STASIS_API_TOKENS (`name:secret[:role],...`): roles, the shortest secret, and
 // errors that never print a secret (they reach terminals, logs and CI output).
-
-function problems(env: NodeJS.ProcessEnv): string[] {
-  try {
-    loadConfig(env);
-  } catch (error) {
-    if (error instanceof ConfigError) return error.problems;
-    throw error;
-  }
-  return [];
-}
 
 /** A secret as people write them: long enough, no separators. */
 const secret = fc.stringMatching(new RegExp(`^[A-Za-z0-9_.~+/=-]{${MIN_SECRET_LENGTH},40}$`));

@@ -4,8 +4,8 @@ import { InteractionResponse, RunSpec } from '../../common/schemas';
 import { describeIssues } from '../../common/errors';
 import { parseInput } from '../../api/validate';
 import { checkRespond } from '../../workflows/lifecycle';
-import { scriptedDriver } from '../../drivers/scripted';
-import { AgentAction, type AgentStepOutput } from '../../drivers/api';
+import { AgentAction } from '../../drivers/api';
+import { walkScripted } from '../helpers/scripted-walk';
 
 // The structured interaction contract: which specs are valid, which answers an
 // interaction accepts, and what the scripted driver does with an edit or a denial.
@@ -144,22 +144,8 @@ test('an edit must change something', () => {
 });
 
 describe('the scripted driver', () => {
-  async function walk(steps: unknown[], results: unknown[]): Promise<AgentStepOutput[]> {
-    const out: AgentStepOutput[] = [];
-    let state: unknown;
-    let lastResult: unknown;
-    for (let i = 0; i < 20; i++) {
-      const step = await scriptedDriver.step({ runId: 'r', agent: { steps }, state, lastResult });
-      out.push(step);
-      if (step.action.type === 'complete' || step.action.type === 'fail') break;
-      state = step.state;
-      lastResult = results[i];
-    }
-    return out;
-  }
-
   test('a denial fails the Run by default (onDeny: fail)', async () => {
-    const out = await walk(
+    const out = await walkScripted(
       [{ ask: 'Drop the table?' }, { exec: 'drop' }],
       [{ interactionId: 'int-1', decision: 'deny' }],
     );
@@ -176,7 +162,7 @@ describe('the scripted driver', () => {
       options: ['a'],
       accepts: ['option', 'edit'],
     };
-    const [first] = await walk([step], []);
+    const [first] = await walkScripted([step], []);
     expect(first.action).toEqual({
       type: 'interaction',
       kind: 'approval',
@@ -203,7 +189,7 @@ describe('the scripted driver', () => {
           ];
           const answer = { interactionId: 'int-1', decision: 'edit', action: { command: edited } };
           const results = [answer, ...(writeBetween ? [{ written: true }] : []), { exitCode: 0 }, { exitCode: 0 }];
-          const jobs = (await walk(steps, results)).map((s) => s.action).filter((a) => a.type === 'job');
+          const jobs = (await walkScripted(steps, results)).map((s) => s.action).filter((a) => a.type === 'job');
           expect(jobs.map((j) => (j as { command: string }).command)).toEqual([edited, 'echo after']);
         },
       ),
@@ -211,12 +197,12 @@ describe('the scripted driver', () => {
   });
 
   test('an edit of an ask that reviewed no command changes no exec step; an approve changes nothing', async () => {
-    const noCommand = await walk(
+    const noCommand = await walkScripted(
       [{ ask: 'Ok?', action: { files: ['a'] } }, { exec: 'original' }],
       [{ decision: 'edit', action: { command: 'other' } }],
     );
     expect(noCommand[1].action).toMatchObject({ type: 'job', command: 'original' });
-    const approved = await walk(
+    const approved = await walkScripted(
       [{ ask: 'Ok?', action: { command: 'original' } }, { exec: 'original' }],
       [{ decision: 'approve' }],
     );

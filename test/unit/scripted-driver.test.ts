@@ -1,22 +1,7 @@
-import { scriptedDriver } from '../../drivers/scripted';
-import type { AgentStepOutput } from '../../drivers/api';
+import { walkScripted } from '../helpers/scripted-walk';
 import { RunSpec } from '../../common/schemas';
 import { computeRunHashes } from '../../common/hashes';
 import { durationMs } from '../../common/duration';
-
-async function walk(steps: unknown[], results: unknown[]): Promise<AgentStepOutput[]> {
-  const out: AgentStepOutput[] = [];
-  let state: unknown;
-  let lastResult: unknown;
-  for (let i = 0; i < 20; i++) {
-    const step = await scriptedDriver.step({ runId: 'r', agent: { steps }, state, lastResult });
-    out.push(step);
-    if (step.action.type === 'complete' || step.action.type === 'fail') break;
-    state = step.state;
-    lastResult = results[i];
-  }
-  return out;
-}
 
 describe('scripted driver', () => {
   test('walks every step kind in order', async () => {
@@ -30,7 +15,7 @@ describe('scripted driver', () => {
       { complete: { ok: true } },
     ];
     const results = [{ written: true }, { decision: 'approve' }, { content: 'hi' }, { jobId: 'j' }, {}, { runId: 'c' }];
-    const actions = (await walk(steps, results)).map((s) => s.action);
+    const actions = (await walkScripted(steps, results)).map((s) => s.action);
     expect(actions.map((a) => a.type)).toEqual([
       'writeFile',
       'interaction',
@@ -52,14 +37,14 @@ describe('scripted driver', () => {
 
   test('a denial fails the Run when onDeny is fail (the default), continues when it is continue', async () => {
     const deny = { decision: 'deny' };
-    const failing = await walk([{ ask: 'x' }, { exec: 'true' }], [deny]);
+    const failing = await walkScripted([{ ask: 'x' }, { exec: 'true' }], [deny]);
     expect(failing.at(-1)?.action).toMatchObject({ type: 'fail', code: 'DENIED' });
-    const going = await walk([{ ask: 'x', onDeny: 'continue' }, { exec: 'true' }], [deny]);
+    const going = await walkScripted([{ ask: 'x', onDeny: 'continue' }, { exec: 'true' }], [deny]);
     expect(going.map((s) => s.action.type)).toEqual(['interaction', 'job', 'complete']);
   });
 
   test('expectFile fails on a mismatch, naming the file', async () => {
-    const out = await walk([{ expectFile: { path: 'f', content: 'a' } }], [{ content: 'b' }]);
+    const out = await walkScripted([{ expectFile: { path: 'f', content: 'a' } }], [{ content: 'b' }]);
     expect(out.at(-1)?.action).toMatchObject({
       type: 'fail',
       code: 'EXPECT_FILE_MISMATCH',
@@ -68,7 +53,7 @@ describe('scripted driver', () => {
   });
 
   test('without a complete step the last result is the output', async () => {
-    const out = await walk([{ exec: 'echo hi' }], [{ exitCode: 0, stdout: 'hi\n' }]);
+    const out = await walkScripted([{ exec: 'echo hi' }], [{ exitCode: 0, stdout: 'hi\n' }]);
     expect(out.at(-1)?.action).toEqual({ type: 'complete', output: { exitCode: 0, stdout: 'hi\n' } });
   });
 });

@@ -3,20 +3,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { ProviderRegistry } from '../../providers/registry';
 import type { CheckpointStore } from '../../stores/api';
 import { startMaintenance } from '../../workers/maintenance';
-import { startStack, type TestStack } from '../helpers/stack';
+import { useStack, startStack } from '../helpers/stack';
 import { tempDir } from '../providers/helpers';
 
 // A worker's run() reconciles its host before its pollers start. A shutdown asked for in that
 // window found both Temporal workers not yet RUNNING, skipped them, and they then polled forever:
 // the shutdown never resolved (test/runs/expiry.test.ts hung on it under load).
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ startWorker: false });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ startWorker: false }));
 
 test('a worker asked to stop right after it starts, while it still reconciles its host, stops', async () => {
   const worker = await stack.startWorker('host-quick');

@@ -1,16 +1,10 @@
 import { ConfigError, loadConfig } from '../../common/config';
-import { startStack, eventually, type TestStack } from '../helpers/stack';
+import { useStack, startStack, eventually } from '../helpers/stack';
 
 // A waiting Run needs no cache slot: the worker keeps at most STASIS_MAX_CACHED_WORKFLOWS Runs, and a
 // Run evicted while it waits replays its history when answered and goes on where it stopped.
 
-let stack: TestStack;
-beforeAll(async () => {
-  stack = await startStack({ env: { STASIS_MAX_CACHED_WORKFLOWS: '2' } });
-});
-afterAll(async () => {
-  await stack?.stop();
-});
+const stack = useStack(() => startStack({ env: { STASIS_MAX_CACHED_WORKFLOWS: '2' } }));
 
 const spec = (n: number) => ({
   agent: {
