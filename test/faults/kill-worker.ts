@@ -9,7 +9,8 @@
 //   KILL_LOG      a JSON-lines file of what the provider did (releases, with duplicate or not; restores)
 //   KILL_PROVIDER `local` (default) or `bwrap`: whose sandboxes the provider makes
 // The provider is the real `local` (or `bwrap`) provider under the name `killable`, the store
-// the real S3 store; at a planned point a call stops (keeping its activity alive
+// the real S3 store, behind a fault proxy in this process (which cuts a planned pack's
+// PutObject mid-body); at a planned point a call stops (keeping its activity alive
 // with heartbeats) until the test kills this process. A point is stopped at once:
 // after a restart the marker exists and the call goes through.
 import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
