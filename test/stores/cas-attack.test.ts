@@ -150,6 +150,15 @@ async function listTree(root: string): Promise<string[]> {
   return out;
 }
 
+/** Nothing restored into `dir` carries setuid or setgid. */
+async function expectNoSetIds(dir: string): Promise<void> {
+  for (const line of await listTree(dir)) {
+    const relative = line.slice(0, -2);
+    const stat = await fs.lstat(path.join(dir, relative));
+    if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
+  }
+}
+
 describe('crafted manifests', () => {
   test('setuid and setgid bits in a manifest never reach the restored files or directories', async () => {
     const checkpoint = await craft(store, [
@@ -339,12 +348,7 @@ describe('crafted manifests', () => {
           // Nothing beside the restore changed (its temporary files are gone too), nothing in the victim.
           expect(await fs.readdir(victim)).toEqual([]);
           expect((await fs.readdir(outer)).sort()).toEqual(['restore', 'victim']);
-          // Nothing restored carries setuid or setgid.
-          for (const line of await listTree(dir)) {
-            const relative = line.slice(0, -2);
-            const stat = await fs.lstat(path.join(dir, relative));
-            if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
-          }
+          await expectNoSetIds(dir);
           await fs.chmod(dir, 0o700);
           await fs.rm(outer, { recursive: true, force: true });
         },
@@ -460,11 +464,7 @@ describe('manifests from the wire', () => {
             if (!(err instanceof StasisError) || err.code !== 'CHECKPOINT_INVALID') throw err;
           }
           expect((await fs.readdir(outer)).sort()).toEqual(['restore']);
-          for (const line of await listTree(dir)) {
-            const relative = line.slice(0, -2);
-            const stat = await fs.lstat(path.join(dir, relative));
-            if (!stat.isSymbolicLink()) expect({ relative, suid: stat.mode & 0o6000 }).toEqual({ relative, suid: 0 });
-          }
+          await expectNoSetIds(dir);
           await fs.chmod(dir, 0o700);
           await fs.rm(outer, { recursive: true, force: true });
           await fsStore.delete(checkpoint.uri);
