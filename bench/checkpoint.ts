@@ -131,6 +131,7 @@ function countingStore(store: CheckpointStore): { store: CheckpointStore; sent: 
     },
     download: (c, file, signal) => store.download(c, file, signal),
     delete: (uri) => store.delete(uri),
+    uriOf: (key) => store.uriOf(key),
     exists: (uri) => store.exists(uri),
     deletePrefix: (prefix) => store.deletePrefix(prefix),
     read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),

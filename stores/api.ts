@@ -13,12 +13,17 @@ export interface CheckpointStore {
   /**
    * Stores `bytes` (at most MAX_PUT_BYTES of stores/keys.ts, else INVALID_ARGUMENT) under `key` in one request; returns
    * its uri, sha-256 and size. For the objects already in memory (checkpoint packs, manifest segments
-   * and top objects): no multipart upload, so a failed or cancelled call leaves nothing under the key.
+   * and top objects). One request (a rename on fs), so the key holds what it held before or the whole
+   * of `bytes`, never a part. A failed or cancelled call never removes what is under the key: a pack or
+   * segment is named by its content, so the same name may be one an earlier checkpoint needs; one a
+   * failed call stored anyway is whole, and GC collects it when no manifest names it.
    */
   putBytes(key: string, bytes: Buffer, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint>;
   /** Downloads into `file`, verifying the sha-256 and size recorded in `checkpoint`. */
   download(checkpoint: Checkpoint, file: string, signal?: AbortSignal): Promise<{ labels: Record<string, string> }>;
   delete(uri: string): Promise<void>;
+  /** The uri an object stored under `key` has (what put and putBytes return as `uri`). */
+  uriOf(key: string): string;
   exists(uri: string): Promise<boolean>;
   /**
    * Deletes every checkpoint under `prefix` (`checkpoints/<name>/`, a sandbox's

@@ -82,8 +82,7 @@ export class FsCheckpointStore implements CheckpointStore {
       signal?.throwIfAborted();
       return checkpoint;
     } catch (err) {
-      await fs.rm(file, { force: true });
-      await fs.rm(sidecarOf(file), { force: true }).catch(() => undefined); // the original error says more
+      // Nothing is removed: the key may name bytes an earlier checkpoint needs (see CheckpointStore.putBytes).
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
     }
   }
@@ -106,6 +105,10 @@ export class FsCheckpointStore implements CheckpointStore {
       throw err;
     }
     return { labels: sidecar.labels };
+  }
+
+  uriOf(key: string): string {
+    return pathToFileURL(path.join(this.dir, checkKey(key))).href;
   }
 
   async delete(uri: string): Promise<void> {

@@ -145,10 +145,9 @@ export class S3CheckpointStore implements CheckpointStore {
         signal ? { abortSignal: signal } : {},
       );
       if (signal?.aborted) throw abortReason(signal, 'checkpoint upload');
-      return { uri: `s3://${this.options.bucket}/${key}`, sha256, bytes: bytes.length };
+      return { uri: this.uriOf(key), sha256, bytes: bytes.length };
     } catch (err) {
-      // The put may have completed although its answer was lost or it was cancelled just then: leave nothing under the key.
-      await this.client.send(new DeleteObjectCommand({ Bucket: this.options.bucket, Key: key })).catch(() => undefined);
+      // Nothing is deleted: the key may name bytes an earlier checkpoint needs (see CheckpointStore.putBytes).
       throw signal?.aborted ? abortReason(signal, 'checkpoint upload') : err;
     }
   }
@@ -175,6 +174,10 @@ export class S3CheckpointStore implements CheckpointStore {
         throw new StasisError('NOT_FOUND', `checkpoint ${checkpoint.uri} does not exist in the store`);
       throw err;
     }
+  }
+
+  uriOf(key: string): string {
+    return `s3://${this.options.bucket}/${checkKey(key)}`;
   }
 
   async delete(uri: string): Promise<void> {

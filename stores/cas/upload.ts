@@ -199,10 +199,18 @@ async function storeManifest(
   stats.topBytes = body.length;
   const key = `${input.prefix}${input.name}${MANIFEST_SUFFIX}`;
   // Streamed only past what one request takes (a workspace of terabytes): put ends what a killed attempt left open.
-  const checkpoint =
-    body.length <= MAX_PUT_BYTES
-      ? await input.store.putBytes(key, body, input.labels, signal)
-      : await input.store.put(key, Readable.from([body]), input.labels, signal);
+  let checkpoint: Checkpoint;
+  try {
+    checkpoint =
+      body.length <= MAX_PUT_BYTES
+        ? await input.store.putBytes(key, body, input.labels, signal)
+        : await input.store.put(key, Readable.from([body]), input.labels, signal);
+  } catch (err) {
+    // The top object is this release's alone (its key is fixed per release request), unlike packs and
+    // segments: one stored although its answer was lost or cancelled is a checkpoint nobody records.
+    await input.store.delete(input.store.uriOf(key)).catch(() => undefined);
+    throw err;
+  }
   return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
 }
 

@@ -11,6 +11,7 @@ export function passThrough(inner: CheckpointStore): CheckpointStore {
     putBytes: (key, bytes, labels, signal) => inner.putBytes(key, bytes, labels, signal),
     download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
     delete: (uri) => inner.delete(uri),
+    uriOf: (key) => inner.uriOf(key),
     exists: (uri) => inner.exists(uri),
     deletePrefix: (prefix) => inner.deletePrefix(prefix),
     list: (prefix) => inner.list(prefix),

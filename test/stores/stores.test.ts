@@ -4,7 +4,6 @@ import { createReadStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
-import { pathToFileURL } from 'node:url';
 import fc from 'fast-check';
 import type { CheckpointStore } from '../../stores/api';
 import { MAX_PUT_BYTES } from '../../stores/keys';
@@ -160,6 +159,7 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
           // Written again under the same key (a retried attempt): the new bytes replace the old.
           const again = await store.putBytes(key, Buffer.concat([bytes, Buffer.from('!')]), {});
           expect(again.bytes).toBe(bytes.length + 1);
+          expect(store.uriOf(key)).toBe(stored.uri);
           await store.delete(stored.uri);
         },
       ),
@@ -168,7 +168,7 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     await store.deletePrefix(prefix);
   });
 
-  it('putBytes leaves nothing under the key when cancelled before or during its request, or too large', async () => {
+  it('putBytes cancelled before or during its request leaves nothing or the whole object, and refuses too large', async () => {
     const { store, leftovers } = await make();
     const prefix = `checkpoints/${uniqueId('bytes-cancel')}/`;
     const before = new AbortController();
@@ -178,10 +178,11 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     );
     let cancelled = 0;
     for (const wait of [0, 1, 5, 20]) {
+      const key = `${prefix}b${wait}.pack`;
+      const bytes = randomBytes(8 * 1024 * 1024);
       const during = new AbortController();
-      const putting = store.putBytes(`${prefix}b${wait}.pack`, randomBytes(8 * 1024 * 1024), {}, during.signal);
+      const putting = store.putBytes(key, bytes, {}, during.signal);
       setTimeout(() => during.abort(new Error('cancelled during')), wait);
-      // A put that finished before the cancel stands (and is removed here); one cancelled leaves nothing.
       const outcome = await putting.then(
         (stored) => stored,
         (err: unknown) => err as Error,
@@ -189,7 +190,11 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
       if (outcome instanceof Error) {
         expect(outcome.message).toBe('cancelled during');
         cancelled += 1;
-      } else await store.delete(outcome.uri);
+      }
+      // One request: the key holds nothing or all of the bytes, never a part (GC collects an unnamed one).
+      if (await store.exists(store.uriOf(key)))
+        expect((await store.read(store.uriOf(key), bytes.length)).equals(bytes)).toBe(true);
+      await store.delete(store.uriOf(key));
     }
     expect(cancelled).toBeGreaterThan(0);
     const tooLarge = Buffer.alloc(MAX_PUT_BYTES + 1);
@@ -197,6 +202,24 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     expect(err.message).toContain(`more than the ${MAX_PUT_BYTES}`);
     await stasisError(store.putBytes('checkpoints/../x', Buffer.from('x'), {}), 'INVALID_ARGUMENT');
     expect(await leftovers(prefix)).toEqual([]);
+  });
+
+  it('a failed or cancelled putBytes of bytes already stored under their name keeps them (an earlier checkpoint names them)', async () => {
+    const { store } = await make();
+    const work = await tempDir('store-bytes-keep');
+    const key = `checkpoints/${uniqueId('bytes-keep')}/packs/${'a'.repeat(64)}.pack`;
+    const bytes = randomBytes(8 * 1024 * 1024);
+    const earlier = await store.putBytes(key, bytes, {});
+    for (const wait of [0, 1, 5, 20]) {
+      const during = new AbortController();
+      const putting = store.putBytes(key, bytes, {}, during.signal);
+      setTimeout(() => during.abort(new Error('cancelled during')), wait);
+      await putting.catch(() => undefined);
+      // The earlier checkpoint's pack is still there, whole and verified.
+      await store.download(earlier, path.join(work, `copy-${wait}`));
+      expect(await sha256File(path.join(work, `copy-${wait}`))).toBe(earlier.sha256);
+    }
+    await store.delete(earlier.uri);
   });
 
   it('refuses keys outside checkpoints/', async () => {
@@ -260,17 +283,17 @@ describe('a putBytes failing in the middle of its request', () => {
     }
   });
 
-  it('fs: a write failing after the bytes are in place (its labels file cannot be written) leaves no object', async () => {
+  it('fs: a write failing after the bytes are in place (its labels file cannot be written) leaves the whole bytes, no temporary file', async () => {
     const dir = await tempDir('fs-bytes-fail');
     const store = new FsCheckpointStore(dir);
     const key = `checkpoints/${uniqueId('bytes-fail')}/a.pack`;
+    const bytes = randomBytes(4096);
     // A directory where the labels file goes: renaming the written labels file onto it fails.
     await fs.mkdir(path.join(dir, `${key}.labels.json`), { recursive: true });
-    await expect(store.putBytes(key, randomBytes(4096), {})).rejects.toThrow();
-    expect(await store.exists(pathToFileURL(path.join(dir, key)).href)).toBe(false);
-    expect((await listTree(dir)).filter((p) => p.startsWith(`${key}`) && !p.startsWith(`${key}.labels.json`))).toEqual(
-      [],
-    );
+    await expect(store.putBytes(key, bytes, {})).rejects.toThrow();
+    // Nothing removed (the name may be one an earlier checkpoint needs); what is there is whole.
+    expect((await fs.readFile(path.join(dir, key))).equals(bytes)).toBe(true);
+    expect((await listTree(dir)).filter((p) => p.includes('.tmp-'))).toEqual([]);
   });
 });
 
