@@ -1,7 +1,6 @@
 import fc from 'fast-check';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
-import type { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { CheckpointStore } from '../../stores/api';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
@@ -9,6 +8,7 @@ import { CHUNK_SIZES, cutPoints, GEAR_SCAN_WASM, gearTable, wasmCutPoints } from
 import { chunkHash, cutAndHash } from '../../stores/cas/hasher';
 import { MANIFEST_SUFFIX, PACK_SUFFIX } from '../../stores/cas/manifest';
 import { takeCheckpoint } from '../../stores/cas/upload';
+import { passThrough } from '../helpers/store-wrap';
 import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree, NAMES, newSandboxRoot, restoreFresh } from './cas-helpers';
 
@@ -22,9 +22,7 @@ const store = s3StoreFromEnv(5 * 1024 * 1024);
 function faultyStore(delays: number[], failAt: number | undefined): { store: CheckpointStore; packPuts: () => number } {
   let packPuts = 0;
   const wrapped: CheckpointStore = {
-    kind: store.kind,
-    put: (key: string, body: Readable, labels: Record<string, string>, signal?: AbortSignal) =>
-      store.put(key, body, labels, signal),
+    ...passThrough(store),
     async putBytes(key: string, bytes: Buffer, labels: Record<string, string>, signal?: AbortSignal) {
       if (!key.endsWith(PACK_SUFFIX)) return store.putBytes(key, bytes, labels, signal);
       const n = packPuts++;
@@ -39,13 +37,6 @@ function faultyStore(delays: number[], failAt: number | undefined): { store: Che
       }
       return store.putBytes(key, bytes, labels, signal);
     },
-    download: (c, file, signal) => store.download(c, file, signal),
-    delete: (uri) => store.delete(uri),
-    uriOf: (key) => store.uriOf(key),
-    exists: (uri) => store.exists(uri),
-    deletePrefix: (prefix) => store.deletePrefix(prefix),
-    read: (uri, maxBytes, signal) => store.read(uri, maxBytes, signal),
-    list: (prefix) => store.list(prefix),
   };
   return { store: wrapped, packPuts: () => packPuts };
 }
