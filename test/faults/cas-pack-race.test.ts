@@ -2,11 +2,10 @@ import { spawn } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { CHECKPOINT_DIRS, DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
-import { restoreCheckpoint } from '../../stores/cas/restore';
 import { takeCheckpoint } from '../../stores/cas/upload';
 import { FsCheckpointStore } from '../../stores/fs';
 import { swapLoop, swapping, tempDir, uniqueId } from '../providers/helpers';
-import { listNoFollow } from '../stores/cas-helpers';
+import { listNoFollow, restoreFresh } from '../stores/cas-helpers';
 import { Tally, writeSummary } from './helpers';
 
 // Area cas-pack-race: while content-addressed checkpoints are taken, a process of
@@ -83,15 +82,7 @@ test(`a directory swapped with a host link and a file with a FIFO during ${TRIAL
           limits: DEFAULT_ARCHIVE_LIMITS,
           progress: { bytes: 0 },
         });
-        const target = await tempDir('cas-pack-race-restore');
-        await restoreCheckpoint({
-          store,
-          checkpoint: taken.checkpoint,
-          targetDir: target,
-          tempPrefix: `${target}.tmp`,
-          limits: DEFAULT_ARCHIVE_LIMITS,
-          progress: { bytes: 0 },
-        });
+        const { target } = await restoreFresh(store, taken.checkpoint);
         files = await restoredFiles(target);
         await fs.rm(target, { recursive: true, force: true });
       } catch {
