@@ -394,7 +394,11 @@ export class RunsApi {
     }
   }
 
-  /** Brings back a manually suspended Run's sandbox (restoring it on any host if its own is gone). */
+  /**
+   * Brings back a manually suspended or held Run's sandbox (restoring it on any host if its own is gone).
+   * Resolves once the resume is taken: the sandbox is back (`ACTIVE`), or, when the agent takes its next
+   * step first, comes back with that step's action (`RESUMING` until then).
+   */
   async resume(runId: string): Promise<RunSnapshot> {
     try {
       return await sendUpdate((updateId) => this.handle(runId).executeUpdate(resumeRunUpdate, { updateId }));

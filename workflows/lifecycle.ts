@@ -369,6 +369,11 @@ export interface RunFacts extends RunState {
   /** Retention ran out: the Run is being (or has been) expired. */
   expiring: boolean;
   runningJobs: number;
+  /**
+   * The Run is RESUMING only because its sandbox comes back with its next action (a deferred
+   * resume): the agent is taking its step, as when ACTIVE.
+   */
+  resumeDeferred?: boolean;
 }
 
 export type RunOp = 'suspend' | 'resume' | 'cancel' | 'continueAsNew';
@@ -380,21 +385,23 @@ const STALE_RUN: Rejection = {
 
 /**
  * Admission of the Run's operations (answers have checkRespond): a suspend only of a
- * RUNNING, active Run, a resume only of a manual or held suspension (an interaction is
+ * RUNNING, active Run (or one whose resume waits for its next action), a resume only of a manual or held suspension (an interaction is
  * resumed by its answer), a cancel of any live Run, continue-as-new only between steps.
  */
 export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
   if (facts.expiring || facts.status === 'EXPIRED') return STALE_RUN;
   if (isTerminalRunStatus(facts.status)) return { code: 'INVALID_STATE_TRANSITION', message: `run is ${facts.status}` };
   switch (op) {
-    case 'suspend':
-      if (facts.status !== 'RUNNING' || facts.phase !== 'ACTIVE' || facts.suspendRequested) {
+    case 'suspend': {
+      const stepping = facts.phase === 'ACTIVE' || (facts.phase === 'RESUMING' && facts.resumeDeferred === true);
+      if (facts.status !== 'RUNNING' || !stepping || facts.suspendRequested) {
         return {
           code: 'INVALID_STATE_TRANSITION',
           message: `run: cannot suspend while ${facts.status}/${facts.phase}`,
         };
       }
       return undefined;
+    }
     case 'resume': {
       const reason = facts.suspensionReason;
       if (facts.phase !== 'SUSPENDED' || (reason !== 'MANUAL' && reason !== 'POLICY_HOLD')) {

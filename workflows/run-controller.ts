@@ -72,6 +72,12 @@ export const PATCH_EXPIRY_DESTROYS = 'stasis-run-expiry-destroys';
  * suspension until it fires, instead of a timer started and cancelled per suspension.
  */
 export const PATCH_LEAN_CYCLE = 'stasis-run-lean-cycle';
+/**
+ * The `resume` Update answers once the resume is taken (the sandbox is back, or comes back with the
+ * next action), not once the Run is ACTIVE: a deferred resume followed by an ask or a hold is ACTIVE
+ * only within one workflow task, so the Update waited forever.
+ */
+export const PATCH_RESUME_TAKEN = 'stasis-run-resume-taken';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -94,7 +100,7 @@ export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
  * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
  * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
  */
-const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE];
+const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE, PATCH_RESUME_TAKEN];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -143,6 +149,11 @@ export class RunController {
    * (one activity), or before any other action (run-suspension.ts, PATCH_LEAN_CYCLE).
    */
   pendingResume?: { checkpointHashes: Hashes; start: ResumeStart };
+  /**
+   * Resumes taken: the sandbox came back, or its resume was deferred to the next action. The `resume`
+   * Update answers once this counts past what it saw (PATCH_RESUME_TAKEN).
+   */
+  resumesTaken = 0;
   /** Whether this Run's agent steps are local activities (resolved within the workflow task that asks). */
   readonly localSteps: boolean;
   /** Visibility changes wait for the local step under way (publishHeld), so its workflow task upserts once. */
@@ -215,6 +226,7 @@ export class RunController {
         ...(this.run.suspension ? { suspensionReason: this.run.suspension.reason } : {}),
         expiring: this.expiring,
         runningJobs: this.run.jobs.filter((j) => j.status === 'running').length,
+        resumeDeferred: this.pendingResume !== undefined,
       },
       op,
     );

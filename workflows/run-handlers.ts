@@ -17,7 +17,7 @@ import {
 } from './definitions';
 import { checkArity, checkRespond } from './lifecycle';
 import { refuse } from './failures';
-import type { RunController } from './run-controller';
+import { PATCH_RESUME_TAKEN, type RunController } from './run-controller';
 import { setExternalHandlers } from './run-external';
 import { isTerminal, pendingInteractions, toResourceView, toSnapshot } from './run-state';
 import { notify } from './run-webhooks';
@@ -75,7 +75,10 @@ export function setRunHandlers(c: RunController): void {
       def,
       async () => {
         c.resumeRequested = true;
-        await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
+        if (c.patched(PATCH_RESUME_TAKEN)) {
+          const taken = c.resumesTaken;
+          await condition(() => c.resumesTaken > taken || isTerminal(run.status));
+        } else await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
         return toSnapshot(run);
       },
       {

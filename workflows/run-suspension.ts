@@ -80,6 +80,7 @@ export async function suspendAndWait(
   if (fusable && canDeferResume(c, checkpointHashes)) {
     // Begun now (fence raised, RESTORING: published with the answer); the sandbox comes back with the next action.
     c.pendingResume = { checkpointHashes, start: await c.sandbox.beginResume() };
+    c.resumesTaken += 1;
     return;
   }
   settleResume(c, await c.sandbox.resume(), checkpointHashes);
@@ -190,6 +191,7 @@ function settleResume(c: RunController, restored: RestoreResult | undefined, che
     });
   }
   c.transition('resumed');
+  c.resumesTaken += 1;
 }
 
 /** Retention expiry: compute released if it was not, checkpoint deleted, interactions expired. */

@@ -27,13 +27,37 @@ const quietThenHold: AgentDriver = {
   },
 };
 
+/** Opens the gate the `gated` driver's fifth step waits at. */
+let openGate: () => void = () => undefined;
+const gate = new Promise<void>((resolve) => (openGate = resolve));
+
+/**
+ * Holds; after its resume asks; holds again; after that resume thinks until the test opens the
+ * gate, then writes a file and completes. Both resumes are deferred to the next action.
+ */
+const gated: AgentDriver = {
+  name: 'gated',
+  async step({ state }) {
+    const step = (state as number | undefined) ?? 0;
+    const next = (action: AgentAction) => ({ action, state: step + 1 });
+    if (step === 0) return next({ type: 'writeFile', path: 'a.txt', content: 'a' });
+    if (step === 1 || step === 3) return next({ type: 'hold', reason: `hold ${step}` });
+    if (step === 2) return next({ type: 'interaction', kind: 'approval', prompt: 'go on?' });
+    if (step === 4) {
+      await gate;
+      return next({ type: 'writeFile', path: 'b.txt', content: 'b' });
+    }
+    return next({ type: 'complete', output: 'done' });
+  },
+};
+
 /** The local provider without a snapshot: an isolated workspace cannot be released, so it is RETAINED. */
 const noSnapshot = (deps: ProviderDeps): SandboxProvider => {
   const local = createLocalProvider(deps, { name: 'nosnap' });
   return { ...local, capabilities: { ...local.capabilities, pauseModes: ['DETACH'] } };
 };
 
-const stack = useStack(() => startStack({ worker: { drivers: [quietThenHold], providers: [noSnapshot] } }));
+const stack = useStack(() => startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot] } }));
 
 const provider = (name = 'local') => stack.workers.get('host-a')!.registry.get(name);
 
@@ -56,6 +80,41 @@ test('an idle-frozen sandbox that comes back by attach (DETACH hold) is thawed b
     exitCode: 0,
     stdout: 'after\n',
   });
+});
+
+test('a resume answers once taken, also when the sandbox comes back only with the next action; a suspend is taken while it does', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'gated' },
+    sandbox: { provider: 'local' },
+    policy: { pauseMode: 'DETACH' },
+  });
+  const view = async () => saw(await stack.client.runs.resource(runId));
+  const held = async () => {
+    const v = await view();
+    return v.phase === 'SUSPENDED' && v.suspension?.reason === 'POLICY_HOLD' && v.record.state === 'RELEASED';
+  };
+  const within = <T>(op: Promise<T>, what: string) =>
+    Promise.race([
+      op,
+      new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} not answered in 60 s`)), 60_000)),
+    ]);
+  await eventually(held, 30_000, 'first hold');
+  // The next action is an ask: the sandbox comes back and goes again within one workflow task.
+  await within(stack.client.runs.resume(runId), 'resume into an ask');
+  await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'WAITING', 30_000, 'asked');
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await eventually(held, 30_000, 'second hold');
+  // The next action waits for the agent: the Run is RESUMING while it thinks.
+  expect(await within(stack.client.runs.resume(runId), 'resume into a step')).toMatchObject({ status: 'RUNNING' });
+  expect((await view()).phase).toBe('RESUMING');
+  await expect(stack.client.runs.resume(runId)).rejects.toMatchObject({ code: 'INVALID_STATE_TRANSITION' });
+  // A suspend is taken after the agent's step, as when ACTIVE: the file is written, then the Run suspends.
+  const suspended = within(stack.client.runs.suspend(runId), 'suspend while resuming');
+  openGate();
+  await suspended;
+  expect(await view()).toMatchObject({ phase: 'SUSPENDED', suspension: { reason: 'MANUAL' } });
+  await within(stack.client.runs.resume(runId), 'resume into completion');
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
 });
 
 test('a failed or cancelled Run keeps a RETAINED isolated workspace (no snapshot, so never destroyed)', async () => {

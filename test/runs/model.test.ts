@@ -49,6 +49,11 @@ interface Model {
   state: Stable;
   /** Interactions asked so far (the pending one, when waiting, is int-<asked>). */
   asked: number;
+  /**
+   * Thinking after a resume: the sandbox comes back with the agent's next action, so the Run is
+   * RESUMING while the agent thinks (a deferred resume), and a suspend is still taken.
+   */
+  deferred?: boolean;
 }
 interface Real {
   runId: string;
@@ -75,7 +80,10 @@ async function reached(model: Model, runId: string): Promise<void> {
       switch (model.state) {
         case 'thinking':
           return (
-            thinking.has(runId) && snapshot.status === 'RUNNING' && view.phase === 'ACTIVE' && pending.length === 0
+            thinking.has(runId) &&
+            snapshot.status === 'RUNNING' &&
+            view.phase === (model.deferred ? 'RESUMING' : 'ACTIVE') &&
+            pending.length === 0
           );
         case 'manual':
         case 'held':
@@ -101,9 +109,28 @@ async function reached(model: Model, runId: string): Promise<void> {
     expect(['RUNNING', 'WAITING']).toContain((await stack.client.runs.get(`${runId}.child`)).status);
 }
 
+/**
+ * An accepted operation's answer: every Update the test sends answers within two minutes (a Run that
+ * never answers one fails here, naming it, instead of hanging the suite).
+ */
+async function answered<T>(op: Promise<T>, what: string, model: Model): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`${what} not answered in 120 s (model ${JSON.stringify(model)})`)),
+      120_000,
+    );
+  });
+  try {
+    return await Promise.race([op, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** A refused operation: one of the documented refusals, and the Run stays where it was. */
 async function refused(model: Model, real: Real, op: Promise<unknown>, codes: string[]): Promise<void> {
-  const err = (await op.then(
+  const err = (await answered(op, 'refused operation', model).then(
     (value) => ({ accepted: value }),
     (e: unknown) => e,
   )) as { code?: string; httpStatus?: number; accepted?: RunSnapshot };
@@ -122,7 +149,7 @@ class Answer implements fc.AsyncCommand<Model, Real> {
       const codes = model.asked === 0 ? ['NOT_FOUND'] : ['ALREADY_ANSWERED'];
       return refused(model, real, op, model.state === 'cancelled' ? [...codes, 'INVALID_STATE_TRANSITION'] : codes);
     }
-    await op;
+    await answered(op, 'answer', model);
     model.state = 'held';
     await reached(model, real.runId);
   }
@@ -137,8 +164,9 @@ class Suspend implements fc.AsyncCommand<Model, Real> {
     // Taken up between steps: the agent's current step ends first.
     thinking.get(real.runId)?.();
     thinking.delete(real.runId);
-    await op;
+    await answered(op, 'suspend', model);
     model.state = 'manual';
+    model.deferred = false;
     await reached(model, real.runId);
   }
   toString = () => 'suspend';
@@ -150,11 +178,15 @@ class Resume implements fc.AsyncCommand<Model, Real> {
     const op = stack.client.runs.resume(real.runId);
     if (model.state !== 'manual' && model.state !== 'held')
       return refused(model, real, op, ['INVALID_STATE_TRANSITION']);
-    await op;
+    // Answered once the resume is taken: the sandbox comes back with the agent's next action.
+    await answered(op, 'resume', model);
     if (model.state === 'manual') {
       model.asked += 1;
       model.state = 'waiting';
-    } else model.state = 'thinking';
+    } else {
+      model.state = 'thinking';
+      model.deferred = true;
+    }
     await reached(model, real.runId);
   }
   toString = () => 'resume';
@@ -165,10 +197,11 @@ class Cancel implements fc.AsyncCommand<Model, Real> {
   async run(model: Model, real: Real) {
     const op = stack.client.runs.cancel(real.runId);
     if (model.state === 'cancelled') return refused(model, real, op, ['INVALID_STATE_TRANSITION']);
-    await op;
+    await answered(op, 'cancel', model);
     thinking.get(real.runId)?.();
     thinking.delete(real.runId);
     model.state = 'cancelled';
+    model.deferred = false;
     await reached(model, real.runId);
     // A cancelled parent cancels its child; its compute is released, nothing is left half-way.
     await eventually(
@@ -188,6 +221,7 @@ class StopThinking implements fc.AsyncCommand<Model, Real> {
     thinking.delete(real.runId);
     model.asked += 1;
     model.state = 'waiting';
+    model.deferred = false;
     await reached(model, real.runId);
   }
   toString = () => 'stop thinking';
