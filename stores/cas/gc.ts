@@ -4,8 +4,9 @@ import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../index';
 import { checkPrefix } from '../keys';
 import {
+  decodeTopObject,
   invalid,
-  MANIFEST_SUFFIX,
+  isManifestUri,
   MAX_MANIFEST_JSON_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
@@ -13,7 +14,6 @@ import {
   SEGMENT_SUFFIX,
   segmentsPrefixOf,
 } from './manifest';
-import { zstdDecompress } from './zstd';
 
 // Garbage collection of one sandbox's packs and manifest segments, mark and sweep:
 // every manifest (top object) in the prefix is live and keeps the packs and segments
@@ -54,7 +54,7 @@ export async function collectGarbage(
   const live = new Set<string>();
   let manifests = 0;
   for (const object of objects) {
-    if (!object.key.endsWith(MANIFEST_SUFFIX)) continue;
+    if (!isManifestUri(object.key)) continue;
     options.signal?.throwIfAborted();
     let data: Buffer;
     try {
@@ -63,7 +63,7 @@ export async function collectGarbage(
       if (err instanceof StasisError && err.code === 'NOT_FOUND') continue; // deleted meanwhile: not live
       throw err;
     }
-    const json = await zstdDecompress(data, -1, `manifest ${object.uri}`, MAX_MANIFEST_JSON_BYTES);
+    const json = await decodeTopObject(data, object.uri, MAX_MANIFEST_JSON_BYTES);
     const parsed = Named.safeParse(safeJson(json));
     if (!parsed.success) throw invalid(object.uri, 'is not a readable manifest: garbage collection stops here');
     for (const pack of parsed.data.packs) live.add(pack.uri);

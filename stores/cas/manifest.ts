@@ -14,16 +14,22 @@ import { zstdCompress, zstdDecompress } from './zstd';
 // The manifest of a content-addressed checkpoint: every entry of the sandbox's
 // checkpoint directories in walk order, the chunks its files are made of, and
 // where each chunk lives (pack, offset, length in the pack's decompressed bytes).
-// The checkpoint's own object is `checkpoints/<sandboxId>/<fence>-<key>.manifest.zst`
-// (zstd JSON). `stasis-cas-1` holds everything in it, so each checkpoint re-sent
+// The checkpoint's own object is `checkpoints/<sandboxId>/<fence>-<key>.manifest.gz`
+// (gzip JSON; `.manifest.zst`, zstd JSON, as earlier versions wrote it, still reads).
+// `stasis-cas-1` holds everything in it, so each checkpoint re-sent
 // every entry; `stasis-cas-2` (written now) splits the entries into segments
 // (`segments/<sha-256>.seg`, raw deflate JSON) cut by path hash, stored once and
 // shared by every checkpoint that has the same segment, and the object itself
 // (the top) only names its segments and packs: an unchanged re-suspend writes the
 // top alone. Either names every object it needs, so it restores on its own.
 
-/** The ending that tells a content-addressed checkpoint from a tar.gz one. */
-export const MANIFEST_SUFFIX = '.manifest.zst';
+/**
+ * The ending of a content-addressed checkpoint's own object (its top object) as written now: gzip, in
+ * this process (a zstd command per top object cost a spawn, ~30 ms, each suspend and each read).
+ */
+export const MANIFEST_SUFFIX = '.manifest.gz';
+/** The ending earlier versions wrote (zstd through the command): still read, never written. */
+export const ZSTD_MANIFEST_SUFFIX = '.manifest.zst';
 /** Packs live under the sandbox's prefix, named by the sha-256 of their bytes. */
 export const PACKS_DIR = 'packs/';
 export const PACK_SUFFIX = '.pack';
@@ -51,9 +57,14 @@ export const ManifestEntry = z.object({
   /** permission bits */
   m: z.number().int().nonnegative(),
   s: z.number().int().nonnegative(),
-  /** mtime and ctime in nanoseconds, as decimal strings */
+  /** mtime in nanoseconds, as a decimal string; written to the microsecond (storedMtime), as a restore sets it */
   mt: Ns,
-  ct: Ns,
+  /**
+   * ctime in nanoseconds: earlier versions wrote it, read and ignored now. A ctime is a fact of the host
+   * (a restore elsewhere gives every file a new one), so it lives only in the local baseline: in a
+   * segment it made every segment new after a restore on another host.
+   */
+  ct: Ns.optional(),
   /** a symlink's target, verbatim; a hardlink's first path */
   l: z.string().optional(),
   /** a file's chunk hashes, in order */
@@ -129,8 +140,7 @@ export function isManifestEntry(value: unknown): value is ManifestEntry {
     isCount(e.s) &&
     typeof e.mt === 'string' &&
     NS.test(e.mt) &&
-    typeof e.ct === 'string' &&
-    NS.test(e.ct) &&
+    (e.ct === undefined || (typeof e.ct === 'string' && NS.test(e.ct))) &&
     (e.l === undefined || typeof e.l === 'string') &&
     (e.c === undefined || (Array.isArray(e.c) && e.c.every((h) => typeof h === 'string' && SHA256.test(h))))
   );
@@ -163,15 +173,29 @@ export function admitEntry(checker: CheckpointChecker, entry: ManifestEntry): Ch
   });
 }
 
-/** `stasis-cas-1` bytes of a manifest (what earlier versions wrote; tests craft old checkpoints with it). */
+/**
+ * An mtime as entries hold it: to the microsecond, which is what a restore can set (utimes) and what a
+ * restored file then reads back, so an entry is the same before and after a restore on any host.
+ */
+export function storedMtime(mtimeNs: bigint): string {
+  return ((mtimeNs / 1000n) * 1000n).toString();
+}
+
+/**
+ * `stasis-cas-1` bytes of a manifest, zstd as earlier versions wrote it under ZSTD_MANIFEST_SUFFIX
+ * (tests craft old checkpoints with it).
+ */
 export async function encodeManifest(manifest: Manifest): Promise<Buffer> {
   const { segments: _, ...v1 } = manifest;
   return zstdCompress(Buffer.from(JSON.stringify({ ...v1, format: 'stasis-cas-1' })));
 }
 
-/** The top object's bytes. */
-export async function encodeTop(top: TopManifest): Promise<Buffer> {
-  return zstdCompress(Buffer.from(JSON.stringify(top)));
+/**
+ * The top object's bytes, stored under MANIFEST_SUFFIX: gzip, synchronously (a few KiB at 20,000
+ * files take well under a millisecond; the zstd command took ~30 ms a call).
+ */
+export function encodeTop(top: TopManifest): Buffer {
+  return zlib.gzipSync(Buffer.from(JSON.stringify(top)), { level: 6 });
 }
 
 /**
@@ -188,7 +212,7 @@ export async function readManifest(
 ): Promise<Manifest> {
   // A manifest holds about 200 bytes per entry; the budget keeps a bomb out (segments share it).
   const budget = { left: Math.min(limits.maxEntries * 8192, MAX_MANIFEST_JSON_BYTES) };
-  const json = await zstdDecompressBounded(data, uri, budget.left);
+  const json = await decodeTopObject(data, uri, budget.left);
   budget.left -= json.length;
   const value = parseJson(json, uri);
   const format = (value as { format?: unknown } | undefined)?.format;
@@ -467,7 +491,6 @@ function canonicalEntry(entry: ManifestEntry): ManifestEntry {
     m: entry.m,
     s: entry.s,
     mt: entry.mt,
-    ct: entry.ct,
     ...(entry.l !== undefined ? { l: entry.l } : {}),
     ...(entry.c !== undefined ? { c: entry.c } : {}),
   };
@@ -515,16 +538,35 @@ export function packsPrefixOf(manifestUri: string): string {
 
 const inflateRaw = promisify(zlib.inflateRaw);
 
+const gunzip = promisify(zlib.gunzip);
+
+/** Whether `uri` (or a key) names a content-addressed checkpoint's own object, as written now or earlier. */
 export function isManifestUri(uri: string): boolean {
-  return uri.endsWith(MANIFEST_SUFFIX);
+  return uri.endsWith(MANIFEST_SUFFIX) || uri.endsWith(ZSTD_MANIFEST_SUFFIX);
 }
 
-async function zstdDecompressBounded(data: Buffer, uri: string, maxBytes: number): Promise<Buffer> {
-  // The manifest's size is not recorded anywhere else: bounded, not exact.
+/**
+ * The JSON of a checkpoint's own object, decoded as its ending says (gzip, or zstd as earlier versions
+ * wrote it), at most `maxBytes` of it: the manifest's size is not recorded anywhere else, so a bomb
+ * stops there. Anything that does not decode is CHECKPOINT_INVALID naming `uri`.
+ */
+export async function decodeTopObject(data: Buffer, uri: string, maxBytes: number): Promise<Buffer> {
+  if (uri.endsWith(ZSTD_MANIFEST_SUFFIX)) {
+    try {
+      return await zstdDecompress(data, -1, `manifest ${uri}`, maxBytes);
+    } catch (err) {
+      if (err instanceof StasisError) throw err;
+      throw invalid(uri, `cannot be decompressed: ${(err as Error).message}`);
+    }
+  }
+  if (!uri.endsWith(MANIFEST_SUFFIX)) throw invalid(uri, 'is not named as a manifest');
   try {
-    return await zstdDecompress(data, -1, `manifest ${uri}`, maxBytes);
+    // In the thread pool: a hostile object may expand to hundreds of MiB before the bound stops it.
+    return await gunzip(data, { maxOutputLength: Math.max(1, maxBytes) });
   } catch (err) {
-    if (err instanceof StasisError) throw err;
+    if ((err as { code?: string }).code === 'ERR_BUFFER_TOO_LARGE') {
+      throw invalid(uri, `is not a valid manifest: its output exceeds ${maxBytes} bytes`);
+    }
     throw invalid(uri, `cannot be decompressed: ${(err as Error).message}`);
   }
 }

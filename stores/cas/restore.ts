@@ -1,6 +1,7 @@
 import * as fsSync from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../../common/errors';
 import type { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
@@ -10,7 +11,7 @@ import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
 import { hashSpans } from './hasher';
 import { Lanes } from './lanes';
-import { invalid, readManifest, type Manifest, type ManifestEntry } from './manifest';
+import { invalid, readManifest, storedMtime, type Manifest, type ManifestEntry } from './manifest';
 import { zstdDecompressFile } from './zstd';
 
 // Restoring a content-addressed checkpoint into an empty directory of the worker's
@@ -79,13 +80,19 @@ export async function restoreCheckpoint(input: {
       if (entry.k === 'f') {
         const written = await writeFile(absolute(entry), entry, packs);
         local[entry.p] = [written.ino.toString(), written.ctimeNs.toString()];
-        // The baseline holds the mtime as written here (utimes keeps microseconds, not nanoseconds).
-        restored.push({ ...entry, mt: written.mtimeNs.toString() });
+        // The baseline holds the mtime as written here, as the next checkpoint will describe it.
+        restored.push(asRestored(entry, storedMtime(written.mtimeNs)));
         continue;
       }
-      restored.push(entry);
-      // link(2) does not follow a symlink at the source, and the manifest's checks made it a regular file anyway.
-      if (entry.k === 'h') fsSync.linkSync(path.join(target, ...(entry.l ?? '').split('/')), absolute(entry));
+      restored.push(asRestored(entry, storedMtime(BigInt(entry.mt))));
+      if (entry.k === 'h') {
+        const first = path.join(target, ...(entry.l ?? '').split('/'));
+        // link(2) does not follow a symlink at the source, and the manifest's checks made it a regular file anyway.
+        fsSync.linkSync(first, absolute(entry));
+        // A link changes the file's ctime: the baseline takes it again, or the next suspend would read the file.
+        const linked = fsSync.lstatSync(first, { bigint: true });
+        if (entry.l !== undefined && local[entry.l]) local[entry.l] = [linked.ino.toString(), linked.ctimeNs.toString()];
+      }
     }
   } finally {
     await packs.close();
@@ -106,20 +113,37 @@ export async function restoreCheckpoint(input: {
     const time = seconds(dir.mt);
     fsSync.utimesSync(absolute(dir), time, time);
   }
-  // Nothing but this restore wrote these files, and whatever writes them next also sets their mtime to the
-  // present, unlike the restored (older) mtimes: so the restored stats are trusted however recent their
-  // ctime (counted from the latest ctime written too: the filesystem's clock need not agree with ours).
-  let latest = nowNs();
-  for (const [, ctime] of Object.values(local)) if (BigInt(ctime) > latest) latest = BigInt(ctime);
   return {
     labels,
     baseline: {
       uri: checkpoint.uri,
-      takenAtNs: (latest + RACY_MARGIN_NS).toString(),
+      takenAtNs: (await pastRacyWindow(local, signal)).toString(),
       manifest: { ...manifest, entries: restored },
       local,
     },
   };
+}
+
+/**
+ * The racy rule for a restore's baseline (see unchangedChunks in upload.ts): a file whose ctime is
+ * within RACY_MARGIN_NS of the baseline's time is read again, since a change in the same clock tick
+ * leaves its ctime as it was. Waiting here until the clock is past the last ctime written by more than
+ * that margin (at most ~50 ms, once per restore) makes every restored file trusted by its stat, and any
+ * later change to one gives it a ctime the baseline does not hold. Returns the baseline's time.
+ */
+async function pastRacyWindow(local: Baseline['local'], signal: AbortSignal | undefined): Promise<bigint> {
+  let latest = 0n;
+  for (const [, ctime] of Object.values(local)) if (BigInt(ctime) > latest) latest = BigInt(ctime);
+  for (let now = nowNs(); now <= latest + RACY_MARGIN_NS; now = nowNs()) {
+    await delay(Number((latest + RACY_MARGIN_NS - now) / 1_000_000n) + 1, undefined, signal ? { signal } : {});
+  }
+  return nowNs();
+}
+
+/** The entry as the baseline holds it: its mtime as restored (to the microsecond), no ctime of another host. */
+function asRestored(entry: ManifestEntry, mt: string): ManifestEntry {
+  const { ct: _, ...rest } = entry;
+  return { ...rest, mt };
 }
 
 async function writeFile(file: string, entry: ManifestEntry, packs: PackReader) {

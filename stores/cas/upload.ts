@@ -24,6 +24,7 @@ import {
   SEGMENT_SUFFIX,
   SEGMENTS_DIR,
   splitManifest,
+  storedMtime,
   type Manifest,
   type ManifestEntry,
   type PackRef,
@@ -195,7 +196,7 @@ async function storeManifest(
     // Nothing is still writing once the attempt has failed.
     await Promise.allSettled(uploads.values());
   }
-  const body = await encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
+  const body = encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
   stats.topBytes = body.length;
   const key = `${input.prefix}${input.name}${MANIFEST_SUFFIX}`;
   // Streamed only past what one request takes (a workspace of terabytes): put ends what a killed attempt left open.
@@ -222,8 +223,9 @@ function describe(walked: WalkEntry): ManifestEntry {
     k: kind,
     m: Number(stat.mode & 0o7777n),
     s: walked.kind === 'file' ? Number(stat.size) : 0,
-    mt: stat.mtimeNs.toString(),
-    ct: stat.ctimeNs.toString(),
+    // Nothing of this host's (a ctime, an inode) goes in the entry: it is in every segment, and a restore
+    // on another host must find the same entries again (the local baseline keeps the host's facts).
+    mt: storedMtime(stat.mtimeNs),
     ...(walked.linkpath !== undefined ? { l: walked.linkpath } : {}),
   };
 }
@@ -265,7 +267,7 @@ function unchangedChunks(baseline: Baseline | undefined, entryPath: string, stat
     previous.s === Number(stat.size) &&
     // The mode as the checkpoint rules admit it (setuid and setgid stripped), as the manifest holds it.
     previous.m === Number(stat.mode & 0o1777n) &&
-    previous.mt === stat.mtimeNs.toString() &&
+    previous.mt === storedMtime(stat.mtimeNs) &&
     here[0] === stat.ino.toString() &&
     here[1] === stat.ctimeNs.toString();
   // Changed in the same clock tick as the baseline's stat: its stat cannot tell (git's racy rule).

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
-import { deflateRawSync, inflateRawSync } from 'node:zlib';
+import { deflateRawSync, gunzipSync, gzipSync, inflateRawSync } from 'node:zlib';
 import { StasisError } from '../../common/errors';
 import type { CheckpointStore } from '../../stores/api';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
@@ -17,12 +17,13 @@ import {
   PACKS_DIR,
   PACK_SUFFIX,
   segmentsPrefixOf,
+  ZSTD_MANIFEST_SUFFIX,
   type Manifest,
   type ManifestEntry,
 } from '../../stores/cas/manifest';
 import { collectGarbage } from '../../stores/cas/gc';
 import { restoreCheckpoint } from '../../stores/cas/restore';
-import { zstdCompress, zstdDecompress, zstdDecompressFile } from '../../stores/cas/zstd';
+import { zstdCompress, zstdDecompressFile } from '../../stores/cas/zstd';
 import { FsCheckpointStore } from '../../stores/fs';
 import { s3StoreFromEnv, stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, listNoFollow, newSandboxRoot, restoreFresh, take } from './cas-helpers';
@@ -98,8 +99,12 @@ async function craft(
   }
   const manifest: Manifest = { format: 'stasis-cas-1', takenAtNs: OLD_NS, entries: manifestEntries, chunks, packs };
   edit?.(manifest);
-  const body = format === 'stasis-cas-1' ? await encodeManifest(manifest) : await segmented(target, prefix, manifest);
-  return target.put(`${prefix}${uniqueId('m')}${MANIFEST_SUFFIX}`, Readable.from([body]), { run: 'r1' });
+  // `stasis-cas-1` as earlier versions wrote it (zstd); `stasis-cas-2` as now (gzip).
+  const [body, suffix] =
+    format === 'stasis-cas-1'
+      ? [await encodeManifest(manifest), ZSTD_MANIFEST_SUFFIX]
+      : [await segmented(target, prefix, manifest), MANIFEST_SUFFIX];
+  return target.put(`${prefix}${uniqueId('m')}${suffix}`, Readable.from([body]), { run: 'r1' });
 }
 
 /** The top object of `manifest` as `stasis-cas-2`, its segments stored. */
@@ -126,7 +131,7 @@ async function segmented(target: CheckpointStore, prefix: string, manifest: Mani
     segments.push([sha256(json), stored.length, json.length, entries.length]);
   }
   const top = { format: 'stasis-cas-2', takenAtNs: manifest.takenAtNs, segments, packs: manifest.packs };
-  return zstdCompress(Buffer.from(JSON.stringify(top)));
+  return gzipSync(Buffer.from(JSON.stringify(top)));
 }
 
 async function restoreInto(target: CheckpointStore, checkpoint: Awaited<ReturnType<typeof craft>>, dir: string) {
@@ -361,7 +366,8 @@ describe('crafted manifests', () => {
 describe('manifests from the wire', () => {
   // Bytes as a store could hand them back: a real checkpoint's top object or one of its segments,
   // mutated in its JSON (then stored as the writer would: a segment under the hash of its new bytes,
-  // so it passes the hash check and reaches the parser) or in its compressed bytes. Restore either
+  // so it passes the hash check and reaches the parser) or in its compressed bytes; the top object
+  // gzip as written now or zstd as earlier versions wrote it (its key's ending says which). Restore either
   // restores inside its directory or refuses with CHECKPOINT_INVALID; no other error, nothing outside.
   test('mutated top objects and segments restore inside the target or are CHECKPOINT_INVALID', async () => {
     const fsStore = new FsCheckpointStore(await tempDir('cas-wire-store'));
@@ -378,7 +384,8 @@ describe('manifests from the wire', () => {
     const taken = await take(fsStore, root, sandboxId);
     const segments = taken.baseline.manifest.segments!;
     expect(segments.length).toBeGreaterThan(1);
-    const topJson = await zstdDecompress(await fsStore.read(taken.checkpoint.uri, 1 << 20), -1, 'top', 1 << 24);
+    expect(taken.checkpoint.uri.endsWith(MANIFEST_SUFFIX)).toBe(true);
+    const topJson = gunzipSync(await fsStore.read(taken.checkpoint.uri, 1 << 20));
     const segmentUri = (name: string) => `${segmentsPrefixOf(taken.checkpoint.uri)}${name}${SEGMENT_SUFFIX}`;
     const segmentStored = await Promise.all(segments.map(([name]) => fsStore.read(segmentUri(name), 1 << 24)));
     const segmentJson = segmentStored.map((stored) => inflateRawSync(stored));
@@ -420,7 +427,8 @@ describe('manifests from the wire', () => {
         fc.nat(segments.length),
         fc.boolean(),
         fc.array(mutation, { minLength: 1, maxLength: 4 }),
-        async (which, compressed, mutations) => {
+        fc.constantFrom('gzip', 'zstd'),
+        async (which, compressed, mutations, codec) => {
           let top = topJson.toString();
           if (which === 0) {
             // The top object itself.
@@ -447,13 +455,11 @@ describe('manifests from the wire', () => {
               JSON.stringify([newName, Math.max(1, stored.length), Math.max(1, json.length), count]),
             );
           }
-          let body = await zstdCompress(Buffer.from(top, which === 0 && !compressed ? 'latin1' : 'utf8'));
+          const json = Buffer.from(top, which === 0 && !compressed ? 'latin1' : 'utf8');
+          let body = codec === 'gzip' ? gzipSync(json) : await zstdCompress(json);
           if (which === 0 && compressed) body = mutate(body, mutations);
-          const checkpoint = await fsStore.put(
-            `${prefix}${uniqueId('m')}${MANIFEST_SUFFIX}`,
-            Readable.from([body]),
-            {},
-          );
+          const suffix = codec === 'gzip' ? MANIFEST_SUFFIX : ZSTD_MANIFEST_SUFFIX;
+          const checkpoint = await fsStore.put(`${prefix}${uniqueId('m')}${suffix}`, Readable.from([body]), {});
           const outer = await tempDir('cas-wire');
           const dir = path.join(outer, 'restore');
           await fs.mkdir(dir);
@@ -483,20 +489,25 @@ describe('manifests from the wire', () => {
 });
 
 describe('manifest bombs', () => {
-  test('a manifest expanding past the longest string JSON can parse is refused once it gets there', async () => {
-    // 600 MiB of zeros in a few hundred KiB; an 8 GiB one would have crashed the worker past Buffer's limit.
-    const bomb = spawnSync('sh', ['-c', 'head -c 629145600 /dev/zero | zstd -1 -q -c'], {
-      maxBuffer: 64 * 1024 * 1024,
+  for (const [codec, command, suffix] of [
+    ['gzip', 'gzip -1 -c', MANIFEST_SUFFIX],
+    ['zstd', 'zstd -1 -q -c', ZSTD_MANIFEST_SUFFIX],
+  ] as const) {
+    test(`a manifest (${codec}) expanding past the longest string JSON can parse is refused once it gets there`, async () => {
+      // 600 MiB of zeros in a few hundred KiB; an 8 GiB one would have crashed the worker past Buffer's limit.
+      const bomb = spawnSync('sh', ['-c', `head -c 629145600 /dev/zero | ${command}`], {
+        maxBuffer: 64 * 1024 * 1024,
+      });
+      expect(bomb.status).toBe(0);
+      const prefix = `checkpoints/${uniqueId('bomb')}/`;
+      const checkpoint = await store.put(`${prefix}m${suffix}`, Readable.from([bomb.stdout]), {});
+      const err = await stasisError(restoreFresh(store, checkpoint), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(checkpoint.uri);
+      expect(err.message).toContain(`exceeds ${MAX_MANIFEST_JSON_BYTES} bytes`);
+      const gc = await stasisError(collectGarbage(store, prefix, { graceMs: 0 }), 'CHECKPOINT_INVALID');
+      expect(gc.message).toContain(`exceeds ${MAX_MANIFEST_JSON_BYTES} bytes`);
     });
-    expect(bomb.status).toBe(0);
-    const prefix = `checkpoints/${uniqueId('bomb')}/`;
-    const checkpoint = await store.put(`${prefix}m${MANIFEST_SUFFIX}`, Readable.from([bomb.stdout]), {});
-    const err = await stasisError(restoreFresh(store, checkpoint), 'CHECKPOINT_INVALID');
-    expect(err.message).toContain(checkpoint.uri);
-    expect(err.message).toContain(`exceeds ${MAX_MANIFEST_JSON_BYTES} bytes`);
-    const gc = await stasisError(collectGarbage(store, prefix, { graceMs: 0 }), 'CHECKPOINT_INVALID');
-    expect(gc.message).toContain(`exceeds ${MAX_MANIFEST_JSON_BYTES} bytes`);
-  });
+  }
 });
 
 describe('zstd', () => {

@@ -18,10 +18,10 @@ import {
   compressSegment,
   encodeManifest,
   Manifest,
-  MANIFEST_SUFFIX,
   ManifestEntry,
   SEGMENT_SUFFIX,
   segmentsPrefixOf,
+  ZSTD_MANIFEST_SUFFIX,
 } from '../../stores/cas/manifest';
 import { restoreCheckpoint } from '../../stores/cas/restore';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
@@ -286,9 +286,9 @@ describe('segmented manifests (stasis-cas-2)', () => {
     const root = await tree(200);
     const sandboxId = uniqueId('cas-v1');
     const taken = await take(store, root, sandboxId);
-    // The same checkpoint as an earlier version wrote it: one object, every entry and chunk in it.
+    // The same checkpoint as an earlier version wrote it: one object (zstd), every entry and chunk in it.
     const v1 = await store.put(
-      `checkpoints/${sandboxId}/v1${MANIFEST_SUFFIX}`,
+      `checkpoints/${sandboxId}/v1${ZSTD_MANIFEST_SUFFIX}`,
       Readable.from([await encodeManifest(taken.baseline.manifest)]),
       { run: 'r1' },
     );
