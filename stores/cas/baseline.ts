@@ -20,6 +20,12 @@ export const Baseline = z.object({
   manifest: Manifest,
   /** path → [inode, ctime ns] on this host */
   local: z.record(z.string(), z.tuple([z.string(), z.string()])),
+  /**
+   * The manifest's entries are exactly those its segments hold: it was split and stored by this engine
+   * (takeCheckpoint), so the next checkpoint reuses a segment whose entries it has without serialising
+   * it (splitManifest). A restore's baseline is not: restore normalises what it read.
+   */
+  split: z.boolean().optional(),
 });
 export type Baseline = z.infer<typeof Baseline>;
 

@@ -428,24 +428,42 @@ const SEGMENT_MIN_ENTRIES = 32;
 const SEGMENT_MAX_ENTRIES = 2048;
 const SEGMENT_MAX_JSON = 4 * 1024 * 1024;
 
-/** A segment ready to store: its name (sha-256 of `json`) and its JSON. */
+/** A segment ready to store: its name (sha-256 of `json`) and its JSON; no JSON when the previous manifest's segment is it. */
 export interface SegmentBody {
   ref: SegmentRef;
-  json: Buffer;
+  json?: Buffer;
 }
 
 /**
  * Splits a whole manifest into `stasis-cas-2`: its segments (entries with the locations of their
  * chunks, packs named by the name in their key) and the top object naming them. The segments' bytes
  * depend only on their entries and where their chunks are, never on the rest of the manifest.
- * `ref[1]` (stored bytes) is 0 until the segment is compressed (storedSegment).
+ * `ref[1]` (stored bytes) is 0 until the segment is compressed and stored (upload.ts).
+ *
+ * `previous`, a manifest whose entries are exactly those of its segments (one this engine split and
+ * stored, see Baseline.split), spares the JSON and the hash of every segment whose entries are the
+ * same as one of its segments' (same first path, count and fields): its chunks are then located where
+ * `previous` located them (the upload takes a chunk the baseline holds from there), so its bytes are
+ * that segment's. An unchanged re-suspend of 20,000 files spent ~180 ms (load ~9) serialising and
+ * hashing segments it then did not upload.
  */
-export function splitManifest(manifest: Manifest): { segments: SegmentBody[]; takenAtNs: string; packs: PackRef[] } {
+export function splitManifest(
+  manifest: Manifest,
+  previous?: Manifest,
+): { segments: SegmentBody[]; takenAtNs: string; packs: PackRef[] } {
   const packNames = manifest.packs.map((pack) => pack.uri.slice(pack.uri.lastIndexOf('/') + 1, -PACK_SUFFIX.length));
+  const earlier = segmentsByFirstPath(previous);
   const segments: SegmentBody[] = [];
   let from = 0;
   let jsonBytes = 0;
   const cut = (to: number) => {
+    const same = earlier.get(manifest.entries[from].p);
+    if (same && same.ref[3] === to - from && sameEntries(manifest.entries, from, previous!.entries, same.start, to - from)) {
+      segments.push({ ref: same.ref });
+      from = to;
+      jsonBytes = 0;
+      return;
+    }
     const entries = manifest.entries.slice(from, to).map(canonicalEntry);
     const packs: string[] = [];
     const packIndex = new Map<number, number>();
@@ -481,6 +499,42 @@ export function splitManifest(manifest: Manifest): { segments: SegmentBody[]; ta
   }
   if (from < manifest.entries.length) cut(manifest.entries.length);
   return { segments, takenAtNs: manifest.takenAtNs, packs: manifest.packs };
+}
+
+/** The segments of `manifest` by the path of their first entry, with where that entry is. */
+function segmentsByFirstPath(manifest: Manifest | undefined): Map<string, { ref: SegmentRef; start: number }> {
+  const out = new Map<string, { ref: SegmentRef; start: number }>();
+  if (!manifest?.segments) return out;
+  let start = 0;
+  for (const ref of manifest.segments) {
+    if (start + ref[3] > manifest.entries.length) return new Map(); // not the manifest its segments hold
+    if (ref[3] > 0) out.set(manifest.entries[start].p, { ref, start });
+    start += ref[3];
+  }
+  return start === manifest.entries.length ? out : new Map();
+}
+
+/** Whether `count` entries from `a[i]` and from `b[j]` are the same in every field a segment holds. */
+function sameEntries(a: ManifestEntry[], i: number, b: ManifestEntry[], j: number, count: number): boolean {
+  for (let n = 0; n < count; n += 1) {
+    const x = a[i + n];
+    const y = b[j + n];
+    if (
+      x.p !== y.p ||
+      x.k !== y.k ||
+      x.m !== y.m ||
+      x.s !== y.s ||
+      x.mt !== y.mt ||
+      x.l !== y.l ||
+      x.ct !== undefined ||
+      y.ct !== undefined ||
+      (x.c === undefined) !== (y.c === undefined)
+    ) {
+      return false;
+    }
+    if (x.c && y.c && (x.c.length !== y.c.length || x.c.some((hash, k) => hash !== y.c![k]))) return false;
+  }
+  return true;
 }
 
 /** The entry with its keys in one order, whatever order it was built in: its segment's bytes depend on its content only. */

@@ -140,7 +140,11 @@ export async function takeCheckpoint(input: {
   stats.packBytes = packer.uploadedBytes;
   stats.packs = packer.uploadedPacks;
   const { checkpoint, manifest } = await storeManifest(input, assembled, baseline, stats);
-  return { checkpoint, baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local }, stats };
+  return {
+    checkpoint,
+    baseline: { uri: checkpoint.uri, takenAtNs: takenAtNs.toString(), manifest, local, split: true },
+    stats,
+  };
 }
 
 /** Segments uploading at once: small objects, so the store's latency, not its bandwidth, sets the pace. */
@@ -166,7 +170,7 @@ async function storeManifest(
   stats: TakeStats,
 ): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
   const { signal } = input;
-  const { segments, takenAtNs, packs } = splitManifest(manifest);
+  const { segments, takenAtNs, packs } = splitManifest(manifest, baseline?.split ? baseline.manifest : undefined);
   const stored = new Map<string, SegmentRef>((baseline?.manifest.segments ?? []).map((ref) => [ref[0], ref]));
   const refs: SegmentRef[] = [];
   const uploads = new Map<string, Promise<SegmentRef>>();
@@ -175,6 +179,7 @@ async function storeManifest(
     for (const { ref, json } of segments) {
       const name = ref[0];
       if (!stored.has(name) && !uploads.has(name)) {
+        if (json === undefined) throw new Error(`segment ${name} is neither new nor the baseline's`);
         while (running.size >= SEGMENT_UPLOADS) await Promise.race(running).catch(() => undefined);
         signal?.throwIfAborted();
         const upload = (async (): Promise<SegmentRef> => {

@@ -11,6 +11,7 @@ import {
   PACK_SUFFIX,
   SEGMENT_SUFFIX,
   SEGMENTS_DIR,
+  splitManifest,
   storedMtime,
   ZSTD_MANIFEST_SUFFIX,
   type Manifest,
@@ -175,6 +176,57 @@ describe('re-suspend after a restore on another host', () => {
     expect(written()).toEqual({ tops: 1, segments: 0, packs: 0, other: 0 });
     expect(await describeTree((await restoreFresh(store, next.checkpoint)).target)).toEqual(await describeTree(root));
     await store.deletePrefix(prefix);
+  });
+});
+
+describe('segments reused from the baseline without serialising them', () => {
+  test('are the segments a full split makes, through random edits; each checkpoint restores byte for byte', async () => {
+    const edit = fc.record({
+      kind: fc.constantFrom('write', 'add', 'remove', 'chmod', 'touch', 'mkdir'),
+      at: fc.nat(),
+      size: fc.nat(3000),
+    });
+    await fc.assert(
+      fc.asyncProperty(fc.array(edit, { minLength: 1, maxLength: 6 }), async (edits) => {
+        const root = await newSandboxRoot();
+        const files: string[] = [];
+        for (let d = 0; d < 8; d += 1) {
+          await fs.mkdir(path.join(root, 'workspace', `p${d}`));
+          for (let i = 0; i < 90; i += 1) {
+            files.push(path.join('workspace', `p${d}`, `f${i}.js`));
+            await fs.writeFile(path.join(root, files.at(-1)!), bytes(i % 7));
+          }
+        }
+        const sandboxId = uniqueId('cas-reuse');
+        let taken = await take(store, root, sandboxId);
+        expect(taken.baseline.manifest.segments!.length).toBeGreaterThan(1);
+        for (const [n, e] of edits.entries()) {
+          const file = files[e.at % files.length];
+          const full = path.join(root, file);
+          const exists = await fs.lstat(full).then(
+            () => true,
+            () => false,
+          );
+          if (e.kind === 'write' && exists) await fs.writeFile(full, bytes(e.size));
+          if (e.kind === 'add') await fs.writeFile(`${full}.new${n}`, bytes(e.size));
+          if (e.kind === 'remove' && exists) await fs.rm(full);
+          if (e.kind === 'chmod' && exists) await fs.chmod(full, 0o600);
+          if (e.kind === 'touch' && exists) await fs.utimes(full, 1_600_000_000 + n, 1_600_000_000 + n);
+          if (e.kind === 'mkdir') await fs.mkdir(path.join(path.dirname(full), `d${n}`), { recursive: true });
+          const next = await take(store, root, sandboxId, taken.baseline);
+          // The refs the fast path took are those serialising every segment gives (stored bytes aside).
+          const slow = splitManifest(next.baseline.manifest).segments.map(({ ref }) => [ref[0], ref[2], ref[3]]);
+          expect(next.baseline.manifest.segments!.map((ref) => [ref[0], ref[2], ref[3]])).toEqual(slow);
+          expect(await describeTree((await restoreFresh(store, next.checkpoint)).target)).toEqual(
+            await describeTree(root),
+          );
+          taken = next;
+        }
+        puts.length = 0;
+        await store.deletePrefix(`checkpoints/${sandboxId}/`);
+      }),
+      { numRuns: 6 },
+    );
   });
 });
 
