@@ -26,7 +26,10 @@ function counting(inner: CheckpointStore): CheckpointStore & { puts: string[] } 
   const puts: string[] = [];
   return Object.assign(Object.create(inner) as CheckpointStore, {
     puts,
-    putBytes: (key: string, ...rest: Parameters<CheckpointStore['putBytes']> extends [string, ...infer R] ? R : never) => {
+    putBytes: (
+      key: string,
+      ...rest: Parameters<CheckpointStore['putBytes']> extends [string, ...infer R] ? R : never
+    ) => {
       puts.push(key);
       return inner.putBytes(key, ...rest);
     },
@@ -108,19 +111,37 @@ async function main(): Promise<void> {
   start = process.hrtime.bigint();
   let body: Buffer = Buffer.alloc(0);
   for (let i = 0; i < rounds; i += 1) body = await encodeTop(top);
-  console.log(`encodeTop: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(2)} ms per call (${body.length} B)`);
+  console.log(
+    `encodeTop: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(2)} ms per call (${body.length} B)`,
+  );
   start = process.hrtime.bigint();
   for (let i = 0; i < rounds; i += 1) {
-    await readManifest(store, await store.read(again.checkpoint.uri, 1 << 26), again.checkpoint.uri, DEFAULT_ARCHIVE_LIMITS);
+    await readManifest(
+      store,
+      await store.read(again.checkpoint.uri, 1 << 26),
+      again.checkpoint.uri,
+      DEFAULT_ARCHIVE_LIMITS,
+    );
   }
-  console.log(`readManifest (top and ${segments.length} segments): ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`);
+  console.log(
+    `readManifest (top and ${segments.length} segments): ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`,
+  );
   start = process.hrtime.bigint();
   for (let i = 0; i < rounds; i += 1) splitManifest(again.baseline.manifest);
-  console.log(`splitManifest, every segment serialised: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`);
+  console.log(
+    `splitManifest, every segment serialised: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`,
+  );
   start = process.hrtime.bigint();
   for (let i = 0; i < rounds; i += 1) splitManifest(again.baseline.manifest, again.baseline.manifest);
-  console.log(`splitManifest, segments of the baseline reused: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`);
-  console.log(`load average: ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}`);
+  console.log(
+    `splitManifest, segments of the baseline reused: ${(Number(process.hrtime.bigint() - start) / 1e6 / rounds).toFixed(1)} ms per call`,
+  );
+  console.log(
+    `load average: ${os
+      .loadavg()
+      .map((l) => l.toFixed(2))
+      .join(' ')}`,
+  );
   await fs.rm(root, { recursive: true, force: true });
 }
 

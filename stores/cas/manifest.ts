@@ -458,7 +458,11 @@ export function splitManifest(
   let jsonBytes = 0;
   const cut = (to: number) => {
     const same = earlier.get(manifest.entries[from].p);
-    if (same && same.ref[3] === to - from && sameEntries(manifest.entries, from, previous!.entries, same.start, to - from)) {
+    if (
+      same &&
+      same.ref[3] === to - from &&
+      sameEntries(manifest.entries, from, previous!.entries, same.start, to - from)
+    ) {
       segments.push({ ref: same.ref });
       from = to;
       jsonBytes = 0;

@@ -91,7 +91,8 @@ export async function restoreCheckpoint(input: {
         fsSync.linkSync(first, absolute(entry));
         // A link changes the file's ctime: the baseline takes it again, or the next suspend would read the file.
         const linked = fsSync.lstatSync(first, { bigint: true });
-        if (entry.l !== undefined && local[entry.l]) local[entry.l] = [linked.ino.toString(), linked.ctimeNs.toString()];
+        if (entry.l !== undefined && local[entry.l])
+          local[entry.l] = [linked.ino.toString(), linked.ctimeNs.toString()];
       }
     }
   } finally {

@@ -423,7 +423,8 @@ describe('local provider: release', () => {
     await waitFor('the counter to advance after the rollback', async () => (await readCounter(workspace)) > before + 2);
     expect(
       (await listTree(path.join(host.dataDir, 'store')).catch(() => [])).filter(
-        (p) => p.endsWith('.manifest.gz') || p.endsWith('.manifest.zst') || p.endsWith('.tar.gz') || p.includes('.tmp-'),
+        (p) =>
+          p.endsWith('.manifest.gz') || p.endsWith('.manifest.zst') || p.endsWith('.tar.gz') || p.includes('.tmp-'),
       ),
     ).toEqual([]);
     const retried = await host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 2), context());

@@ -56,7 +56,10 @@ function written(): { tops: number; segments: number; packs: number; other: numb
 /** Random trees: files small and empty, directories, symlinks and hardlinks, in all three checkpoint directories. */
 const name = fc.stringMatching(/^[a-z0-9._-]{1,10}$/).filter((n) => n !== '.' && n !== '..');
 const node = fc.oneof(
-  { weight: 6, arbitrary: fc.record({ kind: fc.constant('file' as const), size: fc.oneof(fc.constant(0), fc.nat(5000)) }) },
+  {
+    weight: 6,
+    arbitrary: fc.record({ kind: fc.constant('file' as const), size: fc.oneof(fc.constant(0), fc.nat(5000)) }),
+  },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('link' as const), target: name }) },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('hardlink' as const) }) },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('dir' as const) }) },
@@ -90,7 +93,7 @@ async function build(root: string, entries: Tree): Promise<string[]> {
 }
 
 describe('re-suspend after a restore on another host', () => {
-  test('unchanged: the top object alone; one file changed: its segment and pack; a change in the restore\'s clock tick is read again; every result restores byte for byte', async () => {
+  test("unchanged: the top object alone; one file changed: its segment and pack; a change in the restore's clock tick is read again; every result restores byte for byte", async () => {
     await fc.assert(
       fc.asyncProperty(tree, fc.nat(), fc.nat(5000), async (entries, pick, size) => {
         const root = await newSandboxRoot();
@@ -129,7 +132,8 @@ describe('re-suspend after a restore on another host', () => {
           await fs.writeFile(target, other);
           // To the middle of its microsecond, as restore sets it (a double keeps about a quarter of one).
           const seconds =
-            Number(before.mtimeNs / 1_000_000_000n) + (Number((before.mtimeNs % 1_000_000_000n) / 1000n) * 1000 + 500) / 1e9;
+            Number(before.mtimeNs / 1_000_000_000n) +
+            (Number((before.mtimeNs % 1_000_000_000n) / 1000n) * 1000 + 500) / 1e9;
           await fs.utimes(target, seconds, seconds);
           const after = await fs.stat(target, { bigint: true });
           expect([after.size, storedMtime(after.mtimeNs)]).toEqual([before.size, storedMtime(before.mtimeNs)]);
@@ -155,7 +159,8 @@ describe('re-suspend after a restore on another host', () => {
     const root = await newSandboxRoot();
     for (let d = 0; d < 4; d += 1) {
       await fs.mkdir(path.join(root, 'workspace', `d${d}`));
-      for (let i = 0; i < 60; i += 1) await fs.writeFile(path.join(root, 'workspace', `d${d}`, `f${i}`), bytes(100 + i));
+      for (let i = 0; i < 60; i += 1)
+        await fs.writeFile(path.join(root, 'workspace', `d${d}`, `f${i}`), bytes(100 + i));
     }
     await fs.symlink('d0/f1', path.join(root, 'workspace', 'link'));
     await fs.link(path.join(root, 'workspace', 'd1', 'f2'), path.join(root, 'home', 'hard'));
