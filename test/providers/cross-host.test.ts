@@ -73,7 +73,7 @@ it('restores a snapshot on another host byte for byte', async () => {
   if (!checkpoint) throw new Error('no checkpoint');
   expect(checkpoint.uri).toMatch(new RegExp(`^s3://[^/]+/checkpoints/${id}/2-`));
   // The manifest of a content-addressed checkpoint; its packs hold the 100 MiB.
-  expect(checkpoint.uri).toMatch(/\.manifest\.zst$/);
+  expect(checkpoint.uri).toMatch(/\.manifest\.gz$/);
 
   const result = await hostB.provider.restore(
     { sandboxId: id, fence: 3, checkpoint, env: { PROJECT: 'demo' } },

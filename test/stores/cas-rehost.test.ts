@@ -75,7 +75,12 @@ async function build(root: string, entries: Tree): Promise<string[]> {
   const files: string[] = [];
   for (const { top, dir, name: leaf, node: n } of entries) {
     const parent = path.join(root, top, dir ?? '');
-    await fs.mkdir(parent, { recursive: true });
+    // Beneath a symlink drawn earlier (dangling, or to a file) there is no directory to make: skipped.
+    const made = await fs.mkdir(parent, { recursive: true }).then(
+      () => true,
+      () => false,
+    );
+    if (!made) continue;
     const file = path.join(parent, leaf);
     const exists = await fs.lstat(file).then(
       () => true,
