@@ -5,7 +5,8 @@ import { Readable } from 'node:stream';
 import { deflateRawSync } from 'node:zlib';
 import { createHash } from 'node:crypto';
 import type { CheckpointStore } from '../../stores/api';
-import type { Baseline } from '../../stores/cas/baseline';
+import { nowNs, RACY_MARGIN_NS, type Baseline } from '../../stores/cas/baseline';
+import { pastRacyWindow } from '../../stores/cas/restore';
 import {
   MANIFEST_SUFFIX,
   PACK_SUFFIX,
@@ -186,6 +187,27 @@ describe('re-suspend after a restore on another host', () => {
     expect(written()).toEqual({ tops: 1, segments: 0, packs: 0, other: 0 });
     expect(await describeTree((await restoreFresh(store, next.checkpoint)).target)).toEqual(await describeTree(root));
     await store.deletePrefix(prefix);
+  });
+});
+
+describe("a restore's racy window", () => {
+  test('its baseline time is past every ctime it recorded by the margin; a filesystem clock far ahead is not waited for, its files stay racy', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(fc.integer({ min: -5_000, max: 40 }), { maxLength: 5 }), async (offsetsMs) => {
+        const now = nowNs();
+        const local = Object.fromEntries(
+          offsetsMs.map((ms, i) => [`f${i}`, ['1', (now + BigInt(ms) * 1_000_000n).toString()] as [string, string]]),
+        );
+        const takenAt = await pastRacyWindow(local, undefined);
+        // Not racy by unchangedChunks' rule: ctime + margin < the baseline's time.
+        for (const [, ctime] of Object.values(local)) expect(BigInt(ctime) + RACY_MARGIN_NS).toBeLessThan(takenAt);
+      }),
+      { numRuns: 10 },
+    );
+    // A ctime an hour ahead (a filesystem whose clock is): the baseline's time is not moved past it, so it stays racy.
+    const ahead = nowNs() + 3_600_000_000_000n;
+    const takenAt = await pastRacyWindow({ f: ['1', ahead.toString()] }, undefined);
+    expect(ahead + RACY_MARGIN_NS).toBeGreaterThanOrEqual(takenAt);
   });
 });
 
