@@ -389,7 +389,7 @@ describe('local provider: release', () => {
       context({ labels, heartbeat: (details) => beats.push(details) }),
     );
     expect(receipt).toMatchObject({ mode: 'SNAPSHOT_AND_TERMINATE', computeReleased: true, duplicate: false });
-    expect(receipt.checkpoint?.uri).toMatch(new RegExp(`checkpoints/${id}/2-[0-9a-f]{16}\\.manifest\\.zst$`));
+    expect(receipt.checkpoint?.uri).toMatch(new RegExp(`checkpoints/${id}/2-[0-9a-f]{16}\\.manifest\\.gz$`));
     expect(beats.length).toBeGreaterThan(0);
     expect(await host.provider.processCount(id)).toBe(0);
     expect(await host.store.exists(receipt.checkpoint?.uri ?? '')).toBe(true);
