@@ -262,6 +262,20 @@ export function fusesWithResume(action: { type: string; executionAffinity?: stri
 }
 
 /**
+ * Whether a Run whose resume was deferred may go into its next suspension (an ask or a hold) with the
+ * sandbox left where it is: only when the sandbox was fully released (`before`, the record's state
+ * when the resume began) in the very mode the new suspension would release it in. Otherwise it comes
+ * back and goes again (a new checkpoint, or the mode the new reason wants).
+ */
+export function staysReleased(
+  before: ResourceState,
+  releasedIn: PauseMode | undefined,
+  decision: PauseDecision,
+): boolean {
+  return before === 'RELEASED' && decision.kind === 'release' && decision.mode === releasedIn;
+}
+
+/**
  * The run/spec/policy hashes a restored workspace was checkpointed under, from the
  * checkpoint's labels. A workspace that came back from a checkpoint (or its local
  * copy) must say; a host-persistent workspace re-provisioned in place records none.
@@ -328,22 +342,35 @@ export const RUN_STATES: Record<RunStatus, readonly RunPhase[]> = {
 };
 
 export type RunEvent =
-  'ask' | 'answered' | 'suspend' | 'suspended' | 'resume' | 'resumed' | 'complete' | 'fail' | 'cancel' | 'expire';
+  | 'ask'
+  | 'answered'
+  | 'suspend'
+  | 'suspended'
+  | 'resume'
+  | 'resumed'
+  | 'resumeSkipped'
+  | 'complete'
+  | 'fail'
+  | 'cancel'
+  | 'expire';
 
 const LIVE: RunStatus[] = ['RUNNING', 'WAITING'];
 const ALL_PHASES: RunPhase[] = ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMING'];
 
 /**
  * Every legal Run transition: from which statuses and phases, to what (an unset
- * side stays). Ending a Run (fail, cancel, expire) clears its suspension.
+ * side stays). Ending a Run (fail, cancel, expire) clears its suspension. An agent
+ * whose resume is deferred (RESUMING) may ask; if its sandbox stays released for the
+ * next suspension (staysReleased), the resume is skipped: RESUMING → SUSPENDING.
  */
 export const RUN_TRANSITIONS: Record<RunEvent, { status: RunStatus[]; phase: RunPhase[]; to: Partial<RunState> }> = {
-  ask: { status: ['RUNNING'], phase: ['ACTIVE'], to: { status: 'WAITING' } },
+  ask: { status: ['RUNNING'], phase: ['ACTIVE', 'RESUMING'], to: { status: 'WAITING' } },
   answered: { status: ['WAITING'], phase: ALL_PHASES, to: { status: 'RUNNING' } },
   suspend: { status: LIVE, phase: ['ACTIVE'], to: { phase: 'SUSPENDING' } },
   suspended: { status: LIVE, phase: ['SUSPENDING'], to: { phase: 'SUSPENDED' } },
   resume: { status: LIVE, phase: ['SUSPENDED'], to: { phase: 'RESUMING' } },
   resumed: { status: LIVE, phase: ['RESUMING'], to: { phase: 'ACTIVE' } },
+  resumeSkipped: { status: LIVE, phase: ['RESUMING'], to: { phase: 'SUSPENDING' } },
   complete: { status: ['RUNNING'], phase: ['ACTIVE'], to: { status: 'COMPLETED' } },
   fail: { status: LIVE, phase: ALL_PHASES, to: { status: 'FAILED', phase: 'ACTIVE' } },
   cancel: { status: LIVE, phase: ALL_PHASES, to: { status: 'CANCELLED', phase: 'ACTIVE' } },

@@ -17,7 +17,7 @@ import { EXTERNAL_DRIVER } from '../common/external-actions';
 import { durationMs } from '../common/duration';
 import { END_REASON } from '../common/errors';
 import { resolveAccepts } from '../common/interactions';
-import type { InteractionRequest, RunSpec } from '../common/schemas';
+import type { InteractionRequest, RunSpec, SuspensionReason } from '../common/schemas';
 import { failureCode, failureMessage } from './failures';
 import type { RunWorkflowInput } from './definitions';
 import {
@@ -29,7 +29,7 @@ import {
 } from './run-controller';
 import { carriedAggregate, isTerminal, toAnswer } from './run-state';
 import { finish } from './run-ending';
-import { completeResume, resumeWithJob, suspendAndWait } from './run-suspension';
+import { completeResume, keepsReleased, resumeWithJob, suspendAndWait } from './run-suspension';
 import { fusesWithResume } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
@@ -84,6 +84,13 @@ export async function agentLoop(c: RunController): Promise<void> {
   await finish(c);
 }
 
+/** The suspension an action goes into, if it does. */
+function suspensionOf(action: AgentAction): SuspensionReason | undefined {
+  if (action.type === 'interaction') return 'INTERACTION';
+  if (action.type === 'hold') return 'POLICY_HOLD';
+  return undefined;
+}
+
 /** The agent loop takes the Run's next action from a driver step: a resume may wait for it (fused). */
 const takesNextStep = (c: RunController) => c.run.spec.agent.driver !== EXTERNAL_DRIVER;
 
@@ -111,8 +118,9 @@ async function wake(c: RunController): Promise<void> {
 }
 
 async function perform(c: RunController, action: AgentAction): Promise<unknown> {
-  // A deferred resume goes with a sandbox job (runJob), and before anything else.
-  if (c.pendingResume && !fusesWithResume(action)) await completeResume(c);
+  // A deferred resume goes with a sandbox job (runJob), is skipped by a suspension that keeps the
+  // sandbox released as it is (suspendAndWait), and comes before anything else.
+  if (c.pendingResume && !fusesWithResume(action) && !keepsReleased(c, suspensionOf(action))) await completeResume(c);
   switch (action.type) {
     case 'job':
       return runJob(c, action);

@@ -78,6 +78,11 @@ export const PATCH_LEAN_CYCLE = 'stasis-run-lean-cycle';
  * only within one workflow task, so the Update waited forever.
  */
 export const PATCH_RESUME_TAKEN = 'stasis-run-resume-taken';
+/**
+ * A deferred resume whose next action is an ask or a hold that would release the sandbox as it is
+ * already released is skipped: the Run goes into its new suspension with no restore and no release.
+ */
+export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -100,7 +105,7 @@ export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
  * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
  * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
  */
-const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE, PATCH_RESUME_TAKEN];
+const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE, PATCH_RESUME_TAKEN, PATCH_STAY_RELEASED];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {

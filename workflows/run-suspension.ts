@@ -5,18 +5,29 @@ import { computeRunHashes } from '../common/hashes';
 import type { Hashes, SuspensionReason } from '../common/schemas';
 import type { ExecOutcome, RestoreResult } from '../providers/api';
 import { nowIso, nowMs } from './clock';
-import { choosePauseMode, hashMismatches, isReleaseBlocked, jobsToCancel, recordedHashes } from './lifecycle';
+import {
+  choosePauseMode,
+  hashMismatches,
+  isReleaseBlocked,
+  jobsToCancel,
+  recordedHashes,
+  staysReleased,
+  type PauseDecision,
+} from './lifecycle';
 import {
   PATCH_EXPIRY_DESTROYS,
   PATCH_EXPIRY_FIRST,
   PATCH_IDLE_ATTACH,
   PATCH_LEAN_CYCLE,
   PATCH_RECORDED_HASHES,
+  PATCH_STAY_RELEASED,
   shared,
   type RunController,
 } from './run-controller';
 
 // Suspension: SUSPENDING → SUSPENDED → (answer, resume or retention expiry) → RESUMING → ACTIVE.
+// A resume deferred to the next action may instead go RESUMING → SUSPENDING when that action is an
+// ask or a hold that keeps the sandbox released as it is (PATCH_STAY_RELEASED).
 
 /**
  * SUSPENDING → SUSPENDED: choose the pause mode, cancel CANCEL jobs, release
@@ -36,13 +47,17 @@ export async function suspendAndWait(
   const run = c.run;
   c.manualSuspendRequested = false;
   c.resumeRequested = false;
-  c.transition('suspend');
-  const decision = choosePauseMode({
-    reason,
-    workspace: run.spec.sandbox.workspace?.kind ?? 'isolated',
-    ...(run.spec.policy?.pauseMode ? { policyPauseMode: run.spec.policy.pauseMode } : {}),
-    advertised: c.sandbox.capabilities?.pauseModes ?? [],
-  });
+  const decision = pauseDecision(c, reason);
+  // A deferred resume not taken by the caller's action: the sandbox stays released (no restore, no release).
+  const stay = keepsReleased(c, reason);
+  if (stay) {
+    undoPendingResume(c);
+    c.transition('resumeSkipped');
+  } else {
+    // perform() brought the sandbox back already (awaited only then: an await reorders the commands replay expects).
+    if (c.pendingResume) await completeResume(c);
+    c.transition('suspend');
+  }
   const retentionSeconds = run.spec.policy?.suspendedRetentionSeconds ?? DEFAULT_SUSPENDED_RETENTION_SECONDS;
   run.suspension = {
     reason,
@@ -53,11 +68,10 @@ export async function suspendAndWait(
     ...(retentionSeconds > 0 ? { expiresAt: new Date(nowMs() + retentionSeconds * 1000).toISOString() } : {}),
   };
   for (const job of jobsToCancel(run.jobs)) c.jobScopes.get(job.id)?.cancel();
-  if (decision.kind === 'retain') {
-    c.sandbox.retain(decision.why);
-  } else {
+  if (!stay && decision.kind === 'retain') c.sandbox.retain(decision.why);
+  // A sandbox that stays released is so in this mode already, with the checkpoint the next resume restores.
+  else if (!stay && decision.kind === 'release')
     c.sandbox.startRelease(decision.mode, reason, c.labels(), () => isReleaseBlocked(run.jobs, run.children));
-  }
   c.transition('suspended');
 
   const resumed = () =>
@@ -84,6 +98,26 @@ export async function suspendAndWait(
     return;
   }
   settleResume(c, await c.sandbox.resume(), checkpointHashes);
+}
+
+function pauseDecision(c: RunController, reason: SuspensionReason): PauseDecision {
+  const run = c.run;
+  return choosePauseMode({
+    reason,
+    workspace: run.spec.sandbox.workspace?.kind ?? 'isolated',
+    ...(run.spec.policy?.pauseMode ? { policyPauseMode: run.spec.policy.pauseMode } : {}),
+    advertised: c.sandbox.capabilities?.pauseModes ?? [],
+  });
+}
+
+/**
+ * Whether a Run whose resume is deferred goes into a suspension for `reason` with its sandbox left
+ * released (staysReleased): a restore and a release of the same thing would be paid for nothing.
+ */
+export function keepsReleased(c: RunController, reason: SuspensionReason | undefined): boolean {
+  const pending = c.pendingResume;
+  if (!pending || !reason || !c.patched(PATCH_STAY_RELEASED)) return false;
+  return staysReleased(pending.start.before, c.sandbox.record.pauseMode, pauseDecision(c, reason));
 }
 
 /**

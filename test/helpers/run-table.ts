@@ -10,6 +10,7 @@ export const RUN_EVENTS = [
   'suspended',
   'resume',
   'resumed',
+  'resumeSkipped',
   'complete',
   'fail',
   'cancel',
@@ -21,6 +22,8 @@ export const PHASES: RunPhase[] = ['ACTIVE', 'SUSPENDING', 'SUSPENDED', 'RESUMIN
 const live = ['RUNNING', 'WAITING'] as const;
 const legal: Record<string, string> = {
   'RUNNING/ACTIVE/ask': 'WAITING/ACTIVE',
+  // An agent whose resume is deferred to its next action asks with the sandbox not back yet.
+  'RUNNING/RESUMING/ask': 'WAITING/RESUMING',
   'RUNNING/ACTIVE/complete': 'COMPLETED/ACTIVE',
 };
 for (const s of live) {
@@ -28,6 +31,8 @@ for (const s of live) {
   legal[`${s}/SUSPENDING/suspended`] = `${s}/SUSPENDED`;
   legal[`${s}/SUSPENDED/resume`] = `${s}/RESUMING`;
   legal[`${s}/RESUMING/resumed`] = `${s}/ACTIVE`;
+  // A deferred resume given up: the sandbox stays released for the next suspension.
+  legal[`${s}/RESUMING/resumeSkipped`] = `${s}/SUSPENDING`;
   for (const p of PHASES) {
     legal[`${s}/${p}/fail`] = 'FAILED/ACTIVE';
     legal[`${s}/${p}/cancel`] = 'CANCELLED/ACTIVE';

@@ -21,6 +21,7 @@ import {
   planResume,
   fusesWithResume,
   receiptProblem,
+  staysReleased,
   type ReleaseReceiptFacts,
   releaseBackoffMs,
   releaseIdempotencyKey,
@@ -289,6 +290,25 @@ describe('resume plan', () => {
     [{ type: 'fail' }, false],
   ] as const)('resume fused with %j: %s', (action, fused) => {
     expect(fusesWithResume(action)).toBe(fused);
+  });
+
+  // A deferred resume is skipped only if the next suspension would release the sandbox as it already is.
+  test.each([
+    ['RELEASED', 'SNAPSHOT_AND_TERMINATE', { kind: 'release', mode: 'SNAPSHOT_AND_TERMINATE' }, true],
+    ['RELEASED', 'DETACH', { kind: 'release', mode: 'DETACH' }, true],
+    ['RELEASED', 'TERMINATE', { kind: 'release', mode: 'TERMINATE' }, true],
+    ['RELEASED', 'SNAPSHOT_AND_TERMINATE', { kind: 'release', mode: 'DETACH' }, false],
+    ['RELEASED', 'DETACH', { kind: 'release', mode: 'SNAPSHOT_AND_TERMINATE' }, false],
+    ['RELEASED', undefined, { kind: 'release', mode: 'DETACH' }, false],
+    ['RELEASED', 'DETACH', { kind: 'retain', wanted: 'DETACH', why: 'not advertised' }, false],
+    // Not (fully) released: the compute still runs, so the next suspension releases it itself.
+    ['ACTIVE', 'DETACH', { kind: 'release', mode: 'DETACH' }, false],
+    ['RETAINED', 'DETACH', { kind: 'release', mode: 'DETACH' }, false],
+    ['RELEASE_BLOCKED', 'DETACH', { kind: 'release', mode: 'DETACH' }, false],
+    ['RELEASING', 'DETACH', { kind: 'release', mode: 'DETACH' }, false],
+    ['DESTROYED', 'DETACH', { kind: 'release', mode: 'DETACH' }, false],
+  ] as const)('resume skipped from %s (released in %s) into %j: %s', (before, mode, decision, stays) => {
+    expect(staysReleased(before, mode, decision)).toBe(stays);
   });
 
   test('hash mismatch names what changed', () => {
