@@ -16,6 +16,7 @@ import type { RequestContext, SandboxProvider } from '../providers/api';
 import { createLocalProvider } from '../providers/local';
 import { resolveLimits } from '../providers/limits';
 import { sandboxPaths } from '../providers/sandbox-state';
+import { withLifecycleLock } from '../providers/lock';
 import { mountVolume, prepareVolume, removeSandboxDir } from '../providers/volume';
 import type { CheckpointStore } from '../stores/api';
 import type { BenchEnv } from './env';
@@ -335,8 +336,9 @@ async function oneRep(
     const objectKey = `baseline/${sandboxId}.tar.zst`;
     // Baselines of the first suspend on the same bytes (the directories the checkpoint holds).
     const baselineSnapshot = async () => {
-      // Ours unmounts the sandbox's volume when it ran first: mounted again (untimed) for tar to read it.
-      await mountVolume(pathsA);
+      // Ours unmounts the sandbox's volume when it ran first: mounted again (untimed) for tar to read it,
+      // under the sandbox's lock (behind the unmount the release left for after its receipt).
+      await withLifecycleLock(sandboxId, () => mountVolume(pathsA));
       const tarZstd = await timed(() =>
         sh(`tar -C '${pathsA.volume}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`),
       );
@@ -367,7 +369,7 @@ async function oneRep(
     let resticFirst: { ms: number; bytes: number } | undefined;
     if (restic) {
       await restic(`-r '${repo}' init`);
-      await mountVolume(pathsA);
+      await withLifecycleLock(sandboxId, () => mountVolume(pathsA));
       resticFirst = await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS);
     }
 
@@ -421,7 +423,7 @@ async function oneRep(
       checkpoints.push(again.checkpoint);
       latest = again.checkpoint;
       // The release unmounted the sandbox's volume: mounted again for restic to read it.
-      if (restic) await mountVolume(pathsA);
+      if (restic) await withLifecycleLock(sandboxId, () => mountVolume(pathsA));
       const r = restic ? await resticBackup(restic, s3, env, resticPrefix, pathsA.volume, DIRS) : undefined;
       incremental.push({
         change: change.name,

@@ -230,9 +230,10 @@ function events(dir: string): Record<string, string> {
 
 async function until(what: string, marker: Marker, check: () => boolean, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  while (!check()) {
+  // A freeze or kill usually completes within a millisecond: looked at again soon, then less often.
+  for (let wait = 1; !check(); wait = Math.min(wait * 2, 5)) {
     if (Date.now() > deadline) throw new StasisError('UNAVAILABLE', `sandbox ${marker.sandboxId}: ${what}`);
-    await sleep(5);
+    await sleep(wait);
   }
 }
 

@@ -80,6 +80,47 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   const volumes = deps.volumes ?? 'off';
   /** Exec jobs this process is running, by `<sandboxId>/<jobId>`. */
   const runningJobs = new Map<string, Promise<ExecOutcome>>();
+  /**
+   * What a release leaves for after its receipt, by sandbox id: writing the next checkpoint's
+   * baseline and unmounting the volume (together 15-50 ms of an unchanged re-suspend). Neither is
+   * needed for the checkpoint or the receipt; each is done under the lifecycle lock right after the
+   * release, or first thing by the sandbox's next call if that comes earlier (`settle`). A worker
+   * killed in between loses neither: an older baseline is sound, and host maintenance unmounts the
+   * volumes of stopped sandboxes (unmountIdleVolumes).
+   */
+  const afterReceipt = new Map<string, { paths: SandboxPaths; baseline?: () => Promise<void>; unmount: boolean }>();
+  /** The scheduled `settle` calls, which close() waits for. */
+  const settling = new Set<Promise<void>>();
+
+  /**
+   * Does what the sandbox's last release left. The unmount only when the sandbox is otherwise idle
+   * (`idle`): a call that comes first needs the files mounted, or ends by releasing them itself.
+   */
+  async function settle(sandboxId: string, idle: boolean): Promise<void> {
+    const work = afterReceipt.get(sandboxId);
+    if (!work) return;
+    afterReceipt.delete(sandboxId);
+    // Only the next checkpoint's shortcut: a failed write (a sandbox destroyed meanwhile) costs nothing else.
+    await work.baseline?.().catch(() => undefined);
+    // A failed unmount leaves a mounted volume, which the next call uses or host maintenance unmounts.
+    if (idle && work.unmount) await unmountVolume(work.paths).catch(() => undefined);
+  }
+
+  /** The lifecycle lock, for a call that first settles what the sandbox's last release left. */
+  function locked<T>(sandboxId: string, fn: () => Promise<T>): Promise<T> {
+    return withLifecycleLock(sandboxId, async () => {
+      await settle(sandboxId, false);
+      return fn();
+    });
+  }
+
+  /** Queues the settling of `sandboxId` behind the current holder of its lock (the release that leaves it). */
+  function settleSoon(sandboxId: string): void {
+    const done: Promise<void> = withLifecycleLock(sandboxId, () => settle(sandboxId, true))
+      .catch(() => undefined)
+      .finally(() => settling.delete(done));
+    settling.add(done);
+  }
 
   async function load(sandboxId: string): Promise<{ paths: SandboxPaths; state: HostSandboxState }> {
     const paths = pathsOf(sandboxId);
@@ -100,7 +141,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     operation: string,
     fn: (state: HostSandboxState, paths: SandboxPaths) => Promise<T>,
   ): Promise<T> {
-    return withLifecycleLock(request.sandboxId, async () => {
+    return locked(request.sandboxId, async () => {
       const { paths, state } = await load(request.sandboxId);
       const loaded = JSON.stringify(state);
       admitFence(state, request.fence, operation);
@@ -130,7 +171,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     operation: string,
     fn: (paths: SandboxPaths) => Promise<T>,
   ): Promise<T> {
-    return withLifecycleLock(request.sandboxId, async () => {
+    return locked(request.sandboxId, async () => {
       const { paths, state } = await load(request.sandboxId);
       if (request.fence !== undefined && request.fence < state.maxFence) {
         throw new StasisError(
@@ -175,12 +216,16 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     delete state.dormant;
   }
 
-  async function terminate(state: HostSandboxState): Promise<void> {
+  /**
+   * Ends the sandbox's compute. A released sandbox holds no mount while it waits (its files are
+   * mounted again when next needed): unmounted here, or with `unmountLater` by `settle` after the receipt.
+   */
+  async function terminate(state: HostSandboxState, unmountLater?: () => void): Promise<void> {
     await killSandbox(markerOf(state.sandboxId));
     if (state.status === 'running' || state.status === 'paused') rotateGrant(state);
     state.status = 'stopped';
-    // A released sandbox holds no mount while it waits; its files are mounted again when next needed.
-    await unmountVolume(pathsOf(state.sandboxId));
+    if (unmountLater) unmountLater();
+    else await unmountVolume(pathsOf(state.sandboxId));
   }
 
   async function snapshotAndTerminate(
@@ -188,10 +233,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     paths: SandboxPaths,
     request: SandboxReleaseRequest,
     context: RequestContext,
+    later: { baseline?: () => Promise<void>; unmount: boolean },
   ): Promise<Checkpoint> {
     // Nothing ran since the last snapshot: its checkpoint still describes the files exactly.
     if (state.dormant && state.status === 'stopped' && (await deps.store.exists(state.dormant.checkpoint.uri))) {
-      await unmountVolume(paths);
+      later.unmount = true;
       return state.dormant.checkpoint;
     }
     const marker = markerOf(state.sandboxId);
@@ -212,10 +258,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           limits: archiveLimits,
           progress,
           ...(context.signal ? { signal: context.signal } : {}),
+          deferBaseline: (write) => (later.baseline = write),
         });
         context.signal?.throwIfAborted();
         progress.phase = 'terminating processes';
-        await terminate(state);
+        await terminate(state, () => (later.unmount = true));
       } catch (err) {
         // Roll back: the sandbox keeps running as before and no checkpoint is left behind.
         if (checkpoint) await deps.store.delete(checkpoint.uri).catch(() => undefined);
@@ -340,7 +387,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     async provision(raw) {
       const request = parseOrInvalid(ProvisionRequest, raw, 'provision request');
       await commands.check();
-      await withLifecycleLock(request.sandboxId, async () => {
+      await locked(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const existing = await readState(paths);
         if (existing) admitFence(existing, request.fence, 'provision');
@@ -465,12 +512,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
     async restore(raw, context) {
       const request = parseOrInvalid(RestoreRequest, raw, 'restore request');
-      return withLifecycleLock(request.sandboxId, () => restoreLocked(request, context));
+      return locked(request.sandboxId, () => restoreLocked(request, context));
     },
 
     async destroy(raw) {
       const request = parseOrInvalid(FencedRequest, raw, 'destroy request');
-      await withLifecycleLock(request.sandboxId, async () => {
+      await locked(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const state = await readState(paths);
         // No state here: already destroyed (destroy is idempotent), or its copy was evicted; its checkpoints still go.
@@ -498,7 +545,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
     async release(raw, context) {
       const request = parseOrInvalid(SandboxReleaseRequest, raw, 'release request');
-      return withLifecycleLock(request.sandboxId, async () => {
+      return locked(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const receipts = new ReceiptStore(paths.receipts);
         const duplicate = await receipts.replay(request);
@@ -507,10 +554,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         const loaded = JSON.stringify(state);
         admitFence(state, request.fence, 'release');
         let checkpoint: Checkpoint | undefined;
+        const later: { baseline?: () => Promise<void>; unmount: boolean } = { unmount: false };
         try {
-          if (request.mode === 'TERMINATE') await terminate(state);
+          if (request.mode === 'TERMINATE') await terminate(state, () => (later.unmount = true));
           if (request.mode === 'SNAPSHOT_AND_TERMINATE')
-            checkpoint = await snapshotAndTerminate(state, paths, request, context);
+            checkpoint = await snapshotAndTerminate(state, paths, request, context, later);
         } finally {
           await saveIfChanged(paths, state, loaded);
         }
@@ -526,6 +574,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
         };
         // Only a finished release leaves a receipt, so a failed one is simply retried.
         await receipts.save(request, receipt);
+        // Left only by a release that stands: a failed one rolled back (no checkpoint, compute kept).
+        if (later.baseline || later.unmount) {
+          afterReceipt.set(request.sandboxId, { paths, ...later });
+          settleSoon(request.sandboxId);
+        }
         return receipt;
       });
     },
@@ -561,7 +614,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async close() {
-      // Nothing to close: this provider holds no client handles, and closing never touches compute.
+      // No client handles to close, and closing never touches compute; what releases left is finished.
+      await Promise.all([...settling]);
     },
   };
   return provider;

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
 import { withLifecycleLock } from './lock';
 import { readState, sandboxPathsIn, type Dormant, type SandboxPaths } from './sandbox-state';
-import { removeSandboxDir } from './volume';
+import { isMounted, removeSandboxDir, unmountVolume } from './volume';
 
 export { withLifecycleLock } from './lock';
 
@@ -153,6 +153,39 @@ async function deleteDormantCopy(copy: DormantCopy, stillDeletable: () => Promis
     await removeSandboxDir(copy.paths);
     return true;
   });
+}
+
+/**
+ * Unmounts the volumes of sandboxes whose compute is released (status `stopped`) that are still
+ * mounted: a release unmounts after its receipt (local.ts), which a worker killed in between never
+ * did, and a file call on a stopped sandbox mounts it again. Under each sandbox's lifecycle lock; a
+ * later call that needs the files mounts them again.
+ */
+export async function unmountIdleVolumes(sandboxesDir: string): Promise<string[]> {
+  let names: string[];
+  try {
+    names = await fs.readdir(sandboxesDir);
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return [];
+    throw err;
+  }
+  const unmounted: string[] = [];
+  for (const sandboxId of names) {
+    let paths: SandboxPaths;
+    try {
+      paths = sandboxPathsIn(sandboxesDir, sandboxId);
+    } catch {
+      continue; // not a sandbox directory
+    }
+    const done = await withLifecycleLock(sandboxId, async () => {
+      const state = await readState(paths).catch(() => undefined);
+      if (state?.status !== 'stopped' || !(await isMounted(paths).catch(() => false))) return false;
+      await unmountVolume(paths);
+      return true;
+    });
+    if (done) unmounted.push(sandboxId);
+  }
+  return unmounted;
 }
 
 async function readMarker(file: string): Promise<z.infer<typeof Marker> | undefined> {

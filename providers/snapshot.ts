@@ -7,7 +7,7 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
@@ -41,6 +41,12 @@ export async function uploadSnapshot(input: {
    */
   format?: CheckpointFormat;
   signal?: AbortSignal;
+  /**
+   * Given, the new baseline is not written here but handed over as `write`, for the caller to run
+   * once its receipt is out: a baseline only speeds up the next checkpoint (it is not synced
+   * either), and an older one whose checkpoint still exists is as sound, only less recent.
+   */
+  deferBaseline?: (write: () => Promise<void>) => void;
 }): Promise<Checkpoint> {
   // One name per release request: a retry after a killed attempt replaces what that attempt left
   // (its object, its unfinished upload) instead of leaving it beside the new one. Attempts of
@@ -57,7 +63,9 @@ export async function uploadSnapshot(input: {
     () => true,
     () => false,
   );
-  await writeFileAtomic(attemptFile, name);
+  // Not synced: lost in a host crash, it only leaves an interrupted attempt's packs unnamed until
+  // the sandbox's next collection or its destroy, which deletes its whole prefix.
+  await fs.writeFile(attemptFile, name);
   // Packs are compressed through files beside the sandbox's state (never in its directories); a killed attempt's are removed here.
   await removeEntries(input.paths.root, (entry) => entry.startsWith(PACKING));
   const taken = await takeCheckpoint({
@@ -73,7 +81,8 @@ export async function uploadSnapshot(input: {
     tempPrefix: path.join(input.paths.root, `${PACKING}${randomBytes(6).toString('hex')}`),
     ...(input.signal ? { signal: input.signal } : {}),
   });
-  await writeBaseline(baselineFile, taken.baseline);
+  if (input.deferBaseline) input.deferBaseline(() => writeBaseline(baselineFile, taken.baseline));
+  else await writeBaseline(baselineFile, taken.baseline);
   await fs.rm(attemptFile, { force: true });
   // An earlier attempt was killed part-way: its packs are named by no manifest. Collected with no grace, as
   // no other release of this sandbox can be in flight (they run under its lifecycle lock, on its one host).

@@ -2,7 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../common/config';
 import { END_REASON } from '../common/errors';
-import { evictUnderPressure, orphanSweep } from '../providers/maintenance';
+import { evictUnderPressure, orphanSweep, unmountIdleVolumes } from '../providers/maintenance';
 import type { ProviderRegistry } from '../providers/registry';
 import { sandboxesDir } from '../providers/sandbox-state';
 import type { ExecutionResourceRecord } from '../common/schemas';
@@ -115,7 +115,7 @@ export interface MaintenanceOptions extends HostContext {
   store: CheckpointStore;
 }
 
-/** One maintenance pass: what destroy left behind, orphaned dormant copies, then disk pressure. */
+/** One maintenance pass: what destroy left behind, orphaned dormant copies, disk pressure, then idle mounts. */
 export async function maintainHost(options: MaintenanceOptions, now?: () => Date, signal?: AbortSignal) {
   const dir = sandboxesDir(options.dataDir);
   await mkdir(dir, { recursive: true });
@@ -134,7 +134,8 @@ export async function maintainHost(options: MaintenanceOptions, now?: () => Date
     minFreeBytes: options.config.STASIS_DISK_MIN_FREE_MB * 1024 * 1024,
     checkpointExists: (uri) => options.store.exists(uri),
   });
-  return { destroyed, orphans, eviction };
+  const unmounted = await unmountIdleVolumes(dir);
+  return { destroyed, orphans, eviction, unmounted };
 }
 
 /**

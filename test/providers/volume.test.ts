@@ -7,7 +7,7 @@ import { createLocalProvider } from '../../providers/local';
 import { evictUnderPressure } from '../../providers/maintenance';
 import { sandboxesDir, sandboxPaths } from '../../providers/sandbox-state';
 import { volumeSupport } from '../../providers/volume';
-import { context, mountsUnder, stasisError, uniqueId } from './helpers';
+import { context, mountsUnder, stasisError, uniqueId, waitFor } from './helpers';
 import { makeHost, sh, type Host } from './harness';
 
 // Each sandbox's files on their own volume (a loop-mounted ext4 image of its
@@ -103,7 +103,11 @@ describe.each([
       { sandboxId: filler, idempotencyKey: `${filler}/2`, mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
       context(),
     );
-    expect(mountsUnder(sandboxPaths(host.dataDir, filler).root)).toEqual([]);
+    // Unmounted right after the receipt (not before it: the unmount is no part of the checkpoint).
+    await waitFor(
+      'the released volume unmounted',
+      async () => mountsUnder(sandboxPaths(host.dataDir, filler).root).length === 0,
+    );
     await host.provider.restore({ sandboxId: filler, fence: 3, checkpoint: suspended.checkpoint! }, context());
     expect(
       (await host.provider.readFile({ sandboxId: filler, fence: 3, path: 'before.txt' }, context())).equals(before),
