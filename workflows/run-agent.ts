@@ -22,6 +22,7 @@ import { failureCode, failureMessage } from './failures';
 import type { RunWorkflowInput } from './definitions';
 import {
   PATCH_ANSWER_RESULT,
+  PATCH_CAN_BRINGS_BACK,
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
   shared,
@@ -48,6 +49,10 @@ export async function agentLoop(c: RunController): Promise<void> {
       c.publishHeld();
       await suspendAndWait(c, 'MANUAL', [], takesNextStep(c));
       continue;
+    }
+    // Continue-as-new waits for an ACTIVE Run: one that only asks is RESUMING between its steps.
+    if (workflowInfo().continueAsNewSuggested && c.pendingResume && c.patched(PATCH_CAN_BRINGS_BACK)) {
+      await completeResume(c);
     }
     if (workflowInfo().continueAsNewSuggested && !c.admit('continueAsNew')) {
       c.publishHeld();

@@ -83,6 +83,12 @@ export const PATCH_RESUME_TAKEN = 'stasis-run-resume-taken';
  * already released is skipped: the Run goes into its new suspension with no restore and no release.
  */
 export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
+/**
+ * A Run told to continue as new with a resume deferred to its next action brings its sandbox back
+ * first: continue-as-new waits for an ACTIVE Run, and one that only asks is RESUMING between all its
+ * steps, so it never continued as new and its history grew until Temporal ended it.
+ */
+export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -105,7 +111,13 @@ export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
  * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
  * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
  */
-const ASKED_AT_START: string[] = [PATCH_DESTROYING, PATCH_LEAN_CYCLE, PATCH_RESUME_TAKEN, PATCH_STAY_RELEASED];
+const ASKED_AT_START: string[] = [
+  PATCH_DESTROYING,
+  PATCH_LEAN_CYCLE,
+  PATCH_RESUME_TAKEN,
+  PATCH_STAY_RELEASED,
+  PATCH_CAN_BRINGS_BACK,
+];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
