@@ -118,7 +118,8 @@ interface DormantCopy {
   dormant: Dormant;
 }
 
-async function dormantCopies(sandboxesDir: string): Promise<DormantCopy[]> {
+/** The sandbox directories under `sandboxesDir` (none when it does not exist). */
+async function sandboxDirs(sandboxesDir: string): Promise<{ sandboxId: string; paths: SandboxPaths }[]> {
   let names: string[];
   try {
     names = await fs.readdir(sandboxesDir);
@@ -126,14 +127,18 @@ async function dormantCopies(sandboxesDir: string): Promise<DormantCopy[]> {
     if (hasErrorCode(err, 'ENOENT')) return [];
     throw err;
   }
-  const copies: DormantCopy[] = [];
-  for (const sandboxId of names) {
-    let paths: SandboxPaths;
+  return names.flatMap((sandboxId) => {
     try {
-      paths = sandboxPathsIn(sandboxesDir, sandboxId);
+      return [{ sandboxId, paths: sandboxPathsIn(sandboxesDir, sandboxId) }];
     } catch {
-      continue; // not a sandbox directory
+      return []; // not a sandbox directory
     }
+  });
+}
+
+async function dormantCopies(sandboxesDir: string): Promise<DormantCopy[]> {
+  const copies: DormantCopy[] = [];
+  for (const { sandboxId, paths } of await sandboxDirs(sandboxesDir)) {
     const state = await readState(paths).catch(() => undefined);
     if (state?.dormant) copies.push({ sandboxId, paths, dormant: state.dormant });
   }
@@ -162,21 +167,8 @@ async function deleteDormantCopy(copy: DormantCopy, stillDeletable: () => Promis
  * later call that needs the files mounts them again.
  */
 export async function unmountIdleVolumes(sandboxesDir: string): Promise<string[]> {
-  let names: string[];
-  try {
-    names = await fs.readdir(sandboxesDir);
-  } catch (err) {
-    if (hasErrorCode(err, 'ENOENT')) return [];
-    throw err;
-  }
   const unmounted: string[] = [];
-  for (const sandboxId of names) {
-    let paths: SandboxPaths;
-    try {
-      paths = sandboxPathsIn(sandboxesDir, sandboxId);
-    } catch {
-      continue; // not a sandbox directory
-    }
+  for (const { sandboxId, paths } of await sandboxDirs(sandboxesDir)) {
     const done = await withLifecycleLock(sandboxId, async () => {
       const state = await readState(paths).catch(() => undefined);
       if (state?.status !== 'stopped' || !(await isMounted(paths).catch(() => false))) return false;
