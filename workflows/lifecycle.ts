@@ -398,7 +398,7 @@ export interface RunFacts extends RunState {
   runningJobs: number;
   /**
    * The Run is RESUMING only because its sandbox comes back with its next action (a deferred
-   * resume): the agent is taking its step, as when ACTIVE.
+   * resume, or one riding with a sandbox job): the agent is stepping, as when ACTIVE.
    */
   resumeDeferred?: boolean;
 }

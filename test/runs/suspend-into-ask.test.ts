@@ -83,3 +83,31 @@ test('a suspend taken while a deferred resume waits for the agent, whose step as
     stdout: 'kept',
   });
 });
+
+test('a suspend while a resume rides with a sandbox job is admitted, as for a job of an ACTIVE Run, and taken once the job is done', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { writeFile: { path: 'b.txt', content: 'kept' } },
+        { ask: 'go on?' },
+        { exec: 'sleep 3; cat b.txt' },
+        { complete: 'done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+    policy: { pauseMode: 'SNAPSHOT_AND_TERMINATE' },
+  });
+  const view = async () => saw(await stack.client.runs.resource(runId));
+  await eventually(async () => (await view()).record.state === 'RELEASED', 90_000, 'released for the ask');
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await eventually(async () => (await view()).phase === 'RESUMING', 30_000, 'resuming with the job');
+  // Refused before (the Run is RESUMING for as long as the job runs); now taken after the job.
+  expect(await stack.client.runs.suspend(runId)).toMatchObject({ status: 'RUNNING' });
+  expect(await view()).toMatchObject({ phase: 'SUSPENDED', suspension: { reason: 'MANUAL' } });
+  const names = await scheduled(runId);
+  expect(names.filter((n) => n === 'resumeAndExecInSandbox')).toHaveLength(1);
+  expect(names).not.toContain('execInSandbox');
+  await stack.client.runs.resume(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+});
