@@ -53,6 +53,11 @@ test('the tarball holds the built package, its types, the page and docs, and no 
   expect(stray).toEqual([]);
 });
 
+test("the README's `npx stasis` runs the CLI this repository built (its bin is executable)", async () => {
+  const { stdout } = await run('npx', ['--no-install', 'stasis', '--help'], { cwd: ROOT });
+  expect(stdout).toContain('Usage: stasis');
+});
+
 test('a separate strict TypeScript project installs the tarball, compiles against its types and completes a Run with its own driver and provider', async () => {
   const project = path.join(dir, 'consumer');
   cpSync(PROJECT, project, { recursive: true });
