@@ -396,11 +396,6 @@ export interface RunFacts extends RunState {
   /** Retention ran out: the Run is being (or has been) expired. */
   expiring: boolean;
   runningJobs: number;
-  /**
-   * The Run is RESUMING only because its sandbox comes back with its next action (a deferred
-   * resume, or one riding with a sandbox job): the agent is stepping, as when ACTIVE.
-   */
-  resumeDeferred?: boolean;
 }
 
 export type RunOp = 'suspend' | 'resume' | 'cancel' | 'continueAsNew';
@@ -411,17 +406,19 @@ const STALE_RUN: Rejection = {
 };
 
 /**
- * Admission of the Run's operations (answers have checkRespond): a suspend only of a
- * RUNNING, active Run (or one whose resume waits for its next action), a resume only of a manual or held suspension (an interaction is
- * resumed by its answer), a cancel of any live Run, continue-as-new only between steps.
+ * Admission of the Run's operations (answers have checkRespond): a suspend of a RUNNING Run
+ * that is ACTIVE or RESUMING (taken by the agent loop once the resume and the action under way
+ * are done: a resume may wait for the agent's next step or ride with its job), a resume only of
+ * a manual or held suspension (an interaction is resumed by its answer), a cancel of any live
+ * Run, continue-as-new only between steps.
  */
 export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
   if (facts.expiring || facts.status === 'EXPIRED') return STALE_RUN;
   if (isTerminalRunStatus(facts.status)) return { code: 'INVALID_STATE_TRANSITION', message: `run is ${facts.status}` };
   switch (op) {
     case 'suspend': {
-      const stepping = facts.phase === 'ACTIVE' || (facts.phase === 'RESUMING' && facts.resumeDeferred === true);
-      if (facts.status !== 'RUNNING' || !stepping || facts.suspendRequested) {
+      const live = facts.phase === 'ACTIVE' || facts.phase === 'RESUMING';
+      if (facts.status !== 'RUNNING' || !live || facts.suspendRequested) {
         return {
           code: 'INVALID_STATE_TRANSITION',
           message: `run: cannot suspend while ${facts.status}/${facts.phase}`,

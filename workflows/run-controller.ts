@@ -171,8 +171,6 @@ export class RunController {
    * Update answers once this counts past what it saw (PATCH_RESUME_TAKEN).
    */
   resumesTaken = 0;
-  /** A resume rides with a sandbox job (resumeWithJob): RESUMING until the job is done, as ACTIVE for a suspend. */
-  resumingWithJob = false;
   /** Whether this Run's agent steps are local activities (resolved within the workflow task that asks). */
   readonly localSteps: boolean;
   /** Visibility changes wait for the local step under way (publishHeld), so its workflow task upserts once. */
@@ -245,7 +243,6 @@ export class RunController {
         ...(this.run.suspension ? { suspensionReason: this.run.suspension.reason } : {}),
         expiring: this.expiring,
         runningJobs: this.run.jobs.filter((j) => j.status === 'running').length,
-        resumeDeferred: this.pendingResume !== undefined || this.resumingWithJob,
       },
       op,
     );

@@ -189,7 +189,6 @@ export async function resumeWithJob(
   c.pendingResume = undefined;
   const now = computeRunHashes(run.runId, run.spec, run.parentRunId);
   let result: { restored?: RestoreResult; outcome?: ExecOutcome };
-  c.resumingWithJob = true;
   try {
     // A local agent step follows in this workflow task: what changes now is published with it.
     result = await c.sandbox.resumeAndExec(pending.start, jobId, command, now, options, () => {
@@ -199,8 +198,6 @@ export async function resumeWithJob(
     // The sandbox came back and only the job failed: the Run is active again, the job's failure stands.
     if (c.sandbox.record.state === 'ACTIVE') settleResume(c, undefined, pending.checkpointHashes);
     throw err;
-  } finally {
-    c.resumingWithJob = false;
   }
   settleResume(c, result.restored, pending.checkpointHashes);
   if (!result.outcome) throw new Error(`job ${jobId} did not run after the resume`);

@@ -1,6 +1,8 @@
+import { WorkflowUpdateStage } from '@temporalio/client';
 import type { AgentDriver, AgentAction } from '../../drivers/api';
 import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
+import { suspendRunUpdate } from '../../workflows/definitions';
 import { useStack, startStack, eventually, saw } from '../helpers/stack';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
@@ -109,9 +111,12 @@ test('a resume answers once taken, also when the sandbox comes back only with th
   expect((await view()).phase).toBe('RESUMING');
   await expect(stack.client.runs.resume(runId)).rejects.toMatchObject({ code: 'INVALID_STATE_TRANSITION' });
   // A suspend is taken after the agent's step, as when ACTIVE: the file is written, then the Run suspends.
-  const suspended = within(stack.client.runs.suspend(runId), 'suspend while resuming');
+  // Accepted before the agent's step returns (the order under test, not a race), answered once taken.
+  const suspending = await stack.temporal.workflow
+    .getHandle(runId)
+    .startUpdate(suspendRunUpdate, { waitForStage: WorkflowUpdateStage.ACCEPTED });
   openGate();
-  await suspended;
+  await within(suspending.result(), 'suspend while resuming');
   expect(await view()).toMatchObject({ phase: 'SUSPENDED', suspension: { reason: 'MANUAL' } });
   await within(stack.client.runs.resume(runId), 'resume into completion');
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');

@@ -445,11 +445,11 @@ describe('run state machine', () => {
     ['suspend', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
     ['suspend', facts({ status: 'COMPLETED' }), 'INVALID_STATE_TRANSITION'],
     ['suspend', facts({ status: 'EXPIRED' }), 'STALE_SANDBOX_ROUTE'],
-    // A resume deferred to the next action: the agent is stepping, as when ACTIVE.
-    ['suspend', facts({ phase: 'RESUMING', resumeDeferred: true }), undefined],
-    ['suspend', facts({ phase: 'RESUMING' }), 'INVALID_STATE_TRANSITION'],
-    ['suspend', facts({ phase: 'RESUMING', resumeDeferred: true, suspendRequested: true }), 'INVALID_STATE_TRANSITION'],
-    ['suspend', facts({ status: 'WAITING', phase: 'RESUMING', resumeDeferred: true }), 'INVALID_STATE_TRANSITION'],
+    // RESUMING (deferred to the agent's next step, riding with its job, or restoring): taken after it.
+    ['suspend', facts({ phase: 'RESUMING' }), undefined],
+    ['suspend', facts({ phase: 'RESUMING', suspendRequested: true }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ status: 'WAITING', phase: 'RESUMING' }), 'INVALID_STATE_TRANSITION'],
+    ['suspend', facts({ phase: 'SUSPENDING' }), 'INVALID_STATE_TRANSITION'],
     ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), undefined],
     ['resume', facts({ phase: 'SUSPENDED', suspensionReason: 'POLICY_HOLD' }), undefined],
     [
