@@ -9,6 +9,27 @@ import { boundExecOutcome } from './exec-output';
 
 // Host-independent activities on the shared task queue.
 
+/** How often a driver step under way tells Temporal it is alive (its heartbeat timeout is 1 minute). */
+const STEP_HEARTBEAT_MS = 10_000;
+
+/**
+ * A driver step (an LLM call may take minutes) heartbeats while it runs, so it is not timed out and
+ * started again after the activity's heartbeat timeout, and it ends when the activity is cancelled
+ * (a worker shutting down, the Run cancelled) instead of holding the worker: a driver that ignores
+ * cancellation is left to finish in the background, its answer unused.
+ */
+async function whileStepping<T>(step: Promise<T>): Promise<T> {
+  const context = Context.current();
+  // A local activity (a fast driver) neither heartbeats nor waits for one.
+  if (context.info.isLocal) return step;
+  const beat = setInterval(() => context.heartbeat(), STEP_HEARTBEAT_MS);
+  try {
+    return await Promise.race([step, context.cancelled]);
+  } finally {
+    clearInterval(beat);
+  }
+}
+
 export interface SharedActivityDeps {
   drivers: Map<string, AgentDriver>;
   store: CheckpointStore;
@@ -29,7 +50,7 @@ export function createSharedActivities(deps: SharedActivityDeps) {
           nonRetryable: true,
         });
       }
-      const out = await driver.step(input);
+      const out = await whileStepping(driver.step(input));
       const action = AgentAction.safeParse(out.action);
       if (!action.success) {
         throw ApplicationFailure.create({
