@@ -68,10 +68,11 @@ export async function suspendAndWait(
     ...(retentionSeconds > 0 ? { expiresAt: new Date(nowMs() + retentionSeconds * 1000).toISOString() } : {}),
   };
   for (const job of jobsToCancel(run.jobs)) c.jobScopes.get(job.id)?.cancel();
-  if (!stay && decision.kind === 'retain') c.sandbox.retain(decision.why);
   // A sandbox that stays released is so in this mode already, with the checkpoint the next resume restores.
-  else if (!stay && decision.kind === 'release')
-    c.sandbox.startRelease(decision.mode, reason, c.labels(), () => isReleaseBlocked(run.jobs, run.children));
+  if (!stay) {
+    if (decision.kind === 'retain') c.sandbox.retain(decision.why);
+    else c.sandbox.startRelease(decision.mode, reason, c.labels(), () => isReleaseBlocked(run.jobs, run.children));
+  }
   c.transition('suspended');
 
   const resumed = () =>
