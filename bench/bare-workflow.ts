@@ -4,8 +4,10 @@ import {
   proxyActivities,
   proxyLocalActivities,
   setHandler,
+  upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+import { StasisResourceState, StasisStatus } from '../workflows/search-attributes';
 
 // The bare-Temporal baseline of figure 2: a workflow with the same Update and the same activities
 // per cycle as a Stasis Run's cycle, in the same steps, doing no sandbox work.
@@ -41,8 +43,10 @@ export async function bareCycleWorkflow(cycle: BareCycle): Promise<string> {
     answered = true;
   });
   const queue = workflowInfo().taskQueue;
-  const shared = proxyActivities<BareActivities>({ startToCloseTimeout: '10m' });
-  const host = proxyActivities<BareActivities>({ taskQueue: `${queue}@host`, startToCloseTimeout: '10m' });
+  // A task lost on its way to the worker (seen under load: started, never completed) is retried after
+  // 30 s, as a Stasis provider call's is (its heartbeat timeout), not after the 10 minutes it once waited.
+  const shared = proxyActivities<BareActivities>({ startToCloseTimeout: '30s' });
+  const host = proxyActivities<BareActivities>({ taskQueue: `${queue}@host`, startToCloseTimeout: '30s' });
   const local = proxyLocalActivities<BareActivities>({ startToCloseTimeout: '30s' });
   const run = async (steps: BareStep[]) => {
     for (const step of steps) {
@@ -54,6 +58,11 @@ export async function bareCycleWorkflow(cycle: BareCycle): Promise<string> {
     }
   };
   await run(cycle.before);
+  // Said as a Stasis Run says it (the attributes the driver polls): both are answered on the same signal.
+  upsertSearchAttributes([
+    { key: StasisStatus, value: 'WAITING' },
+    { key: StasisResourceState, value: 'RELEASED' },
+  ]);
   waiting = true;
   await condition(() => answered);
   await run(cycle.after);

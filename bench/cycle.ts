@@ -106,9 +106,10 @@ async function baselineCycle(
   c: ModeCase,
   scratch: string,
   i: number,
+  hostId: string,
 ): Promise<{ suspendMs: number; resumeMs: number }> {
   const sandboxId = `base-${c.mode.toLowerCase().slice(0, 4)}-${c.bytes}-${i}`;
-  const ctx: RequestContext = { ownerId: sandboxId, hostId: 'bench-baseline' };
+  const ctx: RequestContext = { ownerId: sandboxId, hostId };
   const workspace =
     c.mode === 'TERMINATE'
       ? { kind: 'active' as const, hostPath: path.join(scratch, 'baseline-active', sandboxId) }
@@ -159,22 +160,24 @@ export async function runCycleBench(
   reps: number,
   largeMiB: number,
   log: (line: string) => void,
+  /** `modes`: only these cases (a profile script); `baselineHost`: the direct provider's host id. */
+  options: { modes?: string[]; baselineHost?: string } = {},
 ): Promise<ModeResult[]> {
   // Configured as the worker's provider (sandbox volumes included), so the difference is orchestration alone.
   const provider = createLocalProvider({
-    hostId: 'bench-baseline',
+    hostId: options.baselineHost ?? 'bench-baseline',
     dataDir: path.join(env.scratch, 'baseline'),
     store: env.store,
     volumes: env.config.STASIS_SANDBOX_VOLUMES,
   });
   const results: ModeResult[] = [];
-  for (const c of modeCases(largeMiB)) {
+  for (const c of modeCases(largeMiB).filter((m) => !options.modes || options.modes.includes(m.name))) {
     const samples: CycleSample[] = [];
     const base: { suspendMs: number; resumeMs: number }[] = [];
     const errors: string[] = [];
     // One warm-up of each (bundle caches, first upload), not counted; then alternate Temporal and direct.
     await stasisCycle(env, c).catch((err: unknown) => errors.push(`warm-up: ${String(err)}`));
-    await baselineCycle(provider, c, env.scratch, 0).catch((err: unknown) =>
+    await baselineCycle(provider, c, env.scratch, 0, options.baselineHost ?? 'bench-baseline').catch((err: unknown) =>
       errors.push(`baseline warm-up: ${String(err)}`),
     );
     for (let i = 1; i <= reps; i++) {
@@ -184,7 +187,7 @@ export async function runCycleBench(
         errors.push(String(err));
       }
       try {
-        base.push(await baselineCycle(provider, c, env.scratch, i));
+        base.push(await baselineCycle(provider, c, env.scratch, i, options.baselineHost ?? 'bench-baseline'));
       } catch (err) {
         errors.push(`baseline: ${String(err)}`);
       }

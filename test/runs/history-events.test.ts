@@ -116,6 +116,9 @@ test.each(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'] as const)(
     expect(typesPerCycle.TIMER_STARTED).toBeUndefined();
     expect(typesPerCycle.TIMER_CANCELED).toBeUndefined();
     expect(countTypes(three).TIMER_STARTED).toBe(1);
+    // This worker has no webhook and said so when it provisioned the sandbox: no delivery activity at all
+    // (one at the first ask used to find that out, and its workflow task held up the first release's).
+    expect(countTypes(three)['scheduled deliverWebhook']).toBeUndefined();
     expect(typesPerCycle.WORKFLOW_TASK_COMPLETED).toBeLessThanOrEqual(3);
     // And still one search-attribute upsert per workflow task.
     expect(upsertsPerTask(cycle).filter((upserts) => upserts.length > 1)).toEqual([]);
