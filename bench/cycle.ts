@@ -117,27 +117,30 @@ async function baselineCycle(
   await provider.provision({ sandboxId, fence: 1, workspace }, ctx);
   await provider.start({ sandboxId, fence: 1 }, ctx);
   await provider.exec({ sandboxId, fence: 1, jobId: 'job-1', command: fillCommand(c.bytes) }, ctx);
+  // Under fences of their own, as a Run's release and resume are (coordinator.ts): a raised fence is written
+  // to the sandbox's state before the call answers, part of the provider's work (a DETACH release at the
+  // fence it was started with writes nothing but its receipt).
   const release = await timed(() =>
     provider.release(
-      { sandboxId, fence: 1, idempotencyKey: `${sandboxId}/1/release`, mode: c.mode, reason: 'INTERACTION' },
+      { sandboxId, fence: 2, idempotencyKey: `${sandboxId}/2/release`, mode: c.mode, reason: 'INTERACTION' },
       ctx,
     ),
   );
   const resume = await timed(async () => {
-    if (c.mode === 'DETACH') await provider.attach({ sandboxId, fence: 2 }, ctx);
+    if (c.mode === 'DETACH') await provider.attach({ sandboxId, fence: 3 }, ctx);
     else
       await provider.restore(
         {
           sandboxId,
-          fence: 2,
+          fence: 3,
           workspace,
           ...(release.value.checkpoint ? { checkpoint: release.value.checkpoint } : {}),
         },
         ctx,
       );
   });
-  await provider.exec({ sandboxId, fence: 2, jobId: 'job-2', command: 'true' }, ctx);
-  await provider.destroy({ sandboxId, fence: 2 }, ctx);
+  await provider.exec({ sandboxId, fence: 3, jobId: 'job-2', command: 'true' }, ctx);
+  await provider.destroy({ sandboxId, fence: 3 }, ctx);
   return { suspendMs: release.ms, resumeMs: resume.ms };
 }
 
