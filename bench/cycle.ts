@@ -6,6 +6,7 @@ import type { BenchEnv } from './env';
 import { breakdown, find, timedHistory, type Breakdown, type TimedEvent } from './history';
 import { cycleSpec, modeCases, newRunId, type ModeCase } from './specs';
 import { summarize, sleep, timed, type Summary } from './stats';
+import { StasisResourceState, StasisStatus } from '../workflows/search-attributes';
 import { fillCommand } from './workspace';
 
 // Figure 1: suspend and resume latency of one scripted cycle per pause mode,
@@ -45,13 +46,23 @@ export interface ModeResult {
   errors: string[];
 }
 
+/**
+ * Polls the Run's search attributes as the server holds them (describe: no visibility lag, and no
+ * worker involved). Not by query: a query that reaches the Run while its local agent step runs ends
+ * that workflow task early, so polling every 25 ms added a workflow task to the very suspension
+ * being measured.
+ */
 async function waitReleased(env: BenchEnv, runId: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const view = await env.client.runs.resource(runId).catch(() => undefined);
-    if (view?.record.state === 'RELEASED') return;
+    const described = await env.temporal.workflow
+      .getHandle(runId)
+      .describe()
+      .catch(() => undefined);
+    const state = described?.typedSearchAttributes.get(StasisResourceState);
+    if (state === 'RELEASED' && described?.typedSearchAttributes.get(StasisStatus) === 'WAITING') return;
     if (Date.now() > deadline)
-      throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${view?.record.state ?? 'unknown'})`);
+      throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${state ?? 'unknown'})`);
     await sleep(25);
   }
 }
