@@ -559,8 +559,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           if (request.mode === 'TERMINATE') await terminate(state, () => (later.unmount = true));
           if (request.mode === 'SNAPSHOT_AND_TERMINATE')
             checkpoint = await snapshotAndTerminate(state, paths, request, context, later);
-        } finally {
+        } catch (err) {
           await saveIfChanged(paths, state, loaded);
+          throw err;
         }
         const receipt: SandboxReleaseReceipt = {
           sandboxId: request.sandboxId,
@@ -572,8 +573,18 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           fence: request.fence,
           releasedAt: new Date().toISOString(),
         };
-        // Only a finished release leaves a receipt, so a failed one is simply retried.
-        await receipts.save(request, receipt);
+        // Only a finished release leaves a receipt, so a failed one is simply retried. The receipt is written
+        // and synced while the state (its raised fence) is saved, and named only once that is durable: a
+        // receipt never stands for a release whose fence a crash could forget. One fsync less on the path.
+        const [saved, staged] = await Promise.allSettled([
+          saveIfChanged(paths, state, loaded),
+          receipts.stage(request, receipt),
+        ]);
+        if (saved.status === 'rejected' || staged.status === 'rejected') {
+          if (staged.status === 'fulfilled') await staged.value.abort();
+          throw saved.status === 'rejected' ? saved.reason : (staged as PromiseRejectedResult).reason;
+        }
+        await staged.value.commit();
         // Left only by a release that stands: a failed one rolled back (no checkpoint, compute kept).
         if (later.baseline || later.unmount) {
           afterReceipt.set(request.sandboxId, { paths, ...later });
