@@ -384,6 +384,22 @@ function waitingSection(r: BenchResults): string {
   ].join('\n');
 }
 
+/** Figure 5 of the last `--waiting-scale` run: the sizes a full run's budget cannot reach. */
+function longWaitingSection(long: BenchResults | undefined): string[] {
+  if (!long || (!long.waiting && !long.waitingMore?.length)) return [];
+  return [
+    '',
+    `### 5b. Scale of waiting, long run (\`${long.command}\`)`,
+    '',
+    `Its own run, not the one above: ${long.date}${long.commit ? `, commit \`${long.commit.slice(0, 12)}\`` : ''}, ${secs(long.durationMs)}, ` +
+      `load average ${long.machine.loadAtStart.join(' / ')} → ${long.loadAtEnd.join(' / ')}; same machine, same setup, figure 5 alone.`,
+    '',
+    waitingSection(long),
+    ...(long.notMeasured.length ? ['', ...long.notMeasured.map((n) => `- Not measured: ${n}`)] : []),
+    ...Object.entries(long.phaseErrors).map(([k, v]) => `- Phase failed: ${k}: \`${v.split('\n')[0]}\``),
+  ];
+}
+
 /** A CPU part as it reads in a sentence: "the worker's main thread …", "the Temporal dev server". */
 function partPhrase(part: string): string {
   if (part.startsWith('worker: ')) return `the worker's ${part.slice('worker: '.length)}`;
@@ -434,7 +450,11 @@ function failureLines(what: string, failures: Record<string, number> | undefined
   ];
 }
 
-export function renderMarkdown(r: BenchResults): string {
+/**
+ * BENCHMARKS.md from one run's results; `long`, when given, is the last `--waiting-scale` run, whose
+ * figure 5 rows are shown after this run's with their own date, commit and load.
+ */
+export function renderMarkdown(r: BenchResults, long?: BenchResults): string {
   const m = r.machine;
   return [
     '# Stasis benchmarks',
@@ -486,6 +506,7 @@ export function renderMarkdown(r: BenchResults): string {
     '## 5. Scale of waiting',
     '',
     waitingSection(r),
+    ...longWaitingSection(long),
     '',
     '## Findings',
     '',

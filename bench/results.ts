@@ -9,7 +9,9 @@ import type { WaitingResult } from './waiting';
 
 export interface BenchResults {
   command: string;
-  mode: 'quick' | 'full';
+  mode: 'quick' | 'full' | 'waiting-scale';
+  /** The commit measured (`git rev-parse HEAD`), when the run is in a git checkout. */
+  commit?: string;
   date: string;
   machine: MachineInfo;
   servers: { temporalCli: string; minio: string };
