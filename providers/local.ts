@@ -279,9 +279,19 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
   async function layOut(paths: SandboxPaths, workspace: Workspace, limits: SandboxLimits | undefined): Promise<void> {
-    await prepareVolume(paths, resolveLimits(limits).diskMiB, volumes);
-    for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
-    await makeDirDurable(paths.receipts);
+    // The root first, durably: the two below never race to create it (the loser would not sync its entry). Whoever
+    // else creates it (a restore's downloads) does so durably too, and is waited for before the state is written.
+    await makeDirDurable(paths.root);
+    // The volume's mkfs and the receipts' fsyncs at once; both settle before a failure is thrown.
+    const [volume, receipts] = await Promise.allSettled([
+      (async () => {
+        await prepareVolume(paths, resolveLimits(limits).diskMiB, volumes);
+        for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
+      })(),
+      makeDirDurable(paths.receipts),
+    ]);
+    if (volume.status === 'rejected') throw volume.reason;
+    if (receipts.status === 'rejected') throw receipts.reason;
     if (workspace.kind === 'isolated') {
       await fs.mkdir(paths.workspace, { recursive: true });
       return;

@@ -7,7 +7,7 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
@@ -169,7 +169,8 @@ export async function restoreSnapshot(input: {
 }): Promise<{ labels: Record<string, string>; synced: Promise<void> }> {
   const { paths } = input;
   // Restores of one sandbox never overlap (they run under its lifecycle lock): whatever matches is an earlier attempt's.
-  await fs.mkdir(paths.root, { recursive: true });
+  // Durably, as layOut makes it (meanwhile, on a new host): whichever of the two creates it syncs its entry.
+  await makeDirDurable(paths.root);
   await removeEntries(paths.root, (name) => name.startsWith(STAGING));
   // Staged on the sandbox's volume (the swap is a rename there), downloaded beside it (the archive is not its files).
   const name = `${STAGING}${randomBytes(6).toString('hex')}`;
