@@ -8,7 +8,7 @@ export type ActivityDeps = ProviderActivityDeps & SharedActivityDeps & WebhookAc
 /** Every activity of a worker; provider errors cross as typed, retry-aware failures. */
 export function createActivities(deps: ActivityDeps) {
   return withFailures({
-    ...createProviderActivities(deps),
+    ...createProviderActivities({ ...deps, webhooks: deps.webhook !== undefined }),
     ...createSharedActivities(deps),
     ...createWebhookActivities(deps),
   });

@@ -32,6 +32,8 @@ export interface ProviderActivityDeps {
   metrics: WorkerMetrics;
   /** Where active workspaces may live on this host: checked again here, as any Temporal client can start a Run. */
   hostPaths: HostPathPolicy;
+  /** Whether this worker delivers webhooks (STASIS_WEBHOOK_URL): told to a Run with its sandbox. */
+  webhooks?: boolean;
 }
 
 export interface Owner {
@@ -109,12 +111,12 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
   return {
     async provisionSandbox(
       input: Owner & { request: ProvisionRequest; start: boolean },
-    ): Promise<{ hostId: string; capabilities: Capabilities }> {
+    ): Promise<{ hostId: string; capabilities: Capabilities; webhooks: boolean }> {
       await checkWorkspace(input.request.workspace);
       return call(input, async (p, ctx) => {
         await p.provision(input.request, ctx);
         if (input.start) await p.start({ sandboxId: input.request.sandboxId, fence: input.request.fence }, ctx);
-        return { hostId: deps.hostId, capabilities: p.capabilities };
+        return { hostId: deps.hostId, capabilities: p.capabilities, webhooks: deps.webhooks === true };
       });
     },
 

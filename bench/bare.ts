@@ -3,6 +3,7 @@ import type { temporal } from '@temporalio/proto';
 import { CpuMeter, type CpuUse } from './cpu';
 import type { BenchEnv } from './env';
 import type { BareCycle, BareStep } from './bare-workflow';
+import { answerWhenWaiting } from './fleet';
 import { newRunId } from './specs';
 import { mapLimit, round } from './stats';
 
@@ -68,8 +69,13 @@ export function bareBundle(): Promise<WorkflowBundleWithSourceMap> {
   return bundle;
 }
 
-/** `concurrency` bare cycles started at once, each answered by its Update, until all completed. */
-export async function runBare(env: BenchEnv, concurrency: number, cycle: BareCycle): Promise<BareResult> {
+/** `concurrency` bare cycles started at once, each answered by its Update once it waits, until all completed. */
+export async function runBare(
+  env: BenchEnv,
+  concurrency: number,
+  cycle: BareCycle,
+  timeoutMs = 600_000,
+): Promise<BareResult> {
   const connection = await NativeConnection.connect(env.config.temporal.connectionOptions);
   const activities = { bareNoop: async () => undefined };
   const common = {
@@ -90,13 +96,20 @@ export async function runBare(env: BenchEnv, concurrency: number, cycle: BareCyc
     const cpu = new CpuMeter(env);
     const t0 = performance.now();
     let completed = 0;
-    // All started (20 start calls in flight, as the Stasis phase does), then all answered and awaited at once.
+    // All started (20 start calls in flight, as the Stasis phase does), each answered once visibility shows it
+    // waiting, by the Stasis phase's own loop (answerWhenWaiting), then all awaited.
     const handles = await mapLimit(ids, 20, (id) =>
       env.temporal.workflow.start('bareCycleWorkflow', { taskQueue: QUEUE, workflowId: id, args: [cycle] }),
     );
+    const errors = await answerWhenWaiting(
+      env,
+      ids,
+      (id) => env.temporal.workflow.getHandle(id).executeUpdate('respond'),
+      Date.now() + timeoutMs,
+    );
+    if (errors.length > 0) throw new Error(`bare Temporal: ${errors.length} answers failed: ${errors[0]}`);
     await Promise.all(
       handles.map(async (handle) => {
-        await handle.executeUpdate('respond');
         if ((await handle.result()) === 'done') completed += 1;
       }),
     );

@@ -70,10 +70,11 @@ export interface CheckpointResult {
   putObjectMs: Summary;
   /** Baseline: the first `restic backup` of the same tree to a new repository in the same MinIO (bytes: the repository's size). */
   resticFirst?: Transfer;
-  /** `restore` on another host (no local copy): download, verify, extract, start. */
+  /** `restore` on another host (no local copy): download, verify, make the volume, extract, sync, start. */
   crossHostRestoreMs: Summary;
-  /** Baseline: GetObject to a file, then `zstd -d | tar -x`. */
+  /** Baseline: GetObject to a file while a fresh volume is made (the two at once). */
   getObjectMs: Summary;
+  /** Baseline: `zstd -d | tar -x` onto that volume, then `sync -f` of it. */
   untarMs: Summary;
   /** Baseline: `restic restore latest` into an empty directory (no cache). */
   resticRestoreMs?: Summary;
@@ -382,15 +383,26 @@ async function oneRep(
       if (remote.value.source !== 'checkpoint') throw new Error(`cross-host restore used ${remote.value.source}`);
       return remote.ms;
     };
+    // The same work as the restore's: it makes a fresh volume (while it downloads) and syncs the files it wrote
+    // before it answers, so the baseline makes one while GetObject runs (getObjectMs is the two at once) and
+    // syncs after extracting (untarMs holds the sync). Before, the baseline's volume was made untimed and never synced.
+    let fresh = 0;
     const baselineRestore = async () => {
-      const get = await timed(async () => {
-        const response = await s3.send(new GetObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
-        if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
-        await pipeline(response.Body, createWriteStream(archive));
-      });
-      await fs.mkdir(extractDir);
-      const untar = await timed(() => sh(`zstd -q -d -c '${archive}' | tar -C '${extractDir}' -xf -`));
-      await fs.rm(extractDir, { recursive: true, force: true });
+      const pathsF = sandboxPaths(path.join(env.scratch, 'ckpt-x'), `${sandboxId}-f${fresh++}`);
+      const get = await timed(() =>
+        Promise.all([
+          (async () => {
+            const response = await s3.send(new GetObjectCommand({ Bucket: env.minio.bucket, Key: objectKey }));
+            if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
+            await pipeline(response.Body, createWriteStream(archive));
+          })(),
+          prepareVolume(pathsF, resolveLimits(undefined).diskMiB, 'auto'),
+        ]),
+      );
+      const untar = await timed(() =>
+        sh(`zstd -q -d -c '${archive}' | tar -C '${pathsF.volume}' -xf - && sync -f '${pathsF.volume}'`),
+      );
+      await removeSandboxDir(pathsF);
       await fs.rm(archive, { force: true });
       return { getObjectMs: get.ms, untarMs: untar.ms };
     };

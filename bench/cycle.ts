@@ -6,6 +6,7 @@ import type { BenchEnv } from './env';
 import { breakdown, find, timedHistory, type Breakdown, type TimedEvent } from './history';
 import { cycleSpec, modeCases, newRunId, type ModeCase } from './specs';
 import { summarize, sleep, timed, type Summary } from './stats';
+import { StasisResourceState, StasisStatus } from '../workflows/search-attributes';
 import { fillCommand } from './workspace';
 
 // Figure 1: suspend and resume latency of one scripted cycle per pause mode,
@@ -45,13 +46,23 @@ export interface ModeResult {
   errors: string[];
 }
 
+/**
+ * Polls the Run's search attributes as the server holds them (describe: no visibility lag, and no
+ * worker involved). Not by query: a query that reaches the Run while its local agent step runs ends
+ * that workflow task early, so polling every 25 ms added a workflow task to the very suspension
+ * being measured.
+ */
 async function waitReleased(env: BenchEnv, runId: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const view = await env.client.runs.resource(runId).catch(() => undefined);
-    if (view?.record.state === 'RELEASED') return;
+    const described = await env.temporal.workflow
+      .getHandle(runId)
+      .describe()
+      .catch(() => undefined);
+    const state = described?.typedSearchAttributes.get(StasisResourceState);
+    if (state === 'RELEASED' && described?.typedSearchAttributes.get(StasisStatus) === 'WAITING') return;
     if (Date.now() > deadline)
-      throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${view?.record.state ?? 'unknown'})`);
+      throw new Error(`run ${runId} not RELEASED after ${timeoutMs} ms (last ${state ?? 'unknown'})`);
     await sleep(25);
   }
 }
@@ -106,9 +117,10 @@ async function baselineCycle(
   c: ModeCase,
   scratch: string,
   i: number,
+  hostId: string,
 ): Promise<{ suspendMs: number; resumeMs: number }> {
   const sandboxId = `base-${c.mode.toLowerCase().slice(0, 4)}-${c.bytes}-${i}`;
-  const ctx: RequestContext = { ownerId: sandboxId, hostId: 'bench-baseline' };
+  const ctx: RequestContext = { ownerId: sandboxId, hostId };
   const workspace =
     c.mode === 'TERMINATE'
       ? { kind: 'active' as const, hostPath: path.join(scratch, 'baseline-active', sandboxId) }
@@ -116,27 +128,30 @@ async function baselineCycle(
   await provider.provision({ sandboxId, fence: 1, workspace }, ctx);
   await provider.start({ sandboxId, fence: 1 }, ctx);
   await provider.exec({ sandboxId, fence: 1, jobId: 'job-1', command: fillCommand(c.bytes) }, ctx);
+  // Under fences of their own, as a Run's release and resume are (coordinator.ts): a raised fence is written
+  // to the sandbox's state before the call answers, part of the provider's work (a DETACH release at the
+  // fence it was started with writes nothing but its receipt).
   const release = await timed(() =>
     provider.release(
-      { sandboxId, fence: 1, idempotencyKey: `${sandboxId}/1/release`, mode: c.mode, reason: 'INTERACTION' },
+      { sandboxId, fence: 2, idempotencyKey: `${sandboxId}/2/release`, mode: c.mode, reason: 'INTERACTION' },
       ctx,
     ),
   );
   const resume = await timed(async () => {
-    if (c.mode === 'DETACH') await provider.attach({ sandboxId, fence: 2 }, ctx);
+    if (c.mode === 'DETACH') await provider.attach({ sandboxId, fence: 3 }, ctx);
     else
       await provider.restore(
         {
           sandboxId,
-          fence: 2,
+          fence: 3,
           workspace,
           ...(release.value.checkpoint ? { checkpoint: release.value.checkpoint } : {}),
         },
         ctx,
       );
   });
-  await provider.exec({ sandboxId, fence: 2, jobId: 'job-2', command: 'true' }, ctx);
-  await provider.destroy({ sandboxId, fence: 2 }, ctx);
+  await provider.exec({ sandboxId, fence: 3, jobId: 'job-2', command: 'true' }, ctx);
+  await provider.destroy({ sandboxId, fence: 3 }, ctx);
   return { suspendMs: release.ms, resumeMs: resume.ms };
 }
 
@@ -159,22 +174,24 @@ export async function runCycleBench(
   reps: number,
   largeMiB: number,
   log: (line: string) => void,
+  /** `modes`: only these cases (a profile script); `baselineHost`: the direct provider's host id. */
+  options: { modes?: string[]; baselineHost?: string } = {},
 ): Promise<ModeResult[]> {
   // Configured as the worker's provider (sandbox volumes included), so the difference is orchestration alone.
   const provider = createLocalProvider({
-    hostId: 'bench-baseline',
+    hostId: options.baselineHost ?? 'bench-baseline',
     dataDir: path.join(env.scratch, 'baseline'),
     store: env.store,
     volumes: env.config.STASIS_SANDBOX_VOLUMES,
   });
   const results: ModeResult[] = [];
-  for (const c of modeCases(largeMiB)) {
+  for (const c of modeCases(largeMiB).filter((m) => !options.modes || options.modes.includes(m.name))) {
     const samples: CycleSample[] = [];
     const base: { suspendMs: number; resumeMs: number }[] = [];
     const errors: string[] = [];
     // One warm-up of each (bundle caches, first upload), not counted; then alternate Temporal and direct.
     await stasisCycle(env, c).catch((err: unknown) => errors.push(`warm-up: ${String(err)}`));
-    await baselineCycle(provider, c, env.scratch, 0).catch((err: unknown) =>
+    await baselineCycle(provider, c, env.scratch, 0, options.baselineHost ?? 'bench-baseline').catch((err: unknown) =>
       errors.push(`baseline warm-up: ${String(err)}`),
     );
     for (let i = 1; i <= reps; i++) {
@@ -184,7 +201,7 @@ export async function runCycleBench(
         errors.push(String(err));
       }
       try {
-        base.push(await baselineCycle(provider, c, env.scratch, i));
+        base.push(await baselineCycle(provider, c, env.scratch, i, options.baselineHost ?? 'bench-baseline'));
       } catch (err) {
         errors.push(`baseline: ${String(err)}`);
       }

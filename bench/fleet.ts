@@ -179,3 +179,40 @@ async function failureOf(env: BenchEnv, id: string): Promise<string> {
     return chain.join(' <- ').replaceAll(id, '<run>').slice(0, 300);
   }
 }
+
+/**
+ * Answers each of `ids` once visibility shows it waiting (RELEASED and WAITING, polled every
+ * `intervalMs`), `answer` 20 at a time, until all are answered or have ended, or the deadline.
+ * Figure 2 drives the Stasis Runs and the bare-Temporal baseline with this same loop, so both are
+ * answered on the same signal, with the same poll and visibility lag (bench/bare-workflow.ts
+ * publishes the same two attributes when it waits).
+ */
+export async function answerWhenWaiting(
+  env: BenchEnv,
+  ids: string[],
+  answer: (id: string) => Promise<unknown>,
+  deadline: number,
+  intervalMs = 200,
+): Promise<string[]> {
+  const idSet = new Set(ids);
+  const answered = new Set<string>();
+  const answering: Promise<string[]>[] = [];
+  const answerAll = async (batch: string[]): Promise<string[]> => {
+    const errors: string[] = [];
+    await mapLimit(batch, 20, async (id) => {
+      if (Date.now() > deadline) return errors.push(`${id}: answer not sent by the phase deadline`);
+      await answer(id).catch((err: unknown) => errors.push(`${id}: ${String(err)}`));
+    });
+    return errors;
+  };
+  while (answered.size < ids.length && Date.now() < deadline) {
+    const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
+    for (const id of released) answered.add(id);
+    if (released.length > 0) answering.push(answerAll(released));
+    // Runs that failed before suspending are never answered: stop waiting for them.
+    const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
+    for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
+    if (answered.size < ids.length) await sleep(intervalMs);
+  }
+  return (await Promise.all(answering)).flat();
+}

@@ -24,9 +24,11 @@ export async function sandboxProcessCount(hostId = HOST_ID): Promise<number> {
 }
 
 export async function leftovers(env: BenchEnv): Promise<Leftovers> {
-  const dir = sandboxesDir(path.join(env.config.STASIS_DATA_DIR, 'hosts', HOST_ID));
+  // The worker's own host id: a profile script runs on one of its own, beside the bench's.
+  const hostId = env.config.STASIS_HOST_ID;
+  const dir = sandboxesDir(path.join(env.config.STASIS_DATA_DIR, 'hosts', hostId));
   const workspaces = (await fs.readdir(dir).catch(() => [] as string[])).length;
-  return { processes: await sandboxProcessCount(), workspaces, checkpointObjects: await countCheckpoints(env) };
+  return { processes: await sandboxProcessCount(hostId), workspaces, checkpointObjects: await countCheckpoints(env) };
 }
 
 async function countCheckpoints(env: BenchEnv): Promise<number> {

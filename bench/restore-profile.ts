@@ -1,89 +1,234 @@
+import { execFile } from 'node:child_process';
+import { subscribe } from 'node:diagnostics_channel';
+import { createReadStream, createWriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { promisify } from 'node:util';
+import { GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import { freePorts, startMinio } from '../platform/servers';
+import { resolveLimits } from '../providers/limits';
 import { createLocalProvider } from '../providers/local';
 import { sandboxPaths } from '../providers/sandbox-state';
-import { prepareVolume, releaseVolume, volumeSupport, type VolumeMode } from '../providers/volume';
-import { DEFAULT_ARCHIVE_LIMITS } from '../stores/archive';
-import { restoreCheckpoint } from '../stores/cas/restore';
-import { FsCheckpointStore } from '../stores/fs';
-import { fillNodeModules } from './workspace';
+import { prepareVolume, removeSandboxDir, volumeSupport } from '../providers/volume';
+import type { CheckpointStore } from '../stores/api';
+import { restoreStages } from '../stores/cas/restore';
+import { S3CheckpointStore } from '../stores/s3';
+import { fillNodeModules, fillWorkspace, MiB } from './workspace';
 import { runScript } from './script';
 
-// Issue 16's diagnosis, kept to be run again (not part of `npm run bench`): where a cross-host restore of
-// a many-small-files workspace spends its time. `node dist/bench/restore-profile.js [dir] [files]`
-// prints the first snapshot, the engine alone onto a loop-mounted ext4 volume and onto a plain
-// directory of `dir`'s filesystem, and the provider's whole restore with and without sandbox volumes.
+// Issue 16's diagnosis, kept to be run again (not part of `npm run bench`): where a cross-host
+// restore spends its wall time, beside its baseline on the same bytes and the same MinIO (one this
+// script starts). `node dist/bench/restore-profile.js [dir] [reps]` restores a node_modules-like
+// workspace of 1,000 small files and a 64 MiB mixed one with the local provider on fresh hosts (no
+// local copy), alternating with the baseline: GetObject of one tar.zst of the same directories,
+// then `zstd -d | tar -x` onto a fresh volume like the one the restore creates (its creation timed
+// apart), then `sync -f` (the restore makes its files durable before it returns). It prints each
+// stage of one restore (from the marks of stores/cas/restore.ts, store requests from a wrapper),
+// then medians and ratios, and the load average before and after.
 
-async function timed<T>(label: string, fn: () => Promise<T>): Promise<T> {
-  const start = process.hrtime.bigint();
-  const value = await fn();
-  console.log(`${label}: ${(Number(process.hrtime.bigint() - start) / 1e6).toFixed(0)} ms`);
-  return value;
+const run = promisify(execFile);
+const sh = (script: string) => run('sh', ['-c', script], { maxBuffer: 16 * MiB });
+
+function ms(from: bigint, to: bigint): number {
+  return Number(to - from) / 1e6;
 }
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+interface Mark {
+  stage: string;
+  ns: bigint;
+}
+
+/** The store, recording each request's start and end; deletes are dropped (destroying host B's copy must not delete the checkpoint). */
+function recording(store: CheckpointStore, marks: Mark[]): CheckpointStore {
+  const name = (uri: string) => uri.split('/').slice(-2).join('/').slice(0, 40);
+  const wrapped = Object.create(store) as CheckpointStore;
+  wrapped.download = async (checkpoint, file, signal) => {
+    marks.push({ stage: `  GET ${name(checkpoint.uri)} start`, ns: process.hrtime.bigint() });
+    const value = await store.download(checkpoint, file, signal);
+    marks.push({ stage: `  GET ${name(checkpoint.uri)} end`, ns: process.hrtime.bigint() });
+    return value;
+  };
+  wrapped.read = async (uri, maxBytes, signal) => {
+    marks.push({ stage: `  READ ${name(uri)} start`, ns: process.hrtime.bigint() });
+    const value = await store.read(uri, maxBytes, signal);
+    marks.push({ stage: `  READ ${name(uri)} end`, ns: process.hrtime.bigint() });
+    return value;
+  };
+  wrapped.delete = async () => undefined;
+  wrapped.deletePrefix = async () => 0;
+  return wrapped;
+}
+
+interface Shape {
+  name: string;
+  fill: (dir: string) => Promise<unknown>;
+}
+
+const SHAPES: Shape[] = [
+  { name: '1,000 small files (node_modules-like)', fill: (dir) => fillNodeModules(dir, 1000) },
+  { name: '64 MiB mixed', fill: (dir) => fillWorkspace(dir, 64 * MiB) },
+];
+
+const DIRS = ['workspace', 'home', 'envs'];
 
 async function main(): Promise<void> {
   const root = path.resolve(process.argv[2] ?? '/tmp/stasis-restore-profile');
-  const files = Number(process.argv[3] ?? 20_000);
+  const reps = Number(process.argv[3] ?? 5);
+  const only = process.argv[4] || undefined;
+  // Another build (its `dist/`) restores too, in turn with this one: before and after a change in one run.
+  const before = process.argv[5];
+  const beforeProvider = before
+    ? // eslint-disable-next-line @typescript-eslint/no-require-imports
+      (require(path.resolve(before, 'dist/providers/local.js')) as { createLocalProvider: typeof createLocalProvider })
+        .createLocalProvider
+    : undefined;
   await fs.rm(root, { recursive: true, force: true });
   await fs.mkdir(root, { recursive: true });
-  const store = new FsCheckpointStore(path.join(root, 'store'));
-  const source = path.join(root, 'source');
-  await fillNodeModules(source, files);
-  const a = createLocalProvider({ hostId: 'profile-a', dataDir: path.join(root, 'a'), store });
-  const id = 'profile';
-  const ctxA = { ownerId: id, hostId: 'profile-a' };
-  await a.provision({ sandboxId: id, fence: 1 }, ctxA);
-  const pathsA = sandboxPaths(path.join(root, 'a'), id);
-  await fs.rm(pathsA.workspace, { recursive: true, force: true });
-  await fs.cp(source, pathsA.workspace, { recursive: true });
-  await a.start({ sandboxId: id, fence: 1 }, ctxA);
-  const released = await timed('first snapshot (provider release)', () =>
-    a.release(
-      { sandboxId: id, fence: 1, idempotencyKey: 'profile', mode: 'SNAPSHOT_AND_TERMINATE', reason: 'profile' },
-      ctxA,
-    ),
-  );
-  const checkpoint = released.checkpoint;
-  if (!checkpoint) throw new Error('the release returned no checkpoint');
-  const engine = (targetDir: string, tempPrefix: string) =>
-    restoreCheckpoint({
-      store,
-      checkpoint,
-      targetDir,
-      tempPrefix,
-      limits: DEFAULT_ARCHIVE_LIMITS,
-      progress: { bytes: 0 },
-    });
-  let fence = 2;
-  if (volumeSupport() === undefined) {
-    const paths = sandboxPaths(path.join(root, 'engine'), 'volume');
-    await prepareVolume(paths, 10_240, 'auto');
-    await fs.mkdir(path.join(paths.volume, 'target'));
-    await timed('engine restoreCheckpoint onto a fresh loop-mounted ext4', () =>
-      engine(path.join(paths.volume, 'target'), path.join(paths.root, 'download')),
-    );
-    await releaseVolume(paths);
+  const [port, consolePort] = await freePorts(2);
+  // A MinIO of this script's own, whatever STASIS_S3_ENDPOINT says.
+  const { STASIS_S3_ENDPOINT: _, ...env } = process.env;
+  const minio = await startMinio({ dataDir: path.join(root, 'servers'), port, consolePort, env });
+  const credentials = { accessKeyId: minio.accessKeyId ?? '', secretAccessKey: minio.secretAccessKey ?? '' };
+  const s3 = new S3Client({ region: minio.region, endpoint: minio.endpoint, forcePathStyle: true, credentials });
+  const store = new S3CheckpointStore({
+    bucket: minio.bucket,
+    region: minio.region,
+    endpoint: minio.endpoint,
+    credentials,
+  });
+  const marks: Mark[] = [];
+  subscribe(restoreStages.name, (message) => marks.push(message as Mark));
+  const diskMiB = resolveLimits(undefined).diskMiB;
+  const volumes = volumeSupport() === undefined ? 'auto' : 'off';
+  console.log(`volumes ${volumes}; load before: ${(await fs.readFile('/proc/loadavg', 'utf8')).trim()}`);
+  try {
+    for (const [s, shape] of SHAPES.entries()) {
+      if (only && !shape.name.includes(only)) continue;
+      const id = `profile-${s}`;
+      const a = createLocalProvider({ hostId: 'profile-a', dataDir: path.join(root, 'a'), store });
+      const ctxA = { ownerId: id, hostId: 'profile-a' };
+      await a.provision({ sandboxId: id, fence: 1 }, ctxA);
+      const pathsA = sandboxPaths(path.join(root, 'a'), id);
+      await fs.rm(pathsA.workspace, { recursive: true, force: true });
+      await shape.fill(pathsA.workspace);
+      // The baseline's archive holds the same directories as the checkpoint.
+      const archive = path.join(root, `${id}.tar.zst`);
+      await sh(`tar -C '${pathsA.volume}' -cf - ${DIRS.join(' ')} | zstd -q -1 -T0 > '${archive}'`);
+      const key = `baseline/${id}.tar.zst`;
+      const size = (await fs.stat(archive)).size;
+      await s3.send(
+        new PutObjectCommand({ Bucket: minio.bucket, Key: key, Body: createReadStream(archive), ContentLength: size }),
+      );
+      await fs.rm(archive);
+      await a.start({ sandboxId: id, fence: 1 }, ctxA);
+      const released = await a.release(
+        { sandboxId: id, fence: 1, idempotencyKey: 'profile', mode: 'SNAPSHOT_AND_TERMINATE', reason: 'profile' },
+        ctxA,
+      );
+      const checkpoint = released.checkpoint;
+      if (!checkpoint) throw new Error('the release returned no checkpoint');
+      const ours: number[] = [];
+      const theirs: number[] = [];
+      const baseline: { get: number; volume: number; both: number; untar: number; sync: number }[] = [];
+      let shown = false;
+      for (let rep = 0; rep < reps; rep++) {
+        const beforeRep = async () => {
+          if (!beforeProvider) return;
+          const hostId = `profile-c-${rep}`;
+          const c = beforeProvider({ hostId, dataDir: path.join(root, hostId), store: recording(store, []), volumes });
+          const ctx = { ownerId: id, hostId };
+          const start = process.hrtime.bigint();
+          const result = await c.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
+          theirs.push(ms(start, process.hrtime.bigint()));
+          if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
+          await c.destroy({ sandboxId: id, fence: 3 }, ctx);
+        };
+        const oursRep = async () => {
+          const hostId = `profile-b-${rep}`;
+          const b = createLocalProvider({
+            hostId,
+            dataDir: path.join(root, hostId),
+            store: recording(store, marks),
+            volumes,
+          });
+          const ctx = { ownerId: id, hostId };
+          marks.length = 0;
+          const start = process.hrtime.bigint();
+          const result = await b.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
+          const end = process.hrtime.bigint();
+          if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
+          ours.push(ms(start, end));
+          if (!shown && rep === reps - 1) {
+            shown = true;
+            console.log(`\n${shape.name}: one cross-host restore, ${ms(start, end).toFixed(1)} ms`);
+            let last = start;
+            for (const mark of marks) {
+              console.log(
+                `  ${ms(start, mark.ns).toFixed(1).padStart(7)} ms (+${ms(last, mark.ns).toFixed(1)})  ${mark.stage}`,
+              );
+              last = mark.ns;
+            }
+            console.log(`  ${ms(start, end).toFixed(1).padStart(7)} ms (+${ms(last, end).toFixed(1)})  returned`);
+          }
+          await b.destroy({ sandboxId: id, fence: 3 }, ctx);
+        };
+        const baselineRep = async () => {
+          const paths = sandboxPaths(path.join(root, `baseline-${rep}`), id);
+          const file = path.join(root, `baseline-${rep}.tar.zst`);
+          // The volume is made while the archive downloads, as the restore does.
+          const t0 = process.hrtime.bigint();
+          const [get, volume] = await Promise.all([
+            (async () => {
+              const response = await s3.send(new GetObjectCommand({ Bucket: minio.bucket, Key: key }));
+              if (!(response.Body instanceof Readable)) throw new Error('GetObject returned no stream');
+              await pipeline(response.Body, createWriteStream(file));
+              return ms(t0, process.hrtime.bigint());
+            })(),
+            prepareVolume(paths, diskMiB, volumes).then(() => ms(t0, process.hrtime.bigint())),
+          ]);
+          const t2 = process.hrtime.bigint();
+          await sh(`zstd -q -d -c '${file}' | tar -C '${paths.volume}' -xf -`);
+          const t3 = process.hrtime.bigint();
+          await sh(`sync -f '${paths.volume}'`);
+          const t4 = process.hrtime.bigint();
+          baseline.push({ get, volume, both: ms(t0, t2), untar: ms(t2, t3), sync: ms(t3, t4) });
+          await fs.rm(file);
+          await removeSandboxDir(paths);
+        };
+        // Each takes each place in turn.
+        const turns = [oursRep, beforeRep, baselineRep];
+        for (let i = 0; i < turns.length; i++) await turns[(i + rep) % turns.length]();
+      }
+      const part = (f: (b: (typeof baseline)[number]) => number) => median(baseline.map(f));
+      const bare = part((b) => b.get + b.untar);
+      const whole = part((b) => b.both + b.untar + b.sync);
+      console.log(
+        `${shape.name}, ${reps} reps in turn: baseline GetObject ${part((b) => b.get).toFixed(0)} ms and volume ${part((b) => b.volume).toFixed(0)} ms ` +
+          `at once ${part((b) => b.both).toFixed(0)} ms, then untar ${part((b) => b.untar).toFixed(0)} + sync ${part((b) => b.sync).toFixed(0)} ms`,
+      );
+      const ratios = (label: string, values: number[]) =>
+        console.log(
+          `  ${label}: median ${median(values).toFixed(0)} ms (${values.map((v) => v.toFixed(0)).join(' ')}); ` +
+            `/ (GetObject + untar) ${(median(values) / bare).toFixed(2)}; ` +
+            `/ (GetObject and volume at once + untar + sync) ${(median(values) / whole).toFixed(2)}`,
+        );
+      ratios('this build', ours);
+      if (theirs.length > 0) ratios(`build of ${before}`, theirs);
+      await a.destroy({ sandboxId: id, fence: 3 }, ctxA);
+    }
+  } finally {
+    console.log(`load after: ${(await fs.readFile('/proc/loadavg', 'utf8')).trim()}`);
+    await minio.stop();
+    await fs.rm(root, { recursive: true, force: true });
   }
-  await fs.mkdir(path.join(root, 'plain'));
-  await timed(`engine restoreCheckpoint onto a plain directory of ${root}`, () =>
-    engine(path.join(root, 'plain'), path.join(root, 'download')),
-  );
-  const modes: VolumeMode[] = volumeSupport() === undefined ? ['off', 'auto'] : ['off'];
-  const restored: { provider: ReturnType<typeof createLocalProvider>; hostId: string }[] = [];
-  for (const volumes of modes) {
-    const hostId = `profile-b-${volumes}`;
-    const b = createLocalProvider({ hostId, dataDir: path.join(root, hostId), store, volumes });
-    const result = await timed(`provider cross-host restore (volumes ${volumes})`, () =>
-      b.restore({ sandboxId: id, fence: fence++, checkpoint }, { ownerId: id, hostId }),
-    );
-    if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
-    restored.push({ provider: b, hostId });
-  }
-  // Destroyed only now: destroying the sandbox anywhere deletes its checkpoints.
-  for (const { provider, hostId } of restored)
-    await provider.destroy({ sandboxId: id, fence }, { ownerId: id, hostId });
-  await a.destroy({ sandboxId: id, fence }, ctxA);
-  await fs.rm(root, { recursive: true, force: true });
 }
 
 runScript(main);

@@ -2,14 +2,14 @@ import { bareBundle, cycleShape, runBare, type BareResult } from './bare';
 import { CpuMeter, type CpuUse } from './cpu';
 import { analyseCycle } from './cycle';
 import type { BenchEnv } from './env';
-import { listIds, phaseClause, releasedAmong, respondAll, settle } from './fleet';
+import { answerWhenWaiting, settle } from './fleet';
 import { timedHistory } from './history';
 import { leftovers, type Leftovers } from './leftovers';
 import { profiled, type ProfileSummary } from './profile';
 import { PeakRss } from './rss';
 import { scrapeSdk, sdkDelta, type SdkLatency } from './sdk-metrics';
 import { cycleSpec, newRunId, type ModeCase } from './specs';
-import { mapLimit, round, sleep, summarize, type Summary } from './stats';
+import { mapLimit, round, summarize, type Summary } from './stats';
 
 // Figure 2: full cycles per second with N concurrent Runs on one worker.
 
@@ -66,7 +66,7 @@ export async function runThroughput(
   let bare: BareResult | undefined;
   try {
     const history = await env.temporal.workflow.getHandle(ids[0]).fetchHistory();
-    bare = await runBare(env, concurrency, cycleShape(history.events ?? []));
+    bare = await runBare(env, concurrency, cycleShape(history.events ?? []), timeoutMs);
     log(
       `bare Temporal ${concurrency}: ${bare.completed} completed in ${bare.wallMs} ms = ${bare.cyclesPerSecond} cycles/s`,
     );
@@ -113,18 +113,8 @@ async function stasisPhase(env: BenchEnv, concurrency: number, timeoutMs: number
   await mapLimit(ids, 20, (id) =>
     env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))),
   );
-  const answered = new Set<string>();
-  const answering: Promise<string[]>[] = [];
-  while (answered.size < concurrency && Date.now() < deadline) {
-    const released = (await releasedAmong(env, idSet)).filter((id) => !answered.has(id));
-    for (const id of released) answered.add(id);
-    if (released.length > 0) answering.push(respondAll(env, released, 20, deadline));
-    // Runs that failed before suspending are never answered: stop waiting for them.
-    const ended = await listIds(env, `ExecutionStatus != 'Running'${phaseClause(idSet)}`);
-    for (const id of ids) if (ended.has(id) && !answered.has(id)) answered.add(id);
-    await sleep(200);
-  }
-  for (const e of (await Promise.all(answering)).flat()) errors.push(e);
+  const answer = (id: string) => env.client.runs.respond(id, 'int-1', { decision: 'approve' });
+  for (const e of await answerWhenWaiting(env, ids, answer, deadline)) errors.push(e);
   const { completed, failed, failures } = await settle(env, idSet, deadline, 200);
   const wallMs = performance.now() - t0;
   const peakRssMiB = rss.stop();

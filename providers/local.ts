@@ -3,6 +3,7 @@ import { parseOrInvalid, StasisError } from '../common/errors';
 import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
 import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
+import { markStage } from '../stores/cas/restore';
 import {
   FencedRequest,
   FileRequest,
@@ -81,7 +82,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   /** Exec jobs this process is running, by `<sandboxId>/<jobId>`. */
   const runningJobs = new Map<string, Promise<ExecOutcome>>();
   /**
-   * What a release leaves for after its receipt, by sandbox id: writing the next checkpoint's
+   * What a release (or a restore: its baseline) leaves for after its answer, by sandbox id: writing the next checkpoint's
    * baseline and unmounting the volume (together 15-50 ms of an unchanged re-suspend). Neither is
    * needed for the checkpoint or the receipt; each is done under the lifecycle lock right after the
    * release, or first thing by the sandbox's next call if that comes earlier (`settle`). A worker
@@ -278,9 +279,19 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
   async function layOut(paths: SandboxPaths, workspace: Workspace, limits: SandboxLimits | undefined): Promise<void> {
-    await prepareVolume(paths, resolveLimits(limits).diskMiB, volumes);
-    for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
-    await makeDirDurable(paths.receipts);
+    // The root first, durably: the two below never race to create it (the loser would not sync its entry). Whoever
+    // else creates it (a restore's downloads) does so durably too, and is waited for before the state is written.
+    await makeDirDurable(paths.root);
+    // The volume's mkfs and the receipts' fsyncs at once; both settle before a failure is thrown.
+    const [volume, receipts] = await Promise.allSettled([
+      (async () => {
+        await prepareVolume(paths, resolveLimits(limits).diskMiB, volumes);
+        for (const dir of [paths.home, paths.envs]) await fs.mkdir(dir, { recursive: true });
+      })(),
+      makeDirDurable(paths.receipts),
+    ]);
+    if (volume.status === 'rejected') throw volume.reason;
+    if (receipts.status === 'rejected') throw receipts.reason;
     if (workspace.kind === 'isolated') {
       await fs.mkdir(paths.workspace, { recursive: true });
       return;
@@ -321,6 +332,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     if (state) await mountVolume(paths);
     const { checkpoint } = request;
     let result: RestoreResult;
+    let baseline: (() => Promise<void>) | undefined;
+    let synced: Promise<void> = Promise.resolve();
     if (!checkpoint) {
       if (!state) {
         throw new StasisError(
@@ -342,10 +355,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       if (existing) await terminate(existing);
       const restoring =
         existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
+      // The volume is made while the checkpoint downloads (restoreSnapshot writes nothing on it before).
+      const volumeReady = layOut(paths, workspace, restoring.limits).then(() => markStage('volume ready'));
+      volumeReady.catch(() => undefined); // awaited by restoreSnapshot, which settles only after it
       try {
-        await layOut(paths, workspace, restoring.limits);
+        markStage('old compute ended');
         const progress: Progress = { phase: 'restoring', bytes: 0 };
-        const labels = await withHeartbeat(context, progress, () =>
+        const restored = await withHeartbeat(context, progress, () =>
           restoreSnapshot({
             store: deps.store,
             checkpoint,
@@ -353,6 +369,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             workspace,
             limits: archiveLimits,
             progress,
+            volumeReady,
+            deferBaseline: (write) => (baseline = write),
             beforeSwap: async () => {
               if (!existing?.dormant) return;
               // A restore killed from here on leaves files that are no local copy of that checkpoint any more.
@@ -362,10 +380,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             ...(context.signal ? { signal: context.signal } : {}),
           }),
         );
+        const { labels } = restored;
+        synced = restored.synced;
         restoring.restoredFrom = { sha256: checkpoint.sha256, labels };
         result = { source: 'checkpoint', labels };
       } catch (err) {
         // A sandbox that was only being brought here leaves nothing behind; an existing one keeps its raised fence.
+        await volumeReady.catch(() => undefined);
         if (existing) await writeState(paths, existing);
         else await removeSandboxDir(paths);
         throw err;
@@ -374,8 +395,19 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     }
     if (request.env) state.env = request.env;
     if (request.limits) state.limits = request.limits;
-    await ensureCompute(state, paths);
+    markStage('files in place');
+    // The sandbox starts while the restored files are synced; the state records the restore only once they are on disk.
+    const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), synced]);
+    if (started.status === 'rejected') throw started.reason;
+    if (onDisk.status === 'rejected') throw onDisk.reason;
+    markStage('sandbox started and files synced');
     await writeState(paths, state);
+    markStage('state written');
+    if (baseline) {
+      // The next checkpoint's baseline is written after the answer, as a release's is (see afterReceipt).
+      afterReceipt.set(request.sandboxId, { paths, baseline, unmount: false });
+      settleSoon(request.sandboxId);
+    }
     return result;
   }
 
@@ -559,8 +591,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           if (request.mode === 'TERMINATE') await terminate(state, () => (later.unmount = true));
           if (request.mode === 'SNAPSHOT_AND_TERMINATE')
             checkpoint = await snapshotAndTerminate(state, paths, request, context, later);
-        } finally {
+        } catch (err) {
           await saveIfChanged(paths, state, loaded);
+          throw err;
         }
         const receipt: SandboxReleaseReceipt = {
           sandboxId: request.sandboxId,
@@ -572,8 +605,18 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           fence: request.fence,
           releasedAt: new Date().toISOString(),
         };
-        // Only a finished release leaves a receipt, so a failed one is simply retried.
-        await receipts.save(request, receipt);
+        // Only a finished release leaves a receipt, so a failed one is simply retried. The receipt is written
+        // and synced while the state (its raised fence) is saved, and named only once that is durable: a
+        // receipt never stands for a release whose fence a crash could forget. One fsync less on the path.
+        const [saved, staged] = await Promise.allSettled([
+          saveIfChanged(paths, state, loaded),
+          receipts.stage(request, receipt),
+        ]);
+        if (saved.status === 'rejected' || staged.status === 'rejected') {
+          if (staged.status === 'fulfilled') await staged.value.abort();
+          throw saved.status === 'rejected' ? saved.reason : (staged as PromiseRejectedResult).reason;
+        }
+        await staged.value.commit();
         // Left only by a release that stands: a failed one rolled back (no checkpoint, compute kept).
         if (later.baseline || later.unmount) {
           afterReceipt.set(request.sandboxId, { paths, ...later });

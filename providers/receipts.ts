@@ -3,7 +3,7 @@ import * as path from 'node:path';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import { sha256Hex } from '../common/hashes';
-import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, stageFileAtomic, type StagedFile } from '../stores/atomic-file';
 import { SandboxReleaseReceipt, type SandboxReleaseRequest } from './api';
 
 // Release receipts on disk, one file per idempotency key, so a retried release
@@ -42,8 +42,13 @@ export class ReceiptStore {
   }
 
   async save(request: SandboxReleaseRequest, receipt: SandboxReleaseReceipt): Promise<void> {
+    await (await this.stage(request, receipt)).commit();
+  }
+
+  /** save() up to its last step: the receipt is durable beside its name; commit() gives it the name. */
+  async stage(request: SandboxReleaseRequest, receipt: SandboxReleaseReceipt): Promise<StagedFile> {
     await makeDirDurable(this.dir);
-    await writeFileAtomic(
+    return stageFileAtomic(
       this.fileOf(request.idempotencyKey),
       JSON.stringify({ requestHash: releaseRequestHash(request), receipt }),
     );

@@ -7,15 +7,17 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
-import { restoreCheckpoint } from '../stores/cas/restore';
+import { markStage, restoreCheckpointFiles } from '../stores/cas/restore';
 import { takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
+import { SYSTEM_PATH } from './command';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
+import { startProcess } from './spawner';
 
 // Moving a sandbox's files to and from the checkpoint store. The caller freezes
 // or kills the processes; these functions only deal with bytes and directories.
@@ -140,8 +142,8 @@ export function checkpointPrefix(sandboxId: string): string {
 
 /**
  * Downloads and verifies `checkpoint`, unpacks it into a staging directory
- * on the sandbox's volume, then swaps the directories into place. Returns the
- * checkpoint's labels. An active workspace is host-persistent: its host path is
+ * on the sandbox's volume, then swaps the directories into place and syncs
+ * them. Returns the checkpoint's labels. An active workspace is host-persistent: its host path is
  * only filled from the checkpoint when it is empty (a restore on another host).
  * A restore interrupted anywhere (a full disk, a killed worker) can simply be
  * run again: it first removes what an earlier attempt left, and only complete
@@ -156,11 +158,19 @@ export async function restoreSnapshot(input: {
   progress: Progress;
   /** Called right before the first tree is swapped in: from then on the sandbox's files are no longer what they were. */
   beforeSwap: () => Promise<void>;
+  /**
+   * Settles once the sandbox's volume is made and mounted (the caller makes it meanwhile): the
+   * checkpoint downloads into the sandbox root before, nothing is written on the volume until then.
+   */
+  volumeReady?: Promise<void>;
+  /** As uploadSnapshot's: given, the baseline is handed over as `write`, for after the caller's answer. */
+  deferBaseline?: (write: () => Promise<void>) => void;
   signal?: AbortSignal;
-}): Promise<Record<string, string>> {
+}): Promise<{ labels: Record<string, string>; synced: Promise<void> }> {
   const { paths } = input;
   // Restores of one sandbox never overlap (they run under its lifecycle lock): whatever matches is an earlier attempt's.
-  await removeEntries(paths.volume, (name) => name.startsWith(STAGING) || SWAPPED_OUT.test(name));
+  // Durably, as layOut makes it (meanwhile, on a new host): whichever of the two creates it syncs its entry.
+  await makeDirDurable(paths.root);
   await removeEntries(paths.root, (name) => name.startsWith(STAGING));
   // Staged on the sandbox's volume (the swap is a rename there), downloaded beside it (the archive is not its files).
   const name = `${STAGING}${randomBytes(6).toString('hex')}`;
@@ -168,30 +178,39 @@ export async function restoreSnapshot(input: {
   const downloads = path.join(paths.root, name);
   const archive = `${downloads}.tar.gz`;
   const baselineFile = path.join(paths.meta, BASELINE_FILE);
-  await fs.mkdir(staging);
+  const stagingReady = (async () => {
+    await input.volumeReady;
+    await removeEntries(paths.volume, (entry) => entry.startsWith(STAGING) || SWAPPED_OUT.test(entry));
+    await fs.mkdir(staging);
+    markStage('staging ready');
+  })();
+  stagingReady.catch(() => undefined); // awaited below, also when the download fails first
   try {
     let labels: Record<string, string>;
-    let baseline: Baseline | undefined;
+    let baseline: Promise<Baseline> | undefined;
     if (isManifestUri(input.checkpoint.uri)) {
       input.progress.phase = 'restoring checkpoint';
-      ({ labels, baseline } = await restoreCheckpoint({
+      ({ labels, baseline } = await restoreCheckpointFiles({
         store: input.store,
         checkpoint: input.checkpoint,
         targetDir: staging,
         tempPrefix: downloads,
         limits: input.limits,
         progress: input.progress,
+        targetReady: stagingReady,
         ...(input.signal ? { signal: input.signal } : {}),
       }));
     } else {
       // A tar.gz checkpoint of an earlier version.
       input.progress.phase = 'downloading checkpoint';
       ({ labels } = await input.store.download(input.checkpoint, archive, input.signal));
+      await stagingReady;
       input.progress.phase = 'unpacking checkpoint';
       await unpackCheckpoint(archive, staging, input.limits);
     }
     input.signal?.throwIfAborted();
     for (const dir of CHECKPOINT_DIRS) await fs.mkdir(path.join(staging, dir), { recursive: true });
+    markStage('checkpoint unpacked');
     await input.beforeSwap();
     // From here the files are no longer what the old baseline describes.
     await removeBaseline(baselineFile);
@@ -199,12 +218,56 @@ export async function restoreSnapshot(input: {
     await swapInto(path.join(staging, 'envs'), paths.envs);
     if (input.workspace.kind === 'isolated') await swapInto(path.join(staging, 'workspace'), paths.workspace);
     else await fillIfEmpty(path.join(staging, 'workspace'), input.workspace.hostPath);
+    markStage('swapped in');
+    // On disk before the caller records the restore (a retry after a crash trusts a recorded one):
+    // one syncfs of the volume (files and renames) instead of an fsync of each file, while the
+    // racy window passes and the caller starts the sandbox (neither needs the files on disk).
+    const workspace = input.workspace;
+    const synced = (async () => {
+      await syncFilesystem(paths.volume);
+      // A filled host path is on its own filesystem (a copy when the sandbox's volume is another).
+      if (workspace.kind !== 'isolated') await syncFilesystem(workspace.hostPath);
+      markStage('synced');
+    })();
+    synced.catch(() => undefined); // the caller's to wait for
+    let written: Baseline | undefined;
+    try {
+      // Nothing may change the files before the racy window of the last one written has passed.
+      written = await baseline;
+    } catch (err) {
+      await synced.catch(() => undefined);
+      throw err;
+    }
     // The files as just written are the next suspend's baseline: a resume does not make everything dirty.
-    if (baseline) await writeBaseline(baselineFile, baseline);
-    return labels;
+    if (written && input.deferBaseline) input.deferBaseline(() => writeBaseline(baselineFile, written));
+    else if (written) await writeBaseline(baselineFile, written);
+    markStage('baseline written');
+    return { labels, synced };
   } finally {
+    // Never removed while the volume is still being made (the staging directory would be made after).
+    await stagingReady.catch(() => undefined);
     await fs.rm(staging, { recursive: true, force: true });
     await fs.rm(archive, { force: true });
+  }
+}
+
+/**
+ * syncfs(2) of the filesystem holding `dir` (`sync -f`, through the process starter: Node has no
+ * syncfs). Writes back what any process wrote there, so after a restore the cost is the restore's
+ * own writes on a sandbox's volume, and the host's dirty data where sandboxes have no volumes.
+ */
+async function syncFilesystem(dir: string): Promise<void> {
+  const started = await startProcess({
+    file: 'sync',
+    args: ['-f', dir],
+    cwd: '/',
+    env: { PATH: SYSTEM_PATH },
+    background: false,
+    maxOutputBytes: 64 * 1024,
+  });
+  const exit = await started.exited;
+  if (exit.code !== 0) {
+    throw new Error(`sync -f ${dir} failed: ${exit.stderr.trim() || `exit ${exit.signal ?? `code ${exit.code}`}`}`);
   }
 }
 

@@ -234,7 +234,41 @@ export class CheckpointChecker {
 }
 
 /** `workspace/a/b` from the raw header path; refuses absolute paths, `..`, overlong names and anything outside the checkpoint dirs. */
-function normaliseEntryPath(raw: string): string {
+export function normaliseEntryPath(raw: string): string {
+  return isNormalPath(raw) ? raw : normaliseSlowly(raw);
+}
+
+/**
+ * Whether `raw` is already what normaliseSlowly makes of it and admits: one pass over its characters,
+ * for the paths a walk and a well-formed archive give (the rules' hot path: every entry of every
+ * checkpoint, an unchanged re-suspend's largest cost after the walk). ASCII only, so its length is
+ * its bytes; anything else (a byte past ASCII, an empty, `.` or `..` segment, a NUL, a leading or
+ * trailing `/`, a name or path too long, another top directory) goes the slow way, which normalises
+ * or refuses it. A property test holds the two to the same answers.
+ */
+function isNormalPath(raw: string): boolean {
+  if (raw.length > MAX_PATH_BYTES) return false;
+  let start = 0;
+  for (let i = 0; i <= raw.length; i += 1) {
+    const c = i < raw.length ? raw.charCodeAt(i) : SLASH;
+    if (c === 0 || c > 0x7f) return false;
+    if (c !== SLASH) continue;
+    const length = i - start;
+    if (length === 0 || length > MAX_NAME_BYTES) return false;
+    // `.` or `..`
+    if (raw.charCodeAt(start) === DOT && (length === 1 || (length === 2 && raw.charCodeAt(start + 1) === DOT)))
+      return false;
+    if (start === 0 && !TOP_DIRS.has(raw.slice(0, i))) return false;
+    start = i + 1;
+  }
+  return true;
+}
+
+const SLASH = 0x2f;
+const DOT = 0x2e;
+const TOP_DIRS: ReadonlySet<string> = new Set(CHECKPOINT_DIRS);
+
+function normaliseSlowly(raw: string): string {
   if (raw.includes('\0')) refuse(raw, 'contains a NUL byte');
   if (path.posix.isAbsolute(raw) || /^[A-Za-z]:/.test(raw)) refuse(raw, 'is an absolute path');
   const parts = raw.split('/');

@@ -20,7 +20,29 @@ export async function writeFileAtomic(
   data: string | Buffer | Readable,
   options: { signal?: AbortSignal } = {},
 ): Promise<void> {
+  await (await stageFileAtomic(file, data, options)).commit();
+}
+
+/** A write of writeFileAtomic's whose content is durable beside its name: commit() gives it the name. */
+export interface StagedFile {
+  /** Renames the temp file into place and fsyncs the directory (a failed rename removes it). */
+  commit(): Promise<void>;
+  /** Removes the temp file; `file` stays as it was. */
+  abort(): Promise<void>;
+}
+
+/**
+ * The first half of writeFileAtomic: the temp file written and fsynced, not yet named. Lets a caller
+ * sync a write while another one it must follow is synced (a release's receipt while the sandbox's
+ * raised fence is saved), and still give it its name only after that one is durable.
+ */
+export async function stageFileAtomic(
+  file: string,
+  data: string | Buffer | Readable,
+  options: { signal?: AbortSignal } = {},
+): Promise<StagedFile> {
   const temp = `${file}${TEMP_MARK}${randomBytes(6).toString('hex')}`;
+  const abort = () => fs.rm(temp, { force: true });
   try {
     const handle = await fs.open(temp, 'wx', 0o600);
     try {
@@ -30,12 +52,22 @@ export async function writeFileAtomic(
     } finally {
       await handle.close();
     }
-    await fs.rename(temp, file);
   } catch (err) {
-    await fs.rm(temp, { force: true });
+    await abort();
     throw err;
   }
-  await syncDir(path.dirname(file));
+  return {
+    async commit() {
+      try {
+        await fs.rename(temp, file);
+      } catch (err) {
+        await abort();
+        throw err;
+      }
+      await syncDir(path.dirname(file));
+    },
+    abort,
+  };
 }
 
 /** Writes all of `source` to `handle`; cancelling `signal` destroys `source` with the signal's reason. */

@@ -1,5 +1,7 @@
 import type { BigIntStats } from 'node:fs';
-import * as fsSync from 'node:fs';
+// Named, not `import * as`: compiled, a namespace import reads each function through a getter, on
+// every one of the walk's several calls per entry.
+import { closeSync, constants, fstatSync, lstatSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
 import * as path from 'node:path';
 import { hasErrorCode } from './atomic-file';
 import { O_PATH, procReady } from './descriptors';
@@ -87,9 +89,9 @@ function* walkSync(
     const top = openQuiet(path.resolve(rootDir, name), O_PATH);
     if (top === undefined) continue;
     try {
-      yield* visit(walk, top, fsSync.fstatSync(top, { bigint: true }), name);
+      yield* visit(walk, top, fstatSync(top, { bigint: true }), name);
     } finally {
-      fsSync.closeSync(top);
+      closeSync(top);
     }
   }
 }
@@ -104,7 +106,7 @@ interface Walk {
 function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): Generator<WalkEntry> {
   if (stat.isDirectory()) {
     yield { path: entryPath, kind: 'directory', stat };
-    for (const name of fsSync.readdirSync(magic(fd)).sort()) yield* child(walk, fd, name, `${entryPath}/${name}`);
+    for (const name of readdirSync(magic(fd)).sort()) yield* child(walk, fd, name, `${entryPath}/${name}`);
     return;
   }
   // Not a file, directory or link (a FIFO, socket or device): left out.
@@ -115,15 +117,15 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     return;
   }
   // Reopened for reading through its own descriptor: the very file just looked at, wherever it is now.
-  const file = fsSync.openSync(magic(fd), fsSync.constants.O_RDONLY | fsSync.constants.O_NONBLOCK);
+  const file = openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
   try {
-    const opened = fsSync.fstatSync(file, { bigint: true });
+    const opened = fstatSync(file, { bigint: true });
     if (!opened.isFile() || opened.ino !== stat.ino || opened.dev !== stat.dev) {
       throw new Error(`${entryPath} changed while it was packed`);
     }
     yield { path: entryPath, kind: 'file', stat: opened, file };
   } finally {
-    fsSync.closeSync(file);
+    closeSync(file);
   }
 }
 
@@ -153,10 +155,10 @@ function* child(walk: Walk, dir: number, name: string, entryPath: string): Gener
     }
   }
   // Swapped meanwhile for a link: O_NOFOLLOW with O_PATH opens the link itself, which fstat tells.
-  const fd = openQuiet(where, O_PATH | fsSync.constants.O_NOFOLLOW);
+  const fd = openQuiet(where, O_PATH | constants.O_NOFOLLOW);
   if (fd === undefined) return;
   try {
-    const stat = fsSync.fstatSync(fd, { bigint: true });
+    const stat = fstatSync(fd, { bigint: true });
     if (stat.isSymbolicLink()) {
       const target = readLink(where);
       if (target !== undefined) yield { path: entryPath, kind: 'symlink', stat, linkpath: target };
@@ -167,7 +169,7 @@ function* child(walk: Walk, dir: number, name: string, entryPath: string): Gener
       walk.links.set(`${stat.dev}:${stat.ino}`, entryPath);
     }
   } finally {
-    fsSync.closeSync(fd);
+    closeSync(fd);
   }
 }
 
@@ -187,7 +189,7 @@ function magic(fd: number): string {
 
 function openQuiet(where: string, flags: number): number | undefined {
   try {
-    return fsSync.openSync(where, flags);
+    return openSync(where, flags);
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;
@@ -196,7 +198,7 @@ function openQuiet(where: string, flags: number): number | undefined {
 
 function lstatQuiet(where: string): BigIntStats | undefined {
   try {
-    return fsSync.lstatSync(where, { bigint: true });
+    return lstatSync(where, { bigint: true });
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;
@@ -206,7 +208,7 @@ function lstatQuiet(where: string): BigIntStats | undefined {
 /** A symlink's target, read through its directory's descriptor; undefined if the name is no longer a link. */
 function readLink(where: string): string | undefined {
   try {
-    return fsSync.readlinkSync(where);
+    return readlinkSync(where);
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT') || hasErrorCode(err, 'EINVAL')) return undefined;
     throw err;
@@ -225,7 +227,7 @@ export function readWhole(
   buffer: Buffer = Buffer.allocUnsafe(size),
 ): Buffer {
   for (let done = 0; done < size;) {
-    const bytesRead = fsSync.readSync(file, buffer, done, size - done, position + done);
+    const bytesRead = readSync(file, buffer, done, size - done, position + done);
     if (bytesRead === 0) throw new Error(`${entryPath} shrank while it was packed`);
     done += bytesRead;
   }

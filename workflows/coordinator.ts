@@ -101,6 +101,8 @@ export interface ResumeStart {
 
 export class ExecutionBindingLifecycleCoordinator {
   capabilities?: Capabilities;
+  /** Whether the worker that provisioned the sandbox delivers webhooks (undefined: not told). */
+  webhooks?: boolean;
   /** Why the release started last failed for good (compute was not released), if it did. */
   releaseFailure?: unknown;
   private releaseScope?: CancellationScope;
@@ -153,6 +155,8 @@ export class ExecutionBindingLifecycleCoordinator {
       },
     });
     this.capabilities = result.capabilities;
+    // Absent from a worker of an earlier version: unknown, so the Run asks with its first delivery.
+    if (result.webhooks !== undefined) this.webhooks = result.webhooks;
     this.set({ state: 'ACTIVE', hostId: result.hostId });
   }
 

@@ -24,7 +24,7 @@ import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import type { SessionAggregate } from './run-state';
 import { PATCH_PENDING_MEMO, Publisher } from './visibility';
-import { PATCH_WEBHOOKS } from './run-webhooks';
+import { PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
 export const shared = proxyActivities<Activities>({
@@ -117,6 +117,7 @@ const ASKED_AT_START: string[] = [
   PATCH_RESUME_TAKEN,
   PATCH_STAY_RELEASED,
   PATCH_CAN_BRINGS_BACK,
+  PATCH_WEBHOOKS_KNOWN,
 ];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */

@@ -14,6 +14,12 @@ import type { RunController } from './run-controller';
 
 /** Runs recorded before webhooks start no delivery activity. */
 export const PATCH_WEBHOOKS = 'stasis-run-webhooks';
+/**
+ * A Run whose sandbox was provisioned by a worker without a webhook starts no delivery: before, its
+ * first delivery (at its first ask) was an activity that learnt so, and the workflow task of its
+ * completion held up the one that recorded the suspension's release (BENCHMARKS.md, figure 1).
+ */
+export const PATCH_WEBHOOKS_KNOWN = 'stasis-run-webhooks-known';
 
 const deliveries = proxyActivities<Activities>({
   startToCloseTimeout: '30s',
@@ -30,6 +36,10 @@ const deliveries = proxyActivities<Activities>({
 /** Starts the delivery of `event`; returns at once. */
 export function notify(c: RunController, event: WebhookEvent, interaction?: InteractionRequest): void {
   if (c.webhooksOff || !c.patched(PATCH_WEBHOOKS)) return;
+  if (c.sandbox.webhooks === false && c.patched(PATCH_WEBHOOKS_KNOWN)) {
+    c.webhooksOff = true;
+    return;
+  }
   const run = c.run;
   run.webhookCount = (run.webhookCount ?? 0) + 1;
   const delivery: WebhookDelivery = {

@@ -209,6 +209,8 @@ export async function readManifest(
   uri: string,
   limits: ArchiveLimits,
   signal?: AbortSignal,
+  /** Told the pack list as soon as it is read (restore starts fetching packs), before the rest is fetched and checked. */
+  onPacks?: (packs: PackRef[]) => void,
 ): Promise<Manifest> {
   // A manifest holds about 200 bytes per entry; the budget keeps a bomb out (segments share it).
   const budget = { left: Math.min(limits.maxEntries * 8192, MAX_MANIFEST_JSON_BYTES) };
@@ -217,9 +219,11 @@ export async function readManifest(
   const value = parseJson(json, uri);
   const format = (value as { format?: unknown } | undefined)?.format;
   let manifest: Manifest;
-  if (format === 'stasis-cas-2')
-    manifest = await readSegments(store, parseOr(TopManifest, value, uri), uri, limits, budget, signal);
-  else manifest = parseOr(ManifestV1, value, uri);
+  if (format === 'stasis-cas-2') {
+    const top = parseOr(TopManifest, value, uri);
+    onPacks?.(top.packs);
+    manifest = await readSegments(store, top, uri, limits, budget, signal);
+  } else manifest = parseOr(ManifestV1, value, uri);
   return checkManifest(manifest, uri, packsPrefixOf(uri), limits);
 }
 
@@ -394,22 +398,25 @@ export function checkManifest(parsed: Manifest, uri: string, packsPrefix: string
     const ref = parsed.packs[pack];
     if (!ref || offset + length > ref.size) throw invalid(uri, `locates chunk ${hash} outside its pack`);
   }
-  for (const pack of parsed.packs) {
-    // Compressed, a pack is hardly larger (zstd's worst case is about 1/256 above its input): twice is generous.
-    for (const [what, bytes, limit] of [
-      ['bytes', pack.size, MAX_PACK_BYTES],
-      ['stored bytes', pack.bytes, 2 * MAX_PACK_BYTES],
-    ] as const) {
-      if (bytes > limit) {
-        throw invalid(uri, `declares ${bytes} ${what} for pack ${JSON.stringify(pack.uri)}, above ${limit}`);
-      }
-    }
-    const name = pack.uri.slice(packsPrefix.length);
-    if (!pack.uri.startsWith(packsPrefix) || !/^[0-9a-f]{64}\.pack$/.test(name)) {
-      throw invalid(uri, `names a pack ${JSON.stringify(pack.uri)} outside its sandbox's packs`);
+  for (const pack of parsed.packs) checkPackRef(pack, uri, packsPrefix);
+  return parsed;
+}
+
+/** Refuses a pack of the manifest at `uri` that is too large or outside its sandbox's packs (`packsPrefix`). */
+export function checkPackRef(pack: PackRef, uri: string, packsPrefix: string): void {
+  // Compressed, a pack is hardly larger (zstd's worst case is about 1/256 above its input): twice is generous.
+  for (const [what, bytes, limit] of [
+    ['bytes', pack.size, MAX_PACK_BYTES],
+    ['stored bytes', pack.bytes, 2 * MAX_PACK_BYTES],
+  ] as const) {
+    if (bytes > limit) {
+      throw invalid(uri, `declares ${bytes} ${what} for pack ${JSON.stringify(pack.uri)}, above ${limit}`);
     }
   }
-  return parsed;
+  const name = pack.uri.slice(packsPrefix.length);
+  if (!pack.uri.startsWith(packsPrefix) || !/^[0-9a-f]{64}\.pack$/.test(name)) {
+    throw invalid(uri, `names a pack ${JSON.stringify(pack.uri)} outside its sandbox's packs`);
+  }
 }
 
 /** The `format` of a segment object. */

@@ -1,3 +1,4 @@
+import { channel } from 'node:diagnostics_channel';
 import * as fsSync from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -11,7 +12,16 @@ import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
 import { hashSpans } from './hasher';
 import { Lanes } from './lanes';
-import { invalid, readManifest, storedMtime, type Manifest, type ManifestEntry } from './manifest';
+import {
+  checkPackRef,
+  invalid,
+  packsPrefixOf,
+  readManifest,
+  storedMtime,
+  type Manifest,
+  type ManifestEntry,
+  type PackRef,
+} from './manifest';
 import { zstdDecompressFile } from './zstd';
 
 // Restoring a content-addressed checkpoint into an empty directory of the worker's
@@ -24,8 +34,23 @@ import { zstdDecompressFile } from './zstd';
 // event loop (as the walk reads them, see stores/walk.ts): one asynchronous call
 // per step made a restore of 20,000 small files wait on the thread pool for seconds.
 
+/**
+ * Where a restore is, for bench/restore-profile.ts: `{ stage, ns }` marks published on this
+ * channel only while something subscribes (a check of one flag otherwise).
+ */
+export const restoreStages = channel('stasis:restore-stages');
+
+export function markStage(stage: string): void {
+  if (restoreStages.hasSubscribers) restoreStages.publish({ stage, ns: process.hrtime.bigint() });
+}
+
 /** Packs downloading (and held decompressed) at once: with 4, the writer waited for each fifth pack's download. */
 const PACKS_AHEAD = 6;
+/**
+ * Pack downloads at once, the pack needed soonest first: six at once shared the store's bandwidth
+ * (a local MinIO: its CPU) six ways, and the writer waited for the first pack until all had come.
+ */
+const DOWNLOADING = 3;
 /**
  * zstd processes at once, the pack the writer needs soonest first: four at once on two cores finished
  * together, and the writer waited for all of them to have the first.
@@ -42,7 +67,14 @@ const NEW_FILE =
  * CHECKPOINT_INVALID naming it; any other failure (a full disk, the store down)
  * is thrown as it is, to be retried.
  */
-export async function restoreCheckpoint(input: {
+export async function restoreCheckpoint(
+  input: RestoreInput,
+): Promise<{ labels: Record<string, string>; baseline: Baseline }> {
+  const { labels, baseline } = await restoreCheckpointFiles(input);
+  return { labels, baseline: await baseline };
+}
+
+interface RestoreInput {
   store: CheckpointStore;
   checkpoint: Checkpoint;
   targetDir: string;
@@ -50,8 +82,25 @@ export async function restoreCheckpoint(input: {
   limits: ArchiveLimits;
   progress: { bytes: number };
   signal?: AbortSignal;
-}): Promise<{ labels: Record<string, string>; baseline: Baseline }> {
+  /**
+   * Settles once `targetDir` exists (the sandbox's volume is made and mounted meanwhile): the top
+   * object, the segments and the first packs are fetched before, nothing is written until then.
+   */
+  targetReady?: Promise<unknown>;
+}
+
+/**
+ * restoreCheckpoint, returning as soon as the files are written: `baseline` settles once the clock
+ * is past the racy window of the last file written (pastRacyWindow), which nothing may change before.
+ * The caller waits for it before it starts anything that writes the files, and meanwhile does what
+ * does not (swap them into place, sync them).
+ */
+export async function restoreCheckpointFiles(
+  input: RestoreInput,
+): Promise<{ labels: Record<string, string>; baseline: Promise<Baseline> }> {
   const { checkpoint, signal } = input;
+  // Failing first, this restore leaves the target's failure, if any, unawaited: it is the caller's to see.
+  input.targetReady?.catch(() => undefined);
   const manifestFile = `${input.tempPrefix}.manifest`;
   let labels: Record<string, string>;
   let data: Buffer;
@@ -61,19 +110,55 @@ export async function restoreCheckpoint(input: {
   } finally {
     await fs.rm(manifestFile, { force: true });
   }
-  const manifest = await readManifest(input.store, data, checkpoint.uri, input.limits, signal);
-  const packs = new PackReader(input.store, checkpoint.uri, manifest, input.tempPrefix, input.progress, signal);
+  markStage('top object fetched');
+  const downloading = new Lanes(DOWNLOADING);
+  const prefetch = new Prefetch(input.store, checkpoint.uri, input.tempPrefix, signal, downloading);
+  try {
+    return await writeFiles(input, labels, data, prefetch, downloading);
+  } finally {
+    await prefetch.close();
+  }
+}
+
+async function writeFiles(
+  input: RestoreInput,
+  labels: Record<string, string>,
+  data: Buffer,
+  prefetch: Prefetch,
+  downloading: Lanes,
+): Promise<{ labels: Record<string, string>; baseline: Promise<Baseline> }> {
+  const { checkpoint, signal } = input;
+  // The first packs download while the segments are fetched and the manifest checked, and the volume is made.
+  const manifest = await readManifest(input.store, data, checkpoint.uri, input.limits, signal, (packs) =>
+    prefetch.start(packs),
+  );
+  markStage('manifest read');
+  const packs = new PackReader(
+    input.store,
+    checkpoint.uri,
+    manifest,
+    input.tempPrefix,
+    input.progress,
+    signal,
+    prefetch,
+    downloading,
+  );
   const target = path.resolve(input.targetDir);
   const absolute = (entry: ManifestEntry) => path.join(target, ...entry.p.split('/'));
   const local: Baseline['local'] = {};
   const restored: ManifestEntry[] = [];
   const slicer = new Slicer();
   try {
+    // The first packs decompress and are verified while the target is still being made.
+    packs.start();
+    await input.targetReady;
+    markStage('target ready');
     for (const entry of manifest.entries) {
       if (entry.k !== 'd') continue;
       await slicer.pause();
       fsSync.mkdirSync(absolute(entry), { recursive: true, mode: 0o700 });
     }
+    markStage('directories made');
     for (const entry of manifest.entries) {
       signal?.throwIfAborted();
       await slicer.pause();
@@ -98,6 +183,7 @@ export async function restoreCheckpoint(input: {
   } finally {
     await packs.close();
   }
+  markStage('files written');
   for (const entry of manifest.entries) {
     if (entry.k !== 'l') continue;
     await slicer.pause();
@@ -114,15 +200,18 @@ export async function restoreCheckpoint(input: {
     const time = seconds(dir.mt);
     fsSync.utimesSync(absolute(dir), time, time);
   }
-  return {
-    labels,
-    baseline: {
+  markStage('links and directory modes set');
+  const baseline = pastRacyWindow(local, signal).then((takenAtNs) => {
+    markStage('racy window passed');
+    return {
       uri: checkpoint.uri,
-      takenAtNs: (await pastRacyWindow(local, signal)).toString(),
+      takenAtNs: takenAtNs.toString(),
       manifest: { ...manifest, entries: restored },
       local,
-    },
-  };
+    };
+  });
+  baseline.catch(() => undefined); // awaited by the caller, which may fail first
+  return { labels, baseline };
 }
 
 /**
@@ -224,6 +313,8 @@ class PackReader {
     private readonly tempPrefix: string,
     private readonly progress: { bytes: number },
     private readonly signal: AbortSignal | undefined,
+    private readonly prefetch: Prefetch,
+    private readonly downloading: Lanes,
   ) {
     for (const entry of manifest.entries) {
       for (const hash of entry.c ?? []) {
@@ -256,6 +347,11 @@ class PackReader {
     return bytes.subarray(offset, offset + length);
   }
 
+  /** Starts loading the first packs the files need. */
+  start(): void {
+    if (this.order.length > 0) this.fetchAhead(this.order[0]);
+  }
+
   /** Keeps the pack needed now and the next few loading. */
   private fetchAhead(needed: number): void {
     if (!this.loading.has(needed) && (this.uses.get(needed) ?? 0) > 0) this.load(needed);
@@ -282,7 +378,9 @@ class PackReader {
     const file = `${this.tempPrefix}.pack-${pack}`;
     const plain = `${file}.plain`;
     try {
-      await this.store.download(ref, file, this.signal);
+      await (this.prefetch.take(pack, ref) ??
+        this.downloading.run(() => this.store.download(ref, file, this.signal), this.order.indexOf(pack)));
+      markStage(`pack ${pack} fetched`);
       if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
       const bytes = await this.decompressing.run(
@@ -297,6 +395,7 @@ class PackReader {
           return [offset, offset + length];
         }),
       );
+      markStage(`pack ${pack} decompressed and verified`);
       const corrupt = new Map<string, string>();
       chunks.forEach((hash, i) => {
         if (hashes[i] !== hash) corrupt.set(hash, hashes[i]);
@@ -318,5 +417,59 @@ class PackReader {
     this.closed = true;
     this.loading.clear();
     await Promise.allSettled(this.started);
+  }
+}
+
+/**
+ * The first packs of a checkpoint, downloaded while its segments are fetched and its manifest is
+ * checked (and the sandbox's volume is made): downloaded only, to the file PackReader would download
+ * them to; nothing in them is used before the manifest is checked whole and each chunk against its
+ * hash. The pack list is in the order the checkpoint wrote the packs, which is the order its files
+ * need them, so the first few are the first needed. A pack the manifest's checks refuse (outside the
+ * sandbox's packs, too large) is not fetched.
+ */
+class Prefetch {
+  private readonly downloads = new Map<number, { ref: PackRef; file: string; done: Promise<unknown> }>();
+
+  constructor(
+    private readonly store: CheckpointStore,
+    private readonly uri: string,
+    private readonly tempPrefix: string,
+    private readonly signal: AbortSignal | undefined,
+    private readonly downloading: Lanes,
+  ) {}
+
+  start(packs: PackRef[]): void {
+    packs.slice(0, PACKS_AHEAD).forEach((ref, pack) => {
+      try {
+        checkPackRef(ref, this.uri, packsPrefixOf(this.uri));
+      } catch {
+        return; // refused by the manifest's checks, with this message, before any pack is read
+      }
+      const file = `${this.tempPrefix}.pack-${pack}`;
+      const done = this.downloading.run(() => this.store.download(ref, file, this.signal), pack);
+      done.catch(() => undefined); // awaited by the reader that takes it, or by close
+      this.downloads.set(pack, { ref, file, done });
+    });
+  }
+
+  /** Pack `pack`'s download if it was started, handed over with its file (PackReader's name for it). */
+  take(pack: number, ref: PackRef): Promise<unknown> | undefined {
+    const download = this.downloads.get(pack);
+    if (!download) return undefined;
+    this.downloads.delete(pack);
+    if (download.ref.uri === ref.uri && download.ref.sha256 === ref.sha256) return download.done;
+    // Not the ref the checked manifest has (it has the top object's own): that one, once this is done with the file.
+    return download.done.catch(() => undefined).then(() => this.store.download(ref, download.file, this.signal));
+  }
+
+  /** Waits for the downloads nobody took, and removes their files. */
+  async close(): Promise<void> {
+    const left = [...this.downloads.values()];
+    this.downloads.clear();
+    for (const { done, file } of left) {
+      await done.catch(() => undefined);
+      await fs.rm(file, { force: true });
+    }
   }
 }

@@ -32,7 +32,7 @@ import {
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
 import { Lanes } from './lanes';
-import { zstdCompressFile } from './zstd';
+import { looksIncompressible, zstdCompressFile, zstdRawFrame } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
 // baseline, cut and hash only that, upload only chunks the baseline's checkpoint
@@ -59,6 +59,8 @@ export interface TakeStats {
   /** Compressed bytes of the packs uploaded. */
   packBytes: number;
   packs: number;
+  /** Of `packs`, those of incompressible chunks, stored as raw blocks (not through zstd). */
+  rawPacks: number;
   /** Manifest segments uploaded (the rest were the baseline's), their stored bytes, and the top object's. */
   segments: number;
   segmentBytes: number;
@@ -95,6 +97,7 @@ export async function takeCheckpoint(input: {
     filesHashed: 0,
     packBytes: 0,
     packs: 0,
+    rawPacks: 0,
     segments: 0,
     segmentBytes: 0,
     topBytes: 0,
@@ -147,6 +150,7 @@ export async function takeCheckpoint(input: {
   const assembled = assemble(takenAtNs.toString(), entries, known, packer);
   stats.packBytes = packer.uploadedBytes;
   stats.packs = packer.uploadedPacks;
+  stats.rawPacks = packer.rawPacks;
   const { checkpoint, manifest } = await storeManifest(input, assembled, baseline, stats);
   return {
     checkpoint,
@@ -460,25 +464,41 @@ function assemble(takenAtNs: string, entries: ManifestEntry[], known: Known, pac
   return { format: 'stasis-cas-2', takenAtNs, entries, chunks, packs };
 }
 
+/** A pack being filled: its chunks in order, their hashes, and its size. */
+interface OpenPack {
+  parts: Buffer[];
+  hashes: string[];
+  size: number;
+}
+
+const openPack = (): OpenPack => ({ parts: [], hashes: [], size: 0 });
+
 /**
  * Groups new chunks into packs, compresses (zstd) and uploads them. The stages overlap: a sealed pack
  * goes to its file at once (its chunks' memory is then free), at most COMPRESSING zstd run and
  * UPLOADS_IN_FLIGHT puts, and the walk goes on cutting and hashing until PACKS_QUEUED packs wait.
  * With one bound on all three (4 packs each written, compressed and put in turn), the walk and the
  * hashing thread stood still whenever four puts were waiting on the store.
+ *
+ * Chunks that look incompressible (random, already compressed: looksIncompressible) fill packs of
+ * their own, stored as a zstd frame of raw blocks built here: zstd -1 gains nothing on them, and they
+ * were the larger part of a mixed workspace's temp file writes, reads and zstd time.
  */
 class Packer {
-  private parts: Buffer[] = [];
-  private partHashes: string[] = [];
-  private size = 0;
+  private compressible = openPack();
+  private raw = openPack();
   private readonly pendingChunks = new Map<string, { offset: number; length: number; slot: number }>();
   private readonly sealed: (PackRef | undefined)[] = [];
   private readonly inFlight = new Set<Promise<void>>();
+  /** Raw packs sealed and not yet stored: each is held in memory until then. */
+  private readonly rawInFlight = new Set<Promise<void>>();
   private readonly compressing = new Lanes(COMPRESSING);
   private readonly putting = new Lanes(UPLOADS_IN_FLIGHT);
   private failure: unknown;
   uploadedBytes = 0;
   uploadedPacks = 0;
+  /** Of uploadedPacks, those stored as raw blocks. */
+  rawPacks = 0;
 
   constructor(
     private readonly store: CheckpointStore,
@@ -491,11 +511,14 @@ class Packer {
 
   async add(hash: string, bytes: Buffer): Promise<void> {
     if (this.pendingChunks.has(hash)) return;
-    this.pendingChunks.set(hash, { offset: this.size, length: bytes.length, slot: this.sealed.length });
-    this.parts.push(bytes);
-    this.partHashes.push(hash);
-    this.size += bytes.length;
-    if (this.size >= PACK_BYTES) await this.seal();
+    const raw = looksIncompressible(bytes);
+    const pack = raw ? this.raw : this.compressible;
+    // Its slot is known once its pack is sealed.
+    this.pendingChunks.set(hash, { offset: pack.size, length: bytes.length, slot: -1 });
+    pack.parts.push(bytes);
+    pack.hashes.push(hash);
+    pack.size += bytes.length;
+    if (pack.size >= PACK_BYTES) await this.seal(raw);
   }
 
   located(hash: string): { pack: PackRef; offset: number; length: number } | undefined {
@@ -505,7 +528,8 @@ class Packer {
   }
 
   async finish(): Promise<void> {
-    if (this.size > 0) await this.seal();
+    if (this.compressible.size > 0) await this.seal(false);
+    if (this.raw.size > 0) await this.seal(true);
     await Promise.all(this.inFlight);
     if (this.failure !== undefined) throw this.failure;
   }
@@ -515,36 +539,47 @@ class Packer {
     await Promise.allSettled(this.inFlight);
   }
 
-  private async seal(): Promise<void> {
+  private async seal(raw: boolean): Promise<void> {
     const slot = this.sealed.length;
     this.sealed.push(undefined);
+    const { parts, hashes, size } = raw ? this.raw : this.compressible;
+    if (raw) this.raw = openPack();
+    else this.compressible = openPack();
+    for (const hash of hashes) this.pendingChunks.get(hash)!.slot = slot;
     // Named by its release request and the chunks it holds: a retry of the request that packs the same
     // chunks rewrites its own object, and never one another checkpoint names (a failed put removes its key).
-    const name = chunkHash(Buffer.from(`${this.attempt}\n${this.partHashes.join('')}`));
-    const { parts, size } = this;
-    this.parts = [];
-    this.partHashes = [];
-    this.size = 0;
-    while (this.inFlight.size >= PACKS_QUEUED) await Promise.race(this.inFlight);
+    const name = chunkHash(Buffer.from(`${this.attempt}\n${hashes.join('')}`));
+    while (this.inFlight.size >= PACKS_QUEUED || (raw && this.rawInFlight.size >= UPLOADS_IN_FLIGHT))
+      await Promise.race(raw && this.rawInFlight.size >= UPLOADS_IN_FLIGHT ? this.rawInFlight : this.inFlight);
     if (this.failure !== undefined) throw this.failure;
-    const plain = `${this.tempPrefix}.${slot}`;
-    // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
-    try {
-      writeParts(plain, parts, size);
-    } catch (err) {
-      fsSync.rmSync(plain, { force: true });
-      throw err;
+    let upload: Promise<void>;
+    if (raw) {
+      // One copy, so the buffers the chunks were read into (pieces of files, batches of small files) are free.
+      upload = this.uploadRaw(slot, name, Buffer.concat(zstdRawFrame(parts, size)), size);
+    } else {
+      const plain = `${this.tempPrefix}.${slot}`;
+      // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
+      try {
+        writeParts(plain, parts, size);
+      } catch (err) {
+        fsSync.rmSync(plain, { force: true });
+        throw err;
+      }
+      upload = this.upload(slot, name, plain, size);
     }
-    const upload = this.upload(slot, name, plain, size).then(
+    const settled = upload.then(
       () => {
-        this.inFlight.delete(upload);
+        this.inFlight.delete(settled);
+        this.rawInFlight.delete(settled);
       },
       (err: unknown) => {
         this.failure ??= err;
-        this.inFlight.delete(upload);
+        this.inFlight.delete(settled);
+        this.rawInFlight.delete(settled);
       },
     );
-    this.inFlight.add(upload);
+    this.inFlight.add(settled);
+    if (raw) this.rawInFlight.add(settled);
   }
 
   private async upload(slot: number, name: string, plain: string, size: number): Promise<void> {
@@ -555,20 +590,29 @@ class Packer {
         await zstdCompressFile(plain, packed);
       });
       fsSync.rmSync(plain, { force: true });
-      await this.putting.run(async () => {
-        if (this.failure !== undefined) throw this.failure;
-        this.signal?.throwIfAborted();
-        const compressed = fsSync.readFileSync(packed);
-        const stored = await this.store.putBytes(`${this.packsKey}${name}${PACK_SUFFIX}`, compressed, {}, this.signal);
-        this.sealed[slot] = { ...stored, size };
-        this.uploadedBytes += compressed.length;
-        this.uploadedPacks += 1;
-        this.progress.bytes += compressed.length;
-      });
+      await this.put(slot, name, () => fsSync.readFileSync(packed), size);
     } finally {
       fsSync.rmSync(plain, { force: true });
       fsSync.rmSync(packed, { force: true });
     }
+  }
+
+  private async uploadRaw(slot: number, name: string, frame: Buffer, size: number): Promise<void> {
+    await this.put(slot, name, () => frame, size);
+    this.rawPacks += 1;
+  }
+
+  private async put(slot: number, name: string, read: () => Buffer, size: number): Promise<void> {
+    await this.putting.run(async () => {
+      if (this.failure !== undefined) throw this.failure;
+      this.signal?.throwIfAborted();
+      const stored = read();
+      const ref = await this.store.putBytes(`${this.packsKey}${name}${PACK_SUFFIX}`, stored, {}, this.signal);
+      this.sealed[slot] = { ...ref, size };
+      this.uploadedBytes += stored.length;
+      this.uploadedPacks += 1;
+      this.progress.bytes += stored.length;
+    });
   }
 }
 

@@ -254,3 +254,73 @@ class Helper {
     for (const pipe of [this.child.stdout, this.child.stdin]) (pipe as unknown as Socket).unref();
   }
 }
+
+/** zstd's frame magic number, little-endian. */
+const FRAME_MAGIC = 0xfd2fb528;
+/** The largest block a frame may hold (RFC 8878: Block_Maximum_Size). */
+const MAX_BLOCK_BYTES = 128 * 1024;
+
+/**
+ * `parts` (`size` bytes in all) as one zstd frame of raw (stored) blocks, as `zstd -d` reads any
+ * frame: what `zstd -1` writes itself for bytes it cannot shrink, without a process, a temp file or
+ * a pass over the bytes (a list of views: the parts are not copied). No content checksum: a pack is
+ * checked against its sha-256 and each chunk against its own.
+ */
+export function zstdRawFrame(parts: readonly Buffer[], size: number): Buffer[] {
+  // Frame_Header_Descriptor 0xa0: Frame_Content_Size in 4 bytes, single segment (no window
+  // descriptor), no checksum, no dictionary. Packs are far below 4 GiB.
+  if (!Number.isInteger(size) || size < 0 || size > 0xffffffff) throw new Error(`raw zstd frame of ${size} bytes`);
+  const header = Buffer.alloc(9);
+  header.writeUInt32LE(FRAME_MAGIC, 0);
+  header[4] = 0xa0;
+  header.writeUInt32LE(size, 5);
+  const out: Buffer[] = [header];
+  const blocks: Buffer[] = [];
+  let total = 0;
+  for (const part of parts) {
+    for (let at = 0; at < part.length; at += MAX_BLOCK_BYTES) blocks.push(part.subarray(at, at + MAX_BLOCK_BYTES));
+    total += part.length;
+  }
+  if (total !== size) throw new Error(`raw zstd frame: parts hold ${total} bytes, not ${size}`);
+  if (blocks.length === 0) blocks.push(Buffer.alloc(0));
+  blocks.forEach((block, i) => {
+    // Block_Header: Last_Block (bit 0), Block_Type 0 = Raw (bits 1-2), Block_Size (bits 3-23), little-endian.
+    const word = (block.length << 3) | (i === blocks.length - 1 ? 1 : 0);
+    out.push(Buffer.from([word & 0xff, (word >> 8) & 0xff, (word >> 16) & 0xff]), block);
+  });
+  return out;
+}
+
+/** Bytes a sample window holds, and how many windows of a chunk are looked at. */
+const SAMPLE_BYTES = 4096;
+const SAMPLES = 4;
+/** Smaller chunks always go to zstd: sampling them would cost about what compressing them does. */
+export const INCOMPRESSIBLE_MIN_BYTES = 64 * 1024;
+/**
+ * Bits per byte (order-0 entropy) above which a window counts as incompressible: uniformly random
+ * bytes measure ~7.95 in 4 KiB; compressed or encrypted data likewise; text ~4.5, machine code ~6.
+ */
+const INCOMPRESSIBLE_BITS = 7.8;
+/** c·log2(c) for each count a window can hold. */
+const C_LOG_C = Float64Array.from({ length: SAMPLE_BYTES + 1 }, (_, c) => (c === 0 ? 0 : c * Math.log2(c)));
+
+/**
+ * Whether `bytes` look incompressible to zstd -1 (random, already compressed or encrypted), judged
+ * from the byte entropy of SAMPLES windows spread over it. A wrong guess costs size, never bytes:
+ * a chunk stored raw restores the same. Repeats within a chunk of otherwise random bytes are missed.
+ */
+export function looksIncompressible(bytes: Uint8Array): boolean {
+  if (bytes.length < INCOMPRESSIBLE_MIN_BYTES) return false;
+  const counts = new Uint32Array(256);
+  const step = Math.floor((bytes.length - SAMPLE_BYTES) / (SAMPLES - 1));
+  for (let s = 0; s < SAMPLES; s += 1) {
+    counts.fill(0);
+    const from = s * step;
+    for (let i = from; i < from + SAMPLE_BYTES; i += 1) counts[bytes[i]] += 1;
+    // The entropy of the window in bits: n·log2(n) − Σ c·log2(c) over the byte values' counts c.
+    let sum = 0;
+    for (let v = 0; v < 256; v += 1) sum += C_LOG_C[counts[v]];
+    if ((C_LOG_C[SAMPLE_BYTES] - sum) / SAMPLE_BYTES < INCOMPRESSIBLE_BITS) return false;
+  }
+  return true;
+}

@@ -4,7 +4,8 @@ import type { AddressInfo, Socket } from 'node:net';
 // A small fault-injecting HTTP proxy on loopback in front of an S3 store
 // (MinIO): it passes requests through, answers 503 SlowDown, delays each
 // request, or stalls (accepts and never answers); `hold` cuts chosen requests
-// part-way through their body (a worker killed while a PutObject is on the wire).
+// part-way through their body (a worker killed while a PutObject is on the wire),
+// `corrupt` flips a byte of chosen requests' bodies.
 // The Host header is passed through unchanged, so SigV4 signatures made for the
 // proxy's address verify.
 
@@ -15,7 +16,7 @@ export interface ProxiedRequest {
   method: string;
   path: string;
   /** What the proxy did with it. */
-  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'upstream error';
+  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'corrupted' | 'upstream error';
 }
 
 /**
@@ -34,6 +35,8 @@ export interface FaultProxy {
   mode: ProxyMode;
   /** Chooses the requests to cut part-way (whatever the mode). */
   hold?: (request: { method: string; path: string; contentLength: number }) => BodyHold | undefined;
+  /** Chooses the requests whose body reaches the store with its first byte flipped (damaged on the wire). */
+  corrupt?: (request: { method: string; path: string }) => boolean;
   requests: ProxiedRequest[];
   close(): Promise<void>;
 }
@@ -59,6 +62,20 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
       if (!res.headersSent) res.writeHead(502);
       res.end();
     });
+    if (proxy.corrupt?.({ method: record.method, path: record.path })) {
+      record.outcome = 'corrupted';
+      let first = true;
+      req.on('data', (chunk: Buffer) => {
+        if (first && chunk.length > 0) {
+          first = false;
+          chunk = Buffer.from(chunk);
+          chunk[0] ^= 0xff;
+        }
+        out.write(chunk);
+      });
+      req.on('end', () => out.end());
+      return;
+    }
     req.pipe(out);
   };
 

@@ -39,11 +39,11 @@ function upload(paths: Awaited<ReturnType<typeof sandbox>>, id: string, fence: n
   }).then((checkpoint) => ({ checkpoint, uploaded: progress.bytes }));
 }
 
-function restore(
+async function restore(
   paths: Awaited<ReturnType<typeof sandbox>>,
   checkpoint: { uri: string; sha256: string; bytes: number },
 ) {
-  return restoreSnapshot({
+  const { labels, synced } = await restoreSnapshot({
     store,
     checkpoint,
     paths,
@@ -52,6 +52,8 @@ function restore(
     progress: { phase: '', bytes: 0 },
     beforeSwap: async () => undefined,
   });
+  await synced;
+  return labels;
 }
 
 async function populate(root: string): Promise<void> {

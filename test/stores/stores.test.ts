@@ -283,6 +283,37 @@ describe('a putBytes failing in the middle of its request', () => {
     }
   });
 
+  it('s3: a PutObject whose body is damaged on its way is refused by the store (the signed sha-256 is the one putBytes computed)', async () => {
+    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+    const prefix = `checkpoints/${uniqueId('bytes-damaged')}/`;
+    try {
+      const store = new S3CheckpointStore({
+        endpoint: proxy.url,
+        bucket: bucket(),
+        region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+        credentials: {
+          accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+          secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+        },
+      });
+      const bytes = randomBytes(3 * 1024 * 1024 + 17);
+      proxy.corrupt = ({ method }) => method === 'PUT';
+      await expect(store.putBytes(`${prefix}a.pack`, bytes, {})).rejects.toThrow(/sha256|SHA256|checksum/i);
+      expect(proxy.requests.filter((r) => r.outcome === 'corrupted').length).toBeGreaterThan(0);
+      const client = testS3();
+      const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
+      expect(objects.Contents ?? []).toEqual([]);
+      // Undamaged, the same request goes through.
+      proxy.corrupt = undefined;
+      const stored = await store.putBytes(`${prefix}a.pack`, bytes, {});
+      expect(stored.sha256).toBe(createHash('sha256').update(bytes).digest('hex'));
+      expect((await store.read(stored.uri, bytes.length)).equals(bytes)).toBe(true);
+      await store.deletePrefix(prefix);
+    } finally {
+      await proxy.close();
+    }
+  });
+
   it('fs: a write failing after the bytes are in place (its labels file cannot be written) leaves the whole bytes, no temporary file', async () => {
     const dir = await tempDir('fs-bytes-fail');
     const store = new FsCheckpointStore(dir);
