@@ -559,7 +559,7 @@ function findings(r: BenchResults): string[] {
       .map((i) => i.change);
     out.push(
       `- **Checkpoints of ${ck.workspace}**: first snapshot + upload ${ratio(ck.first.ms.median, base)} \`tar | zstd -1 -T0\` + PutObject (target ≤ 1.0×), ` +
-        `cross-host restore ${ratio(ck.crossHostRestoreMs.median, back)} GetObject + \`zstd -d | tar -x\` (target ≤ 1.2×)` +
+        `cross-host restore ${ratio(ck.crossHostRestoreMs.median, back)} volume ‖ GetObject + \`zstd -d | tar -x\` + sync (target ≤ 1.2×)` +
         (unchanged
           ? `; an unchanged re-suspend after a resume sent ${fmt(unchanged.stasisPackBytes)} bytes of packs and ${fmt(unchanged.stasis.bytes - unchanged.stasisPackBytes)} of manifest in ${fmt((100 * unchanged.stasis.ms.median) / ck.first.ms.median)}% of the first suspend's time (target 0 and ≤ 5%)`
           : '') +
