@@ -236,7 +236,7 @@ function checkpointSection(r: BenchResults): string {
       [
         'workspace',
         'restore (ms)',
-        'baseline GetObject + `zstd -d \\| tar -x` (ms)',
+        'baseline volume ‖ GetObject + `zstd -d \\| tar -x` + sync (ms)',
         'ratio',
         ...resticCols('baseline `restic restore` (ms)', 'ratio'),
       ],
@@ -257,7 +257,7 @@ function checkpointSection(r: BenchResults): string {
       cks.flatMap((c) => incrementalRows(c, restic)),
     ),
     '',
-    "Mixed workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files; the `node_modules`-like tree is small text-like files of 200 B to 8 KiB, 40 to a package. Snapshot + upload is the local provider's `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, walk, content-defined chunking, hashing, zstd packs, upload to MinIO, manifest, kill); restore is `restore` on a second host (manifest, packs, verification, extraction, swap into place, start). \"Sent\" counts every byte the provider's store received (packs and manifest). **Baselines**, same bytes (the sandbox's `workspace`, `home` and `envs` directories), same run, same MinIO: GNU `tar -cf - | zstd -q -1 -T0` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file and `zstd -d | tar -x` onto a fresh sandbox volume like the one the restore creates (loop-mounted ext4; a plain directory of the same filesystem where the host cannot mount one); and restic " +
+    "Mixed workspaces are half large incompressible files (16 MiB each) and half 16 KiB text-like source files; the `node_modules`-like tree is small text-like files of 200 B to 8 KiB, 40 to a package. Snapshot + upload is the local provider's `release(SNAPSHOT_AND_TERMINATE)` of a running sandbox (freeze, walk, content-defined chunking, hashing, zstd packs, upload to MinIO, manifest, kill); restore is `restore` on a second host (manifest, packs, verification, extraction, swap into place, start). \"Sent\" counts every byte the provider's store received (packs and manifest). **Baselines**, same bytes (the sandbox's `workspace`, `home` and `envs` directories), same run, same MinIO: GNU `tar -cf - | zstd -q -1 -T0` to a file, then one `PutObject` of that file; the other way one `GetObject` to a file while a fresh sandbox volume like the one the restore creates is made (loop-mounted ext4; a plain directory of the same filesystem where the host cannot mount one), then `zstd -d | tar -x` onto it and `sync -f` of it, as the restore makes its volume during its downloads and syncs the restored files before it records the restore (the first column is GetObject and the volume together, the second extraction and sync); and restic " +
       '(`restic backup` to a repository in the same bucket, `restic restore latest --no-cache` into an empty directory, and for every change an incremental `restic backup` of the same tree right after the suspend, the growth of its repository in the bucket as bytes). Both hosts keep sandboxes on their own volumes, the worker’s default. Ours and the `tar`/`zstd` baselines run right after each other, ours first in even repetitions and the baselines first in odd ones, so a swing of the machine’s load hits both. Medians / p95 in ms.',
     '',
     'Each re-suspend row follows a same-host resume from the dormant copy, then the change, then `release` again: "unchanged" changes nothing; "one small file" rewrites the first small file; "1 MiB appended" appends 1 MiB of random bytes to a 16 MiB file; "checkout" rewrites 5% of the small files, deletes 1% and adds 1%. The rows run in that order, each on the result of the one before.',
@@ -559,7 +559,7 @@ function findings(r: BenchResults): string[] {
       .map((i) => i.change);
     out.push(
       `- **Checkpoints of ${ck.workspace}**: first snapshot + upload ${ratio(ck.first.ms.median, base)} \`tar | zstd -1 -T0\` + PutObject (target ≤ 1.0×), ` +
-        `cross-host restore ${ratio(ck.crossHostRestoreMs.median, back)} GetObject + \`zstd -d | tar -x\` (target ≤ 1.2×)` +
+        `cross-host restore ${ratio(ck.crossHostRestoreMs.median, back)} volume ‖ GetObject + \`zstd -d | tar -x\` + sync (target ≤ 1.2×)` +
         (unchanged
           ? `; an unchanged re-suspend after a resume sent ${fmt(unchanged.stasisPackBytes)} bytes of packs and ${fmt(unchanged.stasis.bytes - unchanged.stasisPackBytes)} of manifest in ${fmt((100 * unchanged.stasis.ms.median) / ck.first.ms.median)}% of the first suspend's time (target 0 and ≤ 5%)`
           : '') +
