@@ -101,13 +101,20 @@ if (onlyArg && !ONLY.test(onlyArg)) {
   process.exit(2);
 }
 const only = onlyArg ? new Set(onlyArg.slice('--only='.length).split(',').map(Number)) : undefined;
-const waitingScale = process.argv.includes('--waiting-scale');
+const waitingScale = process.argv.some((a) => a === '--waiting-scale' || a.startsWith('--waiting-scale='));
 if (waitingScale && (only || process.argv.includes('--quick'))) {
   process.stderr.write('bench: --waiting-scale runs figure 5 alone; it takes neither --only nor --quick\n');
   process.exit(2);
 }
 const wanted = (figure: number) => (waitingScale ? figure === 5 : !only || only.has(figure));
 const OUT_DIR = only ? mkdtempSync(path.join(os.tmpdir(), 'stasis-bench-only-')) : undefined;
+/** `--waiting-scale=2000` (sizes, comma-separated): the long run at other sizes than 2,000 and 10,000. */
+const scaleArg = process.argv.find((a) => a.startsWith('--waiting-scale='));
+if (scaleArg && !/^--waiting-scale=\d+(,\d+)*$/.test(scaleArg)) {
+  process.stderr.write(`bench: ${scaleArg}: expected --waiting-scale=<Runs>[,<Runs>...], e.g. --waiting-scale=2000\n`);
+  process.exit(2);
+}
+const waitingRunsArg = scaleArg?.slice('--waiting-scale='.length).split(',').map(Number);
 const RESULTS = path.join(ROOT, 'bench', 'results.json');
 const WAITING_RESULTS = path.join(ROOT, 'bench', 'results-waiting.json');
 
@@ -172,10 +179,10 @@ async function main(): Promise<void> {
   }
   const quick = process.argv.includes('--quick');
   const mode = waitingScale ? 'waiting-scale' : quick ? 'quick' : 'full';
-  const plan = PLANS[mode];
+  const plan = { ...PLANS[mode], waitingRuns: waitingRunsArg ?? PLANS[mode].waitingRuns };
   const started = Date.now();
   const results: BenchResults = {
-    command: `npm run bench${quick || only || waitingScale ? ` -- ${[quick ? '--quick' : '', waitingScale ? '--waiting-scale' : '', onlyArg ?? ''].filter(Boolean).join(' ')}` : ''}`,
+    command: `npm run bench${quick || only || waitingScale ? ` -- ${[quick ? '--quick' : '', waitingScale ? (scaleArg ?? '--waiting-scale') : '', onlyArg ?? ''].filter(Boolean).join(' ')}` : ''}`,
     mode,
     commit: commitMeasured(),
     date: new Date().toISOString(),
