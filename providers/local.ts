@@ -398,8 +398,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     markStage('files in place');
     // The sandbox starts while the restored files are synced; the state records the restore only once they are on disk.
     const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), synced]);
+    if (onDisk.status === 'rejected') {
+      // Nothing records this restore, so the compute started meanwhile must not outlive it: a retry of a new
+      // sandbox has no state to terminate it by and would adopt it, running on the tree the retry swaps out.
+      await killSandbox(markerOf(request.sandboxId));
+      throw onDisk.reason;
+    }
     if (started.status === 'rejected') throw started.reason;
-    if (onDisk.status === 'rejected') throw onDisk.reason;
     markStage('sandbox started and files synced');
     await writeState(paths, state);
     markStage('state written');

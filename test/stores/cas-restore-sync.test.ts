@@ -1,0 +1,54 @@
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { createLocalProvider } from '../../providers/local';
+import { killSandbox, sandboxProcesses } from '../../providers/processes';
+import type * as Spawner from '../../providers/spawner';
+import { context, s3StoreFromEnv, uniqueId, tempDir } from '../providers/helpers';
+import { newSandboxRoot, take } from './cas-helpers';
+
+// A cross-host restore starts the sandbox while its files are synced (issue 16). A sync that fails
+// fails the restore, which records nothing; the compute started meanwhile must not outlive it: a
+// process left running with no state is not killed by the retry (a new sandbox has no state to
+// terminate), and the retry then adopts it, running on the tree the retry swapped out.
+// Real MinIO, real processes; the fault is the `sync -f` process itself exiting non-zero.
+
+const store = s3StoreFromEnv(5 * 1024 * 1024);
+
+/** While set, the product's own `sync -f` runs as a real process that fails as an I/O error would. */
+let syncFails = false;
+jest.mock('../../providers/spawner', () => {
+  const actual = jest.requireActual<typeof Spawner>('../../providers/spawner');
+  return {
+    ...actual,
+    startProcess: (request: Spawner.SpawnRequest) =>
+      actual.startProcess(
+        syncFails && request.file === 'sync'
+          ? { ...request, file: 'sh', args: ['-c', 'echo EIO >&2; exit 1'] }
+          : request,
+      ),
+  };
+});
+
+test('a sync that fails after the sandbox started leaves no compute running; the retry starts its own', async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('sync-fails');
+  await fs.writeFile(path.join(root, 'workspace', 'a.txt'), 'restored\n');
+  const { checkpoint } = await take(store, root, sandboxId);
+
+  const dataDir = await tempDir('cas-restore-sync');
+  const hostId = uniqueId('host');
+  const provider = createLocalProvider({ hostId, dataDir, store });
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const marker = { sandboxId, hostId };
+  syncFails = true;
+  try {
+    await expect(provider.restore({ sandboxId, fence: 2, checkpoint }, ctx)).rejects.toThrow(/sync -f .* failed/);
+  } finally {
+    syncFails = false;
+  }
+  expect(await sandboxProcesses(marker)).toEqual([]);
+
+  await provider.restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  expect((await sandboxProcesses(marker)).length).toBeGreaterThan(0);
+  await killSandbox(marker);
+}, 120_000);
