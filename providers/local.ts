@@ -353,6 +353,10 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const workspace = request.workspace ?? state?.workspace ?? { kind: 'isolated' };
       const existing = state;
       if (existing) await terminate(existing);
+      // No state, yet compute: an earlier attempt killed after starting it, before the state recorded the restore
+      // (the sync runs meanwhile). Adopted, it would keep running on the tree this restore swaps out.
+      else if ((await sandboxProcesses(markerOf(request.sandboxId))).length > 0)
+        await killSandbox(markerOf(request.sandboxId));
       const restoring =
         existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
       // The volume is made while the checkpoint downloads (restoreSnapshot writes nothing on it before).

@@ -1,6 +1,7 @@
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createLocalProvider } from '../../providers/local';
+import { sandboxPaths } from '../../providers/sandbox-state';
 import { killSandbox, sandboxProcesses } from '../../providers/processes';
 import type * as Spawner from '../../providers/spawner';
 import { context, s3StoreFromEnv, uniqueId, tempDir } from '../providers/helpers';
@@ -50,5 +51,29 @@ test('a sync that fails after the sandbox started leaves no compute running; the
 
   await provider.restore({ sandboxId, fence: 2, checkpoint }, ctx);
   expect((await sandboxProcesses(marker)).length).toBeGreaterThan(0);
+  await killSandbox(marker);
+}, 120_000);
+
+test('a worker killed after the sandbox started but before the state recorded the restore: the retry kills the orphan and starts its own', async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('orphan');
+  await fs.writeFile(path.join(root, 'workspace', 'a.txt'), 'restored\n');
+  const { checkpoint } = await take(store, root, sandboxId);
+  const dataDir = await tempDir('cas-restore-orphan');
+  const hostId = uniqueId('host');
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const marker = { sandboxId, hostId };
+  await createLocalProvider({ hostId, dataDir, store }).restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  const orphans = (await sandboxProcesses(marker)).map((p) => p.pid);
+  expect(orphans.length).toBeGreaterThan(0);
+  // What such a kill leaves of a sandbox new to this host: its files swapped in, its compute running, no state
+  // (the state is written first after the sync, which runs while the compute starts).
+  await fs.rm(sandboxPaths(dataDir, sandboxId).stateFile);
+
+  // The retry, by another worker of the same host.
+  await createLocalProvider({ hostId, dataDir, store }).restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  const running = (await sandboxProcesses(marker)).map((p) => p.pid);
+  expect(running.length).toBeGreaterThan(0);
+  expect(running.filter((pid) => orphans.includes(pid))).toEqual([]);
   await killSandbox(marker);
 }, 120_000);
