@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import * as v8 from 'node:v8';
 import { perRun, probeWorkflowThreads, snapshotWorkflowThreads, workerMemory } from './memory';
 
 // Where a waiting Run's memory goes: `node dist/bench/waiting-probe.js <runs> [KEY=VALUE...]`
@@ -7,6 +8,7 @@ import { perRun, probeWorkflowThreads, snapshotWorkflowThreads, workerMemory } f
 // outside V8) with 0 Runs, with all waiting, and after all completed. An experiment, not a figure.
 // `--snapshots=<dir>` also writes a heap snapshot of the workflow threads at each step, for
 // `node dist/bench/heap-diff.js <a> <b> <runs between>` (what one more cached Run holds, by constructor).
+// `--main-snapshots=<dir>` writes one of the main thread (activities, providers, client) at each step.
 
 // Before the SDK is loaded (./env imports it below): its workflow threads then report their V8 heaps.
 probeWorkflowThreads();
@@ -45,7 +47,14 @@ async function main(): Promise<void> {
   const log = (line: string) => process.stderr.write(`[probe] ${line}\n`);
   const env = await startEnv(log, settings);
   const snapshots = process.argv.find((a) => a.startsWith('--snapshots='))?.slice('--snapshots='.length);
+  const mainSnapshots = process.argv.find((a) => a.startsWith('--main-snapshots='))?.slice('--main-snapshots='.length);
   const measure = async (label: string, runs: number) => {
+    // A snapshot holds only what is reachable: no GC needed first.
+    if (mainSnapshots) {
+      log(
+        `main snapshot: ${v8.writeHeapSnapshot(path.join(mainSnapshots, `${label.replace(/\W+/g, '-')}.heapsnapshot`))}`,
+      );
+    }
     if (snapshots)
       log(`snapshots: ${(await snapshotWorkflowThreads(path.join(snapshots, label.replace(/\W+/g, '-')))).join(' ')}`);
     const row = {
