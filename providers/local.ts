@@ -353,6 +353,10 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const workspace = request.workspace ?? state?.workspace ?? { kind: 'isolated' };
       const existing = state;
       if (existing) await terminate(existing);
+      // No state, yet compute: an earlier attempt killed after starting it, before the state recorded the restore
+      // (the sync runs meanwhile). Adopted, it would keep running on the tree this restore swaps out.
+      else if ((await sandboxProcesses(markerOf(request.sandboxId))).length > 0)
+        await killSandbox(markerOf(request.sandboxId));
       const restoring =
         existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
       // The volume is made while the checkpoint downloads (restoreSnapshot writes nothing on it before).
@@ -398,8 +402,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     markStage('files in place');
     // The sandbox starts while the restored files are synced; the state records the restore only once they are on disk.
     const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), synced]);
+    if (onDisk.status === 'rejected') {
+      // Nothing records this restore, so the compute started meanwhile must not outlive it: a retry of a new
+      // sandbox has no state to terminate it by and would adopt it, running on the tree the retry swaps out.
+      await killSandbox(markerOf(request.sandboxId));
+      throw onDisk.reason;
+    }
     if (started.status === 'rejected') throw started.reason;
-    if (onDisk.status === 'rejected') throw onDisk.reason;
     markStage('sandbox started and files synced');
     await writeState(paths, state);
     markStage('state written');

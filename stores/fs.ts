@@ -94,7 +94,7 @@ export class FsCheckpointStore implements CheckpointStore {
   ): Promise<{ labels: Record<string, string> }> {
     const source = this.fileOf(checkpoint.uri);
     const sidecar = await this.readSidecar(source, checkpoint.uri);
-    const hasher = new HashingStream();
+    const hasher = new HashingStream(checkpoint);
     const out = createWriteStream(file, { mode: 0o600 });
     try {
       await pipeline(createReadStream(source), hasher, out, signal ? { signal } : {});

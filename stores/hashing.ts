@@ -8,7 +8,17 @@ export class HashingStream extends Transform {
   private readonly hash: Hash = createHash('sha256');
   bytes = 0;
 
+  /** Given a checkpoint, a download of it: more bytes than its record declares fail the stream at once (not written whole first). */
+  constructor(private readonly expected?: Checkpoint) {
+    super();
+  }
+
   override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
+    if (this.expected && this.bytes + chunk.length > this.expected.bytes) {
+      const { uri, bytes } = this.expected;
+      callback(new StasisError('CHECKPOINT_INVALID', `checkpoint ${uri} is corrupt: more than its ${bytes} bytes`));
+      return;
+    }
     this.hash.update(chunk);
     this.bytes += chunk.length;
     callback(null, chunk);

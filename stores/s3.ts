@@ -169,7 +169,7 @@ export class S3CheckpointStore implements CheckpointStore {
     signal?: AbortSignal,
   ): Promise<{ labels: Record<string, string> }> {
     const { bucket, key } = parseUri(checkpoint.uri);
-    const hasher = new HashingStream();
+    const hasher = new HashingStream(checkpoint);
     try {
       const response = await this.client.send(
         new GetObjectCommand({ Bucket: bucket, Key: key }),

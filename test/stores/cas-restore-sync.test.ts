@@ -1,0 +1,79 @@
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { createLocalProvider } from '../../providers/local';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { killSandbox, sandboxProcesses } from '../../providers/processes';
+import type * as Spawner from '../../providers/spawner';
+import { context, s3StoreFromEnv, uniqueId, tempDir } from '../providers/helpers';
+import { newSandboxRoot, take } from './cas-helpers';
+
+// A cross-host restore starts the sandbox while its files are synced (issue 16). A sync that fails
+// fails the restore, which records nothing; the compute started meanwhile must not outlive it: a
+// process left running with no state is not killed by the retry (a new sandbox has no state to
+// terminate), and the retry then adopts it, running on the tree the retry swapped out.
+// Real MinIO, real processes; the fault is the `sync -f` process itself exiting non-zero.
+
+const store = s3StoreFromEnv(5 * 1024 * 1024);
+
+/** While set, the product's own `sync -f` runs as a real process that fails as an I/O error would. */
+let syncFails = false;
+jest.mock('../../providers/spawner', () => {
+  const actual = jest.requireActual<typeof Spawner>('../../providers/spawner');
+  return {
+    ...actual,
+    startProcess: (request: Spawner.SpawnRequest) =>
+      actual.startProcess(
+        syncFails && request.file === 'sync'
+          ? { ...request, file: 'sh', args: ['-c', 'echo EIO >&2; exit 1'] }
+          : request,
+      ),
+  };
+});
+
+test('a sync that fails after the sandbox started leaves no compute running; the retry starts its own', async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('sync-fails');
+  await fs.writeFile(path.join(root, 'workspace', 'a.txt'), 'restored\n');
+  const { checkpoint } = await take(store, root, sandboxId);
+
+  const dataDir = await tempDir('cas-restore-sync');
+  const hostId = uniqueId('host');
+  const provider = createLocalProvider({ hostId, dataDir, store });
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const marker = { sandboxId, hostId };
+  syncFails = true;
+  try {
+    await expect(provider.restore({ sandboxId, fence: 2, checkpoint }, ctx)).rejects.toThrow(/sync -f .* failed/);
+  } finally {
+    syncFails = false;
+  }
+  expect(await sandboxProcesses(marker)).toEqual([]);
+
+  await provider.restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  expect((await sandboxProcesses(marker)).length).toBeGreaterThan(0);
+  await killSandbox(marker);
+}, 120_000);
+
+test('a worker killed after the sandbox started but before the state recorded the restore: the retry kills the orphan and starts its own', async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('orphan');
+  await fs.writeFile(path.join(root, 'workspace', 'a.txt'), 'restored\n');
+  const { checkpoint } = await take(store, root, sandboxId);
+  const dataDir = await tempDir('cas-restore-orphan');
+  const hostId = uniqueId('host');
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const marker = { sandboxId, hostId };
+  await createLocalProvider({ hostId, dataDir, store }).restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  const orphans = (await sandboxProcesses(marker)).map((p) => p.pid);
+  expect(orphans.length).toBeGreaterThan(0);
+  // What such a kill leaves of a sandbox new to this host: its files swapped in, its compute running, no state
+  // (the state is written first after the sync, which runs while the compute starts).
+  await fs.rm(sandboxPaths(dataDir, sandboxId).stateFile);
+
+  // The retry, by another worker of the same host.
+  await createLocalProvider({ hostId, dataDir, store }).restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  const running = (await sandboxProcesses(marker)).map((p) => p.pid);
+  expect(running.length).toBeGreaterThan(0);
+  expect(running.filter((pid) => orphans.includes(pid))).toEqual([]);
+  await killSandbox(marker);
+}, 120_000);
