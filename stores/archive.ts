@@ -235,16 +235,16 @@ export class CheckpointChecker {
 
 /** `workspace/a/b` from the raw header path; refuses absolute paths, `..`, overlong names and anything outside the checkpoint dirs. */
 export function normaliseEntryPath(raw: string): string {
-  return isNormalPath(raw) ? raw : normaliseSlowly(raw);
+  return isNormalPath(raw) ? raw : normaliseEntryPathInFull(raw);
 }
 
 /**
- * Whether `raw` is already what normaliseSlowly makes of it and admits: one pass over its characters,
+ * Whether `raw` is already what normaliseEntryPathInFull makes of it and admits: one pass over its characters,
  * for the paths a walk and a well-formed archive give (the rules' hot path: every entry of every
  * checkpoint, an unchanged re-suspend's largest cost after the walk). ASCII only, so its length is
  * its bytes; anything else (a byte past ASCII, an empty, `.` or `..` segment, a NUL, a leading or
- * trailing `/`, a name or path too long, another top directory) goes the slow way, which normalises
- * or refuses it. A property test holds the two to the same answers.
+ * trailing `/`, a name or path too long, another top directory) goes through the rule in full, which
+ * normalises or refuses it. A property test holds the two to the same answers.
  */
 function isNormalPath(raw: string): boolean {
   if (raw.length > MAX_PATH_BYTES) return false;
@@ -268,7 +268,8 @@ const SLASH = 0x2f;
 const DOT = 0x2e;
 const TOP_DIRS: ReadonlySet<string> = new Set(CHECKPOINT_DIRS);
 
-function normaliseSlowly(raw: string): string {
+/** The entry path rule in full, for any string; normaliseEntryPath skips it for paths already normal (tests hold the two to the same answers). */
+export function normaliseEntryPathInFull(raw: string): string {
   if (raw.includes('\0')) refuse(raw, 'contains a NUL byte');
   if (path.posix.isAbsolute(raw) || /^[A-Za-z]:/.test(raw)) refuse(raw, 'is an absolute path');
   const parts = raw.split('/');
