@@ -1,3 +1,5 @@
+import { PENDING_MEMO } from '../common/interactions';
+import { StasisResourceState, StasisStatus } from '../workflows/search-attributes';
 import type { BenchEnv } from './env';
 import { countTypes, historyStats, timedHistory } from './history';
 import { cycleSpec, modeCases, newRunId, type ModeCase } from './specs';
@@ -40,10 +42,18 @@ async function runToEnd(
   const deadline = Date.now() + 120_000;
   while (answered < cycles) {
     if (Date.now() > deadline) throw new Error(`run ${runId}: cycle ${answered + 1} never suspended`);
-    const view = await env.client.runs.resource(runId);
     const next = `int-${answered + 1}`;
+    // By describe (search attributes and the memo of pending interactions), not by query: a query
+    // reaching the Run while its local agent step runs ends that workflow task early, which added a
+    // workflow task (3 events) to some cycles of the very count measured here.
+    const described = await handle.describe();
+    const asked = (described.memo?.[PENDING_MEMO] ?? []) as { id: string }[];
     const pending =
-      view.record.state === 'RELEASED' && view.suspension?.interactionIds.includes(next) ? next : undefined;
+      described.typedSearchAttributes.get(StasisResourceState) === 'RELEASED' &&
+      described.typedSearchAttributes.get(StasisStatus) === 'WAITING' &&
+      asked.some((i) => i.id === next)
+        ? next
+        : undefined;
     if (pending) {
       await env.client.runs.respond(runId, pending, { decision: 'approve' });
       answered += 1;
