@@ -118,6 +118,13 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
     if (body === '') return done(null, undefined);
+    // The default parser drops a leading byte order mark; JSON text must not carry one (RFC 8259 §8.1),
+    // and `\ufeff{}` taken as `{}` cancelled a Run.
+    if ((body as string).charCodeAt(0) === 0xfeff)
+      return done(
+        new StasisError('INVALID_ARGUMENT', 'body: starts with a byte order mark (U+FEFF); send JSON text without one'),
+        undefined,
+      );
     parseJson(request, body as string, (err, value) => {
       if (err) return done(err, undefined);
       // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.

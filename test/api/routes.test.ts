@@ -292,6 +292,7 @@ describe('runs', () => {
       ['{"agent":', 'application/json'],
       ['agent=1', 'text/plain'],
       ['', 'application/json'],
+      ['\ufeff{}', 'application/json'],
     ]) {
       const response = await alice('POST', '/api/v1/runs', { raw, contentType });
       expect({ status: response.status, code: errorCode(response) }).toEqual({ status: 400, code: 'INVALID_ARGUMENT' });
@@ -397,6 +398,13 @@ describe('runs', () => {
   test('cancel a waiting Run, then 409 for a second cancel', async () => {
     const { runId } = (await alice('POST', '/api/v1/runs', { body: twoQuestions })).json as { runId: string };
     await waitFor(runId, 'WAITING');
+    // A body with a byte order mark is not JSON text: refused, and the Run is not cancelled.
+    const marked = await alice('POST', `/api/v1/runs/${runId}/cancel`, {
+      raw: '\ufeff{}',
+      contentType: 'application/json',
+    });
+    expect({ status: marked.status, code: errorCode(marked) }).toEqual({ status: 400, code: 'INVALID_ARGUMENT' });
+    expect(snapshot(await alice('GET', `/api/v1/runs/${runId}`)).status).toBe('WAITING');
     const cancelled = await alice('POST', `/api/v1/runs/${runId}/cancel`);
     expect(cancelled.status).toBe(200);
     await waitFor(runId, 'CANCELLED');
