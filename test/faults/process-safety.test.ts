@@ -54,8 +54,10 @@ async function trial(id: string, attack: () => Promise<boolean>): Promise<void> 
 }
 
 /** A counting loop detached from its exec; under bwrap it lives as long as the exec, which sleeps on. */
+// The count is renamed into place: a read between `>`'s truncation and its write saw an empty file
+// (0), which read as a loop that had stopped (a false escape under load).
 const loop = (file: string, env: string) =>
-  `${env} setsid nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > ${file}; sleep 0.02; done' >/dev/null 2>&1 &\nsleep 600`;
+  `${env} setsid nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > ${file}.t; mv -f ${file}.t ${file}; sleep 0.02; done' >/dev/null 2>&1 &\nsleep 600`;
 
 describe.each(['local', 'bwrap'])('%s', (provider) => {
   test('hostile exec requests fail alone: a neighbour’s job in flight finishes', async () => {
