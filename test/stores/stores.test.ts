@@ -254,6 +254,18 @@ describe('a put after a killed put of the same key', () => {
   });
 });
 
+/** The test bucket's store, reached through a fault proxy at `endpoint`. */
+const storeBehind = (endpoint: string) =>
+  new S3CheckpointStore({
+    endpoint,
+    bucket: bucket(),
+    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
+    credentials: {
+      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
+      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
+    },
+  });
+
 describe('a putBytes failing in the middle of its request', () => {
   it('s3: a PutObject whose connection is cut part-way through its body leaves nothing under the key', async () => {
     const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
@@ -263,15 +275,7 @@ describe('a putBytes failing in the middle of its request', () => {
     proxy.hold = ({ method }) =>
       method === 'PUT' ? { afterBytes: 3 * 1024 * 1024, onHeld: () => (cuts += 1), reset: true } : undefined;
     try {
-      const store = new S3CheckpointStore({
-        endpoint: proxy.url,
-        bucket: bucket(),
-        region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-        credentials: {
-          accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-          secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-        },
-      });
+      const store = storeBehind(proxy.url);
       await expect(store.putBytes(`${prefix}a.pack`, randomBytes(8 * 1024 * 1024), {})).rejects.toThrow();
       expect(cuts).toBeGreaterThan(0);
       const client = testS3();
@@ -287,15 +291,7 @@ describe('a putBytes failing in the middle of its request', () => {
     const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
     const prefix = `checkpoints/${uniqueId('bytes-damaged')}/`;
     try {
-      const store = new S3CheckpointStore({
-        endpoint: proxy.url,
-        bucket: bucket(),
-        region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-        credentials: {
-          accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-          secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-        },
-      });
+      const store = storeBehind(proxy.url);
       const bytes = randomBytes(3 * 1024 * 1024 + 17);
       proxy.corrupt = ({ method }) => method === 'PUT';
       await expect(store.putBytes(`${prefix}a.pack`, bytes, {})).rejects.toThrow(/sha256|SHA256|checksum/i);
