@@ -154,7 +154,10 @@ function pidNamespace(pid: number): string | undefined {
 
 /** Live processes of every sandbox of `hostId`, by sandbox id. */
 export async function scanSandboxProcesses(hostId: string): Promise<Map<string, ProcessInfo[]>> {
-  if (!cgroupTracking()) return seeded(hostId, await scanByEnvironment(hostId));
+  if (!cgroupTracking()) {
+    const before = pidCursor();
+    return seeded(hostId, await scanByEnvironment(hostId), before);
+  }
   const bySandbox = new Map<string, ProcessInfo[]>();
   for (const [sandboxId, pids] of hostGroupPids(hostId)) bySandbox.set(sandboxId, withStates(pids));
   return bySandbox;
@@ -162,15 +165,47 @@ export async function scanSandboxProcesses(hostId: string): Promise<Map<string, 
 
 export async function sandboxProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
   if (cgroupTracking()) return withStates(groupPids(marker));
+  return (await look(marker)).found;
+}
+
+/** One look at a sandbox's processes where the host offers no cgroup. */
+async function look(marker: SandboxMarker): Promise<Look> {
   // A process that starts none (a test, a CLI) cannot know what a worker started since: it scans.
-  if (spawnerPid() === undefined) return (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
-  return indexedProcesses(marker);
+  if (spawnerPid() === undefined) return environmentLook(marker);
+  return indexedLook(marker);
+}
+
+async function environmentLook(marker: SandboxMarker): Promise<Look> {
+  return {
+    found: (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [],
+    groups: [],
+    sessions: new Set(),
+  };
 }
 
 /** Through the index; the first look at a host in this process scans /proc once, to adopt what was started before. */
 async function indexedProcesses(marker: SandboxMarker): Promise<ProcessInfo[]> {
-  if (!seededHosts.has(marker.hostId)) seeded(marker.hostId, await scanByEnvironment(marker.hostId));
+  return (await indexedLook(marker)).found;
+}
+
+async function indexedLook(marker: SandboxMarker): Promise<Look> {
+  if (!seededHosts.has(marker.hostId)) {
+    const before = pidCursor();
+    seeded(marker.hostId, await scanByEnvironment(marker.hostId), before);
+  }
   return walkSandbox(marker);
+}
+
+/**
+ * A sandbox's processes as one look found them, and the process groups that are wholly its own:
+ * signalling a group reaches every member at once, a member forked meanwhile included, where
+ * signalling the pids found misses a process that forks and exits faster than the worker looks.
+ */
+interface Look {
+  found: ProcessInfo[];
+  groups: number[];
+  /** The sessions wholly the sandbox's (see `sessionOwners`), for `signalSessions`. */
+  sessions: Set<number>;
 }
 
 /** A sandbox's processes as this worker knows them. */
@@ -191,8 +226,37 @@ const owners = new Map<number, { key: string; startTime: string }>();
 /** Hosts whose processes this worker has scanned /proc for once: every sandbox of theirs is in `index` or had none. */
 const seededHosts = new Set<string>();
 
-/** Which sandbox each session of `index` is (session id → key). */
-const sessionOwners = new Map<number, string>();
+/**
+ * Which sandbox each session of `index` is (session id → key), and the pid cursor when a process
+ * of it was last seen. A session id is its leader's pid, which the kernel gives to no new process
+ * while any process is in that session: until the pid has been handed out again since (`mayBeReused`),
+ * the id names the sandbox's session, or one with no process left. So a session is not forgotten
+ * when a look happens to find none of it: a process forking as fast as it can is often between
+ * two parents while the worker looks.
+ */
+const sessionOwners = new Map<number, { key: string; confirmed: PidCursor | undefined }>();
+
+/** Whose session `session` is, if its id cannot have been given to another session since it was last confirmed. */
+function sessionOwner(session: number, now: PidCursor | undefined): string | undefined {
+  const owner = sessionOwners.get(session);
+  if (owner && mayBeReused(owner.confirmed, now)(session)) {
+    forgetSession(session);
+    return undefined;
+  }
+  return owner?.key;
+}
+
+function confirmSession(session: number, key: string, cursor: PidCursor | undefined): void {
+  trackedOf(key).sessions.add(session);
+  sessionOwners.set(session, { key, confirmed: cursor });
+}
+
+function forgetSession(session: number): void {
+  const owner = sessionOwners.get(session);
+  if (!owner) return;
+  index.get(owner.key)?.sessions.delete(session);
+  sessionOwners.delete(session);
+}
 
 const keyOf = (marker: SandboxMarker) => `${marker.hostId}\0${marker.sandboxId}`;
 
@@ -215,8 +279,12 @@ function adopt(key: string, pid: number, stat: { startTime: string; session: num
   trackedOf(key).pids.set(pid, stat.startTime);
 }
 
-/** Indexes what a full scan of `hostId` found, and returns it. */
-function seeded(hostId: string, bySandbox: Map<string, ProcessInfo[]>): Map<string, ProcessInfo[]> {
+/** Indexes what a full scan of `hostId` (begun at pid cursor `before`) found, and returns it. */
+function seeded(
+  hostId: string,
+  bySandbox: Map<string, ProcessInfo[]>,
+  before: PidCursor | undefined,
+): Map<string, ProcessInfo[]> {
   for (const [sandboxId, list] of bySandbox) {
     const key = keyOf({ hostId, sandboxId });
     const pids = new Set(list.map((p) => p.pid));
@@ -226,14 +294,11 @@ function seeded(hostId: string, bySandbox: Map<string, ProcessInfo[]>): Map<stri
       // What the index already knows by lineage or session stays: a marker can be forged.
       const owner = owners.get(pid);
       if (owner?.startTime === stat.startTime && owner.key !== key) continue;
-      const session = sessionOwners.get(stat.session);
+      const session = sessionOwners.get(stat.session)?.key;
       if (session !== undefined && session !== key) continue;
       adopt(key, pid, stat);
       // Only a session whose leader is the sandbox's: a marker alone can be forged.
-      if (pids.has(stat.session) && !sessionOwners.has(stat.session)) {
-        trackedOf(key).sessions.add(stat.session);
-        sessionOwners.set(stat.session, key);
-      }
+      if (pids.has(stat.session) && !sessionOwners.has(stat.session)) confirmSession(stat.session, key, before);
     }
   }
   seededHosts.add(hostId);
@@ -250,8 +315,7 @@ export function trackStarted(marker: SandboxMarker, pid: number): void {
   const key = keyOf(marker);
   // The starter makes each process the leader of a new session (its id is the pid), even one
   // that has already exited: its orphans are still in that session.
-  trackedOf(key).sessions.add(pid);
-  sessionOwners.set(pid, key);
+  confirmSession(pid, key, pidCursor());
   if (stat && stat.state !== 'Z' && stat.state !== 'X') adopt(key, pid, stat);
 }
 
@@ -265,7 +329,7 @@ let lastCursor: PidCursor | undefined;
  * its pid may have been given to a new process since (`mayBeReused`): a walk reads /proc for the
  * new processes only, not for every daemon of the host.
  */
-function lookAtOrphans(): void {
+function lookAtOrphans(): PidCursor | undefined {
   const cursor = pidCursor();
   const reused = mayBeReused(lastCursor, cursor);
   const current = new Set<number>();
@@ -285,7 +349,7 @@ function lookAtOrphans(): void {
       let key = owner?.startTime === stat.startTime ? owner.key : undefined;
       if (key === undefined) {
         // Its session says whose it is before its marker does: a marker can be forged, a session not joined.
-        key = sessionOwners.get(stat.session);
+        key = sessionOwner(stat.session, cursor);
         const marker = key === undefined ? markerOfProcess(pid, stat) : undefined;
         if (marker && seededHosts.has(marker.hostId)) key = keyOf(marker);
         if (key !== undefined) adopt(key, pid, stat);
@@ -296,6 +360,7 @@ function lookAtOrphans(): void {
   }
   for (const pid of reaperChildren.keys()) if (!current.has(pid)) reaperChildren.delete(pid);
   lastCursor = cursor;
+  return cursor;
 }
 
 /** The pid last given out in this pid namespace, and how many processes the host has forked. */
@@ -305,10 +370,15 @@ interface PidCursor {
 }
 
 function pidCursor(): PidCursor | undefined {
-  const loadavg = readProcFile('/proc/loadavg')?.trim().split(' ');
+  const last = lastPid();
   const forks = /^processes (\d+)$/m.exec(readProcFile('/proc/stat') ?? '')?.[1];
-  const lastPid = Number(loadavg?.[4]);
-  return forks !== undefined && Number.isSafeInteger(lastPid) ? { lastPid, forks: Number(forks) } : undefined;
+  return forks !== undefined && last !== undefined ? { lastPid: last, forks: Number(forks) } : undefined;
+}
+
+/** The pid last handed out in this pid namespace (/proc/loadavg). */
+function lastPid(): number | undefined {
+  const last = Number(readProcFile('/proc/loadavg')?.trim().split(' ')[4]);
+  return Number.isSafeInteger(last) ? last : undefined;
 }
 
 let pidMax: number | undefined;
@@ -321,7 +391,7 @@ let pidMax: number | undefined;
 function mayBeReused(before: PidCursor | undefined, now: PidCursor | undefined): (pid: number) => boolean {
   pidMax ??= Number(readProcFile('/proc/sys/kernel/pid_max')?.trim()) || 0;
   // Below 300 no pid is given out again after the first cycle (the kernel's RESERVED_PIDS).
-  if (!before || !now || pidMax === 0 || now.forks - before.forks >= pidMax - 300) return () => true;
+  if (!before || !now || pidMax === 0 || now.forks - before.forks >= pidMax - RESERVED_PIDS) return () => true;
   const from = before.lastPid;
   const to = now.lastPid;
   return to >= from ? (pid) => pid > from && pid <= to : (pid) => pid > from || pid <= to;
@@ -370,15 +440,16 @@ function reapers(): number[] {
  * sessions. An orphan that left the session and cleared its marker before the worker looked
  * is not found; only a cgroup or a pid namespace holds against that (README).
  */
-async function walkSandbox(marker: SandboxMarker): Promise<ProcessInfo[]> {
+async function walkSandbox(marker: SandboxMarker): Promise<Look> {
   const key = keyOf(marker);
   const tracked = trackedOf(key);
-  lookAtOrphans();
+  const cursor = lookAtOrphans();
   const queue: number[] = [];
   queue.push(...tracked.pids.keys());
   const found: ProcessInfo[] = [];
   const seen = new Set<number>();
   const sessions = new Set<number>();
+  const groups = new Set<number>();
   while (queue.length > 0) {
     const pid = queue.pop()!;
     if (seen.has(pid)) continue;
@@ -397,20 +468,23 @@ async function walkSandbox(marker: SandboxMarker): Promise<ProcessInfo[]> {
     if (startTime === undefined) adopt(key, pid, stat);
     found.push({ pid, state: stat.state });
     sessions.add(stat.session);
+    // A group in one of the sandbox's sessions has only the sandbox's processes: no other can join that session.
+    if (tracked.sessions.has(stat.session)) groups.add(stat.group);
     queue.push(...childrenOf(pid));
   }
   // Sessions are learned only from what the starter started (or a full scan found led by the
-  // sandbox's own process), never from an orphan adopted by its marker, which may be forged; one
-  // with no process of the sandbox left is forgotten, as its id may name another session later.
+  // sandbox's own process), never from an orphan adopted by its marker, which may be forged. One
+  // that a look finds no process of is kept until its id may name another session (`sessionOwners`).
   for (const session of tracked.sessions) {
-    if (sessions.has(session)) continue;
-    tracked.sessions.delete(session);
-    if (sessionOwners.get(session) === key) sessionOwners.delete(session);
+    if (sessions.has(session)) confirmSession(session, key, cursor);
+    else if (sessionOwner(session, cursor) === undefined) continue;
+    // Its first group, the leader's: what the sandbox's processes fork stays in it unless they move.
+    groups.add(session);
   }
-  // A sandbox with no process left needs no entry: one started later makes a new one.
-  if (found.length === 0) index.delete(key);
+  // A sandbox with no process or session left needs no entry: one started later makes a new one.
+  if (found.length === 0 && tracked.sessions.size === 0) index.delete(key);
   if (known.size > KNOWN_LIMIT) pruneKnown();
-  return found;
+  return { found, groups: [...groups], sessions: new Set(tracked.sessions) };
 }
 
 /** Markers remembered beyond this many are checked for processes that have gone. */
@@ -445,20 +519,44 @@ function withStates(pids: number[]): ProcessInfo[] {
 
 /** Lets a frozen sandbox run again. */
 export async function thawSandbox(marker: SandboxMarker): Promise<void> {
-  if (cgroupTracking()) thawGroup(marker);
-  else for (const { pid } of await sandboxProcesses(marker)) sendSignal(pid, 'SIGCONT');
+  if (cgroupTracking()) return thawGroup(marker);
+  await thawFound(marker, look);
+}
+
+async function thawFound(marker: SandboxMarker, find: (marker: SandboxMarker) => Promise<Look>): Promise<void> {
+  const { found, groups, sessions } = await find(marker);
+  for (const group of groups) sendSignal(-group, 'SIGCONT');
+  for (const { pid } of found) sendSignal(pid, 'SIGCONT');
+  signalSessions(sessions, 'SIGCONT');
 }
 
 /**
- * Freezes every process of the sandbox: by its group, or by SIGSTOP until every process
- * is seen stopped in a scan that finds no new one, so one forked meanwhile is caught too.
+ * Freezes every process of the sandbox: by its cgroup, or by SIGSTOP to its process groups and
+ * to each process found until a look after every group was stopped finds nothing running, so one
+ * forked meanwhile is caught too.
  */
 export async function freezeSandbox(marker: SandboxMarker, timeoutMs = 10_000): Promise<void> {
   if (cgroupTracking()) return freezeGroup(marker, timeoutMs);
+  await freezeFound(marker, timeoutMs, look);
+}
+
+async function freezeFound(
+  marker: SandboxMarker,
+  timeoutMs: number,
+  find: (marker: SandboxMarker) => Promise<Look>,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
+  const stopped = new Set<number>();
   for (;;) {
-    const running = (await sandboxProcesses(marker)).filter((p) => p.state !== 'T' && p.state !== 't');
-    if (running.length === 0) return;
+    const { found, groups, sessions } = await find(marker);
+    const running = found.filter((p) => p.state !== 'T' && p.state !== 't');
+    const caught = signalSessions(sessions, 'SIGSTOP');
+    if (running.length === 0 && caught === 0 && groups.every((group) => stopped.has(group))) return;
+    // A group with no member gets none: no process can join a group that does not exist.
+    for (const group of groups) {
+      sendSignal(-group, 'SIGSTOP');
+      stopped.add(group);
+    }
     if (Date.now() > deadline) {
       throw new StasisError(
         'UNAVAILABLE',
@@ -472,34 +570,39 @@ export async function freezeSandbox(marker: SandboxMarker, timeoutMs = 10_000): 
 
 /** Kills every process of the sandbox until none is left, and removes its groups. */
 export async function killSandbox(marker: SandboxMarker, timeoutMs = 10_000): Promise<void> {
-  if (!cgroupTracking()) await killFound(marker, timeoutMs, sandboxProcesses);
+  if (!cgroupTracking()) await killFound(marker, timeoutMs, look);
   await killGroup(marker, timeoutMs);
-  // With cgroups nothing walks the index, which alone drops an entry: every sandbox that ever started a
-  // process stayed in it (heap snapshots: ~0.5 KiB per Run after all completed). Without, the walk dropped it.
-  if (cgroupTracking()) dropIndexed(keyOf(marker));
+  // A killed sandbox needs no entry (with cgroups nothing walks the index, which alone dropped one:
+  // every sandbox that ever started a process stayed in it, ~0.5 KiB per Run in heap snapshots).
+  dropIndexed(keyOf(marker));
 }
 
 function dropIndexed(key: string): void {
   const tracked = index.get(key);
   if (!tracked) return;
   for (const pid of tracked.pids.keys()) if (owners.get(pid)?.key === key) owners.delete(pid);
-  for (const session of tracked.sessions) if (sessionOwners.get(session) === key) sessionOwners.delete(session);
+  for (const session of tracked.sessions) if (sessionOwners.get(session)?.key === key) sessionOwners.delete(session);
   index.delete(key);
 }
 
 async function killFound(
   marker: SandboxMarker,
   timeoutMs: number,
-  find: (marker: SandboxMarker) => Promise<ProcessInfo[]>,
+  find: (marker: SandboxMarker) => Promise<Look>,
 ): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let emptyLooks = 0;
   for (;;) {
-    const alive = await find(marker);
+    const { found: alive, groups, sessions } = await find(marker);
+    // Every group on every look, whether a member was found or not (a zombie, which cannot be told
+    // from a live member by the signal's result, keeps a group until its parent reaps it).
+    for (const group of groups) sendSignal(-group, 'SIGKILL');
+    const caught = signalSessions(sessions, 'SIGKILL');
     // Done after two empty looks in a row: a process forked while its parent was being killed can be
     // in no listing for a moment (its pid taken, not yet in /proc, or on its way to a new parent).
-    if (alive.length === 0 && (emptyLooks += 1) >= 2) return;
+    if (alive.length === 0 && caught === 0 && (emptyLooks += 1) >= 2) return;
     if (alive.length === 0) {
+      if (caught > 0) emptyLooks = 0;
       await sleep(10);
       continue;
     }
@@ -518,16 +621,59 @@ async function killFound(
 /** The environment scan alone, whatever the host offers: for the tests of that fallback. */
 export const byEnvironment = {
   processes: async (marker: SandboxMarker) => (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [],
-  kill: (marker: SandboxMarker) => killFound(marker, 10_000, byEnvironment.processes),
+  kill: (marker: SandboxMarker) => killFound(marker, 10_000, environmentLook),
 };
 
 /** The index (what a worker without cgroups uses), whatever the host offers: for the tests of it. */
 export const byIndex = {
   processes: indexedProcesses,
-  kill: (marker: SandboxMarker) => killFound(marker, 10_000, indexedProcesses),
+  kill: async (marker: SandboxMarker) => {
+    await killFound(marker, 10_000, indexedLook);
+    dropIndexed(keyOf(marker));
+  },
+  freeze: (marker: SandboxMarker) => freezeFound(marker, 10_000, indexedLook),
+  thaw: (marker: SandboxMarker) => thawFound(marker, indexedLook),
   /** How many sandboxes, processes and sessions the index holds. */
   size: () => index.size + owners.size + sessionOwners.size,
 };
+
+/**
+ * Sends `signal` to every process in one of `sessions`, and returns how many it reached that were
+ * neither stopped nor zombies. A look through the index can miss a process that forks and exits
+ * faster than the look (its child is between two parents), and one that moved to a group of its
+ * own escapes the groups' signals. This looks at all of /proc instead, then at each pid handed out
+ * since the listing began, in the order they were handed out, until it has caught up: what a
+ * process forks while it is looked for is looked at after it. Kills and freezes only: no process
+ * can join a session, so a session of the sandbox holds nothing else.
+ */
+function signalSessions(sessions: ReadonlySet<number>, signal: NodeJS.Signals): number {
+  if (sessions.size === 0) return 0;
+  let reached = 0;
+  const visit = (pid: number) => {
+    const stat = processStat(pid);
+    if (!stat || !sessions.has(stat.session) || stat.state === 'Z' || stat.state === 'X') return;
+    sendSignal(pid, signal);
+    if (signal !== 'SIGSTOP' || (stat.state !== 'T' && stat.state !== 't')) reached += 1;
+  };
+  let at = lastPid();
+  for (const name of readdirSync('/proc')) if (/^[0-9]+$/.test(name)) visit(Number(name));
+  pidMax ??= Number(readProcFile('/proc/sys/kernel/pid_max')?.trim()) || 0;
+  for (let round = 0; at !== undefined && pidMax > 0 && round < CATCH_UP_ROUNDS; round += 1) {
+    const last = lastPid();
+    if (last === undefined || last === at) break;
+    // Pids are handed out upwards and start again above the kernel's 300 reserved ones.
+    for (let pid = at; pid !== last;) {
+      pid = pid + 1 >= pidMax ? RESERVED_PIDS : pid + 1;
+      visit(pid);
+    }
+    at = last;
+  }
+  return reached;
+}
+
+/** Bounds the catching up of `signalSessions` when the host forks faster than it looks; the kill looks again. */
+const CATCH_UP_ROUNDS = 1000;
+const RESERVED_PIDS = 300;
 
 /** Signals a process or, with a negative id, a process group; one that is already gone is no error. */
 export function sendSignal(pid: number, signal: NodeJS.Signals): void {
@@ -561,15 +707,18 @@ const PF_KTHREAD = 0x00200000;
 
 function processStat(
   pid: number,
-): { state: string; ppid: number; session: number; startTime: string; kernelThread: boolean } | undefined {
+):
+  | { state: string; ppid: number; group: number; session: number; startTime: string; kernelThread: boolean }
+  | undefined {
   const stat = readProcFile(`/proc/${pid}/stat`);
   if (stat === undefined) return undefined;
   // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
-  // From there: state (field 3 of proc(5)), ppid (4), session (6), flags (9), starttime (22).
+  // From there: state (field 3 of proc(5)), ppid (4), process group (5), session (6), flags (9), starttime (22).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   return {
     state: fields[0],
     ppid: Number(fields[1]),
+    group: Number(fields[2]),
     session: Number(fields[3]),
     startTime: fields[19],
     kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,

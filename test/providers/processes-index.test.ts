@@ -104,15 +104,89 @@ test('a sandbox’s forks, double forks and daemons are found and killed whateve
   for (const pid of foreign) expect(alive(pid)).toBe(false);
 });
 
-test('a process that keeps forking while it is killed is killed with all it forked', async () => {
-  const marker = { hostId, sandboxId: uniqueId('sbx-forker') };
-  // Each generation starts the next and exits: the live process is always a new, orphaned one.
-  await startIn(marker, `f() { sleep 0.01; (f &); }; f; sleep ${sleeper(21)} & wait`);
-  await waitFor('the forker', async () => running(21).length === 1);
-  await byIndex.kill(marker);
-  expect(running(21)).toEqual([]);
-  expect(await byIndex.processes(marker)).toEqual([]);
+// Processes that fork and exit as fast as they can: each generation's parent exits, so the live one is
+// always new and between two parents while the worker looks. Each shape is killed and frozen several
+// times; a tag in the command line finds every process of the script on the host (subshells keep it).
+const forkers: { name: string; script: (tag: string) => string }[] = [
+  { name: 'a chain that sleeps between forks', script: (tag) => `: ${tag}; f() { sleep 0.01; (f &); }; f; wait` },
+  { name: 'a chain that forks as fast as it can', script: (tag) => `: ${tag}; f() { (f &); }; f; sleep 600 & wait` },
+  { name: 'a fast chain whose first process exits at once', script: (tag) => `: ${tag}; f() { (f &); }; f` },
+  // Job control puts each generation in a process group of its own: only the session holds them.
+  {
+    name: 'a fast chain that moves to a new group each time',
+    script: (tag) => `set -m; : ${tag}; f() { (f &); }; f; wait`,
+  },
+];
+
+/** Live processes of `script` on the host (a zombie has no command line). */
+const ofScript = (script: string) => pidsRunning(['/bin/bash', '-c', script]);
+
+/** Kills what a failed attempt left, so it cannot hurt the tests after it. */
+async function sweep(script: string): Promise<void> {
+  for (let round = 0; round < 100 && ofScript(script).length > 0; round += 1) {
+    for (const pid of ofScript(script)) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+test.each(forkers)('$name is killed with all it forked, every time', async ({ script }) => {
+  for (let attempt = 0; attempt < 5; attempt += 1) {
+    const marker = { hostId, sandboxId: uniqueId('sbx-forker') };
+    const tagged = script(uniqueId('forker'));
+    try {
+      await startIn(marker, tagged);
+      await waitFor('the forker', async () => ofScript(tagged).length > 0);
+      await byIndex.kill(marker);
+      expect(ofScript(tagged)).toEqual([]);
+      // A survivor keeps forking: it would show up again.
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      expect(ofScript(tagged)).toEqual([]);
+      expect(await byIndex.processes(marker)).toEqual([]);
+    } finally {
+      await sweep(tagged);
+    }
+  }
 });
+
+test.each(forkers)('$name is frozen whole: nothing runs or forks until it is thawed', async ({ script }) => {
+  for (let attempt = 0; attempt < 3; attempt += 1) {
+    const marker = { hostId, sandboxId: uniqueId('sbx-freeze') };
+    const tagged = script(uniqueId('forker'));
+    try {
+      await startIn(marker, tagged);
+      await waitFor('the forker', async () => ofScript(tagged).length > 0);
+      await byIndex.freeze(marker);
+      const frozen = ofScript(tagged);
+      expect(frozen.length).toBeGreaterThan(0);
+      for (const pid of frozen) expect(stateOf(pid)).toMatch(/^[Tt]$/);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      // Nothing new was forked: the same processes, all still stopped.
+      expect(ofScript(tagged).sort()).toEqual([...frozen].sort());
+      await byIndex.thaw(marker);
+      await waitFor('the forker to run again', async () => ofScript(tagged).some((pid) => !frozen.includes(pid)));
+      await byIndex.kill(marker);
+      expect(ofScript(tagged)).toEqual([]);
+    } finally {
+      await sweep(tagged);
+    }
+  }
+});
+
+/** The state letter of /proc/<pid>/stat. */
+function stateOf(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+  } catch {
+    return undefined;
+  }
+}
 
 test('a worker adopts what an earlier worker started, then follows it by lineage', async () => {
   // Another host id: the first look at it scans /proc once, as a restarted worker's does.
