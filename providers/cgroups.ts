@@ -24,6 +24,8 @@ interface Hierarchies {
   v2?: string;
   /** v1 base directories by controller (pids, cpu). */
   v1: { pids?: string; cpu?: string };
+  /** How /proc/<pid>/cgroup names a directory of the v1 pids hierarchy: its mount point and the root it mounts. */
+  pidsMount?: { point: string; root: string };
 }
 
 let detected: Hierarchies | undefined;
@@ -69,8 +71,9 @@ function detect(): Hierarchies {
         if (found.v1[controller] || !options.split(',').includes(controller)) continue;
         const entry = own.find((l) => l.split(':')[1]?.split(',').includes(controller));
         const base = ownDir(mountPoint, mountRoot, entry?.split(':').slice(2).join(':'));
-        if (base && usable(base, [controller === 'pids' ? 'pids.max' : 'cpu.cfs_quota_us']))
-          found.v1[controller] = base;
+        if (!base || !usable(base, [controller === 'pids' ? 'pids.max' : 'cpu.cfs_quota_us'])) continue;
+        found.v1[controller] = base;
+        if (controller === 'pids') found.pidsMount = { point: mountPoint, root: mountRoot };
       }
     }
   }
@@ -180,6 +183,27 @@ export function prepareGroups(
     join.push(path.join(groups.cpu, 'cgroup.procs'));
   }
   return { join, enforced };
+}
+
+/**
+ * Whether process `pid` is in the sandbox's v1 pids group, which every process the sandbox starts
+ * joins before it runs and which nothing it forks leaves (only a write to the hierarchy moves a
+ * process); undefined where the sandbox has no such group or the process is gone. Read from
+ * /proc/<pid>/cgroup, which names a process's group from the moment it is forked.
+ */
+export function inPidsGroup(marker: Marker, pid: number): boolean | undefined {
+  const { pids } = groupsOf(marker);
+  const mount = hierarchies().pidsMount;
+  if (!pids || !mount || !existsSync(pids)) return undefined;
+  const wanted = path.join(mount.root, path.relative(mount.point, pids));
+  let lines: string[];
+  try {
+    lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n');
+  } catch {
+    return undefined; // gone
+  }
+  const line = lines.find((l) => l.split(':')[1]?.split(',').includes('pids'));
+  return line === undefined ? undefined : line.split(':').slice(2).join(':') === wanted;
 }
 
 /** Pids in the sandbox's v2 group (none when it has none). */

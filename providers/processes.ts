@@ -1,7 +1,7 @@
 import { closeSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
-import { cgroupTracking, freezeGroup, groupPids, hostGroupPids, killGroup, thawGroup } from './cgroups';
+import { cgroupTracking, freezeGroup, groupPids, hostGroupPids, inPidsGroup, killGroup, thawGroup } from './cgroups';
 import { spawnerPid } from './spawner';
 
 // A sandbox's processes, found to be counted, frozen, thawed and killed together,
@@ -247,6 +247,10 @@ function sessionOwner(session: number, now: PidCursor | undefined): string | und
 }
 
 function confirmSession(session: number, key: string, cursor: PidCursor | undefined): void {
+  // Another sandbox's until now: that session ended and its id was handed out again (the starter
+  // made a new leader with it). Left in that sandbox's sessions, it would signal this one's.
+  const previous = sessionOwners.get(session)?.key;
+  if (previous !== undefined && previous !== key) index.get(previous)?.sessions.delete(session);
   trackedOf(key).sessions.add(session);
   sessionOwners.set(session, { key, confirmed: cursor });
 }
@@ -259,6 +263,29 @@ function forgetSession(session: number): void {
 }
 
 const keyOf = (marker: SandboxMarker) => `${marker.hostId}\0${marker.sandboxId}`;
+
+/**
+ * Whether `pid`, found in a session of sandbox `key`, proves that session's id was handed out
+ * again: the sandbox's processes are held in a group none of them leaves (`inPidsGroup`), and no
+ * process joins a session, so one outside the group is in a new session with the old id. Forks
+ * that fail at a pids group's limit take a pid without being counted, so a sandbox forking at
+ * its limit takes the pid space round unseen by `mayBeReused`; this sees it.
+ */
+function provesReused(key: string, pid: number, stat: { ppid: number; startTime: string }): boolean {
+  const owner = owners.get(pid);
+  if (owner?.key === key && owner.startTime === stat.startTime) return false; // the sandbox's by lineage
+  const [hostId, sandboxId] = key.split('\0');
+  const marker = { hostId, sandboxId };
+  // A child shows the root group until its fork completes, while its parent, still forking, is in the group.
+  return outsideGroup(marker, pid) && outsideGroup(marker, stat.ppid);
+}
+
+/** Whether `pid` is known to be outside the sandbox's pids group: an exiting process shows the root group. */
+function outsideGroup(marker: SandboxMarker, pid: number): boolean {
+  if (inPidsGroup(marker, pid) !== false) return false;
+  const stat = processStat(pid); // after: its exit began before the group was read, if it did
+  return stat !== undefined && !stat.exiting && stat.state !== 'Z' && stat.state !== 'X';
+}
 
 function trackedOf(key: string): Tracked {
   let tracked = index.get(key);
@@ -350,6 +377,10 @@ function lookAtOrphans(): PidCursor | undefined {
       if (key === undefined) {
         // Its session says whose it is before its marker does: a marker can be forged, a session not joined.
         key = sessionOwner(stat.session, cursor);
+        if (key !== undefined && provesReused(key, pid, stat)) {
+          forgetSession(stat.session);
+          key = undefined;
+        }
         const marker = key === undefined ? markerOfProcess(pid, stat) : undefined;
         if (marker && seededHosts.has(marker.hostId)) key = keyOf(marker);
         if (key !== undefined) adopt(key, pid, stat);
@@ -476,10 +507,15 @@ async function walkSandbox(marker: SandboxMarker): Promise<Look> {
   // sandbox's own process), never from an orphan adopted by its marker, which may be forged. One
   // that a look finds no process of is kept until its id may name another session (`sessionOwners`).
   for (const session of tracked.sessions) {
-    if (sessions.has(session)) confirmSession(session, key, cursor);
-    else if (sessionOwner(session, cursor) === undefined) continue;
-    // Its first group, the leader's: what the sandbox's processes fork stays in it unless they move.
-    groups.add(session);
+    if (sessions.has(session)) {
+      confirmSession(session, key, cursor);
+      // Its first group, the leader's: what the sandbox's processes fork stays in it unless they move.
+      groups.add(session);
+    } else if (sessionOwner(session, cursor) !== key) {
+      tracked.sessions.delete(session);
+    }
+    // A session this look found no process of is not signalled as a group: its id may name a new
+    // session by now that nothing has shown yet. `signalSessions` looks at each of its processes.
   }
   // A sandbox with no process or session left needs no entry: one started later makes a new one.
   if (found.length === 0 && tracked.sessions.size === 0) index.delete(key);
@@ -527,7 +563,7 @@ async function thawFound(marker: SandboxMarker, find: (marker: SandboxMarker) =>
   const { found, groups, sessions } = await find(marker);
   for (const group of groups) sendSignal(-group, 'SIGCONT');
   for (const { pid } of found) sendSignal(pid, 'SIGCONT');
-  signalSessions(sessions, 'SIGCONT');
+  signalSessions(keyOf(marker), sessions, 'SIGCONT');
 }
 
 /**
@@ -550,7 +586,7 @@ async function freezeFound(
   for (;;) {
     const { found, groups, sessions } = await find(marker);
     const running = found.filter((p) => p.state !== 'T' && p.state !== 't');
-    const caught = signalSessions(sessions, 'SIGSTOP');
+    const caught = signalSessions(keyOf(marker), sessions, 'SIGSTOP');
     if (running.length === 0 && caught === 0 && groups.every((group) => stopped.has(group))) return;
     // A group with no member gets none: no process can join a group that does not exist.
     for (const group of groups) {
@@ -597,7 +633,7 @@ async function killFound(
     // Every group on every look, whether a member was found or not (a zombie, which cannot be told
     // from a live member by the signal's result, keeps a group until its parent reaps it).
     for (const group of groups) sendSignal(-group, 'SIGKILL');
-    const caught = signalSessions(sessions, 'SIGKILL');
+    const caught = signalSessions(keyOf(marker), sessions, 'SIGKILL');
     // Done after two empty looks in a row: a process forked while its parent was being killed can be
     // in no listing for a moment (its pid taken, not yet in /proc, or on its way to a new parent).
     if (alive.length === 0 && caught === 0 && (emptyLooks += 1) >= 2) return;
@@ -644,14 +680,22 @@ export const byIndex = {
  * own escapes the groups' signals. This looks at all of /proc instead, then at each pid handed out
  * since the listing began, in the order they were handed out, until it has caught up: what a
  * process forks while it is looked for is looked at after it. Kills and freezes only: no process
- * can join a session, so a session of the sandbox holds nothing else.
+ * can join a session, so a session of the sandbox holds nothing else, unless its id was handed out
+ * again unseen; a process outside the sandbox's pids group shows that (`provesReused`), and the
+ * session is dropped before anything in it is signalled.
  */
-function signalSessions(sessions: ReadonlySet<number>, signal: NodeJS.Signals): number {
-  if (sessions.size === 0) return 0;
+function signalSessions(key: string, ofSandbox: ReadonlySet<number>, signal: NodeJS.Signals): number {
+  if (ofSandbox.size === 0) return 0;
+  const sessions = new Set(ofSandbox);
   let reached = 0;
   const visit = (pid: number) => {
     const stat = processStat(pid);
     if (!stat || !sessions.has(stat.session) || stat.state === 'Z' || stat.state === 'X') return;
+    if (provesReused(key, pid, stat)) {
+      forgetSession(stat.session);
+      sessions.delete(stat.session);
+      return;
+    }
     sendSignal(pid, signal);
     if (signal !== 'SIGSTOP' || (stat.state !== 'T' && stat.state !== 't')) reached += 1;
   };
@@ -704,11 +748,19 @@ function readEnviron(pid: number): string | undefined {
 
 /** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
 const PF_KTHREAD = 0x00200000;
+/** PF_EXITING: set when a process begins to exit, before it leaves its control groups. */
+const PF_EXITING = 0x00000004;
 
-function processStat(
-  pid: number,
-):
-  | { state: string; ppid: number; group: number; session: number; startTime: string; kernelThread: boolean }
+function processStat(pid: number):
+  | {
+      state: string;
+      ppid: number;
+      group: number;
+      session: number;
+      startTime: string;
+      kernelThread: boolean;
+      exiting: boolean;
+    }
   | undefined {
   const stat = readProcFile(`/proc/${pid}/stat`);
   if (stat === undefined) return undefined;
@@ -722,6 +774,7 @@ function processStat(
     session: Number(fields[3]),
     startTime: fields[19],
     kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,
+    exiting: (Number(fields[6]) & PF_EXITING) !== 0,
   };
 }
 

@@ -248,3 +248,97 @@ function pidsMentioning(text: string): number[] {
     })
     .map(Number);
 }
+
+// A session id is its leader's pid: once every process of a session has exited, the kernel hands
+// that pid out again, and the new process may lead a session of its own (a neighbour's command, a
+// host daemon). The sandbox that had the old session must never signal the new one. Pids wrap
+// after ~32,000 forks here; the test takes the shortcut a checkpoint/restore tool uses (root:
+// /proc/sys/kernel/ns_last_pid) to have the kernel hand out the pid it wants next.
+
+/** Makes `pid` the next pid the kernel hands out, if it is free. */
+function nextPidIs(pid: number): void {
+  writeFileSync('/proc/sys/kernel/ns_last_pid', String(pid - 1));
+}
+
+/** The pid last handed out (/proc/loadavg). */
+function lastPid(): number {
+  return Number(readFileSync('/proc/loadavg', 'utf8').trim().split(' ')[4]);
+}
+
+/**
+ * Runs `start` (which starts one process and returns its pid) until the process it starts gets
+ * pid `pid`: another process on the host may fork in between and take it. A miss is killed.
+ */
+async function startWithPid(pid: number, start: () => Promise<number>): Promise<void> {
+  for (let attempt = 0; attempt < 200; attempt += 1) {
+    nextPidIs(pid);
+    const got = await start();
+    if (got === pid) return;
+    signal(-got, 'SIGKILL');
+  }
+  throw new Error(`could not start a process with pid ${pid}: the host keeps taking it`);
+}
+
+function signal(pid: number, name: NodeJS.Signals): void {
+  try {
+    process.kill(pid, name);
+  } catch {
+    // gone
+  }
+}
+
+/** A sandbox whose one session has ended: a command that exited, looked at once since (as a worker's calls do). */
+async function sandboxWithEndedSession(): Promise<{ marker: SandboxMarker; session: number }> {
+  const marker = { hostId, sandboxId: uniqueId('sbx-ended') };
+  const session = await startIn(marker, 'exit 0');
+  // Reaped: the pid is free again.
+  await waitFor('the command to exit', async () => readStat(session) === '');
+  expect(await byIndex.processes(marker)).toEqual([]);
+  return { marker, session };
+}
+
+test('a neighbour’s command that gets the pid of our ended session is not ours to freeze or kill', async () => {
+  const { marker: mine, session } = await sandboxWithEndedSession();
+  const neighbour = { hostId, sandboxId: uniqueId('sbx-neighbour') };
+  started.push(neighbour);
+  // The neighbour's command leads a new session whose id is our old one.
+  await startWithPid(session, () => startIn(neighbour, `sleep ${sleeper(41)}`));
+  try {
+    await waitFor('the neighbour’s command', async () => running(41).length > 0);
+    expect(running(41)).toEqual([session]);
+    await byIndex.freeze(mine);
+    expect(stateOf(session)).not.toMatch(/^[Tt]$/);
+    await byIndex.thaw(mine);
+    await byIndex.kill(mine);
+    expect(alive(session)).toBe(true);
+    expect((await byIndex.processes(neighbour)).map((p) => p.pid)).toContain(session);
+  } finally {
+    for (const pid of running(41)) signal(pid, 'SIGKILL');
+  }
+});
+
+test('a host process that gets the pid of our ended session is never signalled, even if no fork counted it', async () => {
+  const { marker: mine, session } = await sandboxWithEndedSession();
+  const cursor = lastPid();
+  try {
+    // A process the host starts (not through the process starter), leading its own session.
+    await startWithPid(session, async () => {
+      const child = spawn('sleep', [sleeper(42)], { detached: true, stdio: 'ignore' });
+      child.unref();
+      await waitFor('the host process', async () => child.pid !== undefined);
+      return child.pid!;
+    });
+    // Forks that fail at a process limit (a v1 pids cgroup's pids.max, the `processes` limit of a
+    // sandbox on a host without cgroup v2) take a pid each but are not counted in /proc/stat: a
+    // sandbox forking at its limit goes round the whole pid space in ~3 s (40,000 failed forks,
+    // measured) and the pid cursor ends near where it was, as here.
+    writeFileSync('/proc/sys/kernel/ns_last_pid', String(cursor));
+    await byIndex.freeze(mine);
+    expect(stateOf(session)).not.toMatch(/^[Tt]$/);
+    await byIndex.thaw(mine);
+    await byIndex.kill(mine);
+    expect(alive(session)).toBe(true);
+  } finally {
+    for (const pid of running(42)) signal(pid, 'SIGKILL');
+  }
+});
