@@ -587,7 +587,12 @@ async function freezeFound(
     const { found, groups, sessions } = await find(marker);
     const running = found.filter((p) => p.state !== 'T' && p.state !== 't');
     const caught = signalSessions(keyOf(marker), sessions, 'SIGSTOP');
-    if (running.length === 0 && caught === 0 && groups.every((group) => stopped.has(group))) return;
+    if (running.length === 0 && caught === 0 && groups.every((group) => stopped.has(group))) {
+      const left = find === indexedLook ? (await strays(marker)).filter((p) => p.state !== 'T' && p.state !== 't') : [];
+      if (left.length === 0) return;
+      for (const { pid } of left) sendSignal(pid, 'SIGSTOP');
+      continue;
+    }
     // A group with no member gets none: no process can join a group that does not exist.
     for (const group of groups) {
       sendSignal(-group, 'SIGSTOP');
@@ -636,7 +641,13 @@ async function killFound(
     const caught = signalSessions(keyOf(marker), sessions, 'SIGKILL');
     // Done after two empty looks in a row: a process forked while its parent was being killed can be
     // in no listing for a moment (its pid taken, not yet in /proc, or on its way to a new parent).
-    if (alive.length === 0 && caught === 0 && (emptyLooks += 1) >= 2) return;
+    if (alive.length === 0 && caught === 0 && (emptyLooks += 1) >= 2) {
+      const left = find === indexedLook ? await strays(marker) : [];
+      if (left.length === 0) return;
+      for (const { pid } of left) sendSignal(pid, 'SIGKILL');
+      emptyLooks = 0;
+      continue;
+    }
     if (alive.length === 0) {
       if (caught > 0) emptyLooks = 0;
       await sleep(10);
@@ -652,6 +663,22 @@ async function killFound(
     for (const { pid } of alive) sendSignal(pid, 'SIGKILL');
     await sleep(10);
   }
+}
+
+/**
+ * What a scan of all of /proc finds of the sandbox once its looks find nothing left to signal,
+ * adopted into the index. A chain that starts a new session each generation keeps its marker but
+ * none of the sandbox's sessions, and its one live process can be on its way from a parent that
+ * exited to init during every look; a scan in pid order does not follow parents, and meets each
+ * generation ahead of it (a child's pid comes after its parent's until pids wrap).
+ */
+async function strays(marker: SandboxMarker): Promise<ProcessInfo[]> {
+  const key = keyOf(marker);
+  const before = pidCursor();
+  const found = (await scanByEnvironment(marker.hostId)).get(marker.sandboxId) ?? [];
+  seeded(marker.hostId, new Map([[marker.sandboxId, found]]), before);
+  // Only what the index now holds as the sandbox's: a forged marker does not win over a session.
+  return found.filter(({ pid }) => owners.get(pid)?.key === key);
 }
 
 /** The environment scan alone, whatever the host offers: for the tests of that fallback. */

@@ -268,15 +268,30 @@ function lastPid(): number {
 /**
  * Runs `start` (which starts one process and returns its pid) until the process it starts gets
  * pid `pid`: another process on the host may fork in between and take it. A miss is killed.
+ * False when a process of the host holds `pid` meanwhile.
  */
-async function startWithPid(pid: number, start: () => Promise<number>): Promise<void> {
-  for (let attempt = 0; attempt < 200; attempt += 1) {
+async function startWithPid(pid: number, start: () => Promise<number>): Promise<boolean> {
+  for (let attempt = 0; attempt < 50 && readStat(pid) === ''; attempt += 1) {
     nextPidIs(pid);
     const got = await start();
-    if (got === pid) return;
+    if (got === pid) return true;
     signal(-got, 'SIGKILL');
   }
-  throw new Error(`could not start a process with pid ${pid}: the host keeps taking it`);
+  return false;
+}
+
+/**
+ * An ended session of a sandbox of ours, and `start` run until what it starts has that session's
+ * id. Tried again with another ended session while the host takes the pid first (under load).
+ */
+async function reusedSession(
+  start: () => Promise<number>,
+): Promise<{ marker: SandboxMarker; session: number; lookedAt: number }> {
+  for (let attempt = 0; attempt < 20; attempt += 1) {
+    const ended = await sandboxWithEndedSession();
+    if (await startWithPid(ended.session, start)) return ended;
+  }
+  throw new Error('could not start a process with the pid of an ended session: the host keeps taking them');
 }
 
 function signal(pid: number, name: NodeJS.Signals): void {
@@ -288,21 +303,20 @@ function signal(pid: number, name: NodeJS.Signals): void {
 }
 
 /** A sandbox whose one session has ended: a command that exited, looked at once since (as a worker's calls do). */
-async function sandboxWithEndedSession(): Promise<{ marker: SandboxMarker; session: number }> {
+async function sandboxWithEndedSession(): Promise<{ marker: SandboxMarker; session: number; lookedAt: number }> {
   const marker = { hostId, sandboxId: uniqueId('sbx-ended') };
   const session = await startIn(marker, 'exit 0');
   // Reaped: the pid is free again.
   await waitFor('the command to exit', async () => readStat(session) === '');
   expect(await byIndex.processes(marker)).toEqual([]);
-  return { marker, session };
+  return { marker, session, lookedAt: lastPid() };
 }
 
 test('a neighbour’s command that gets the pid of our ended session is not ours to freeze or kill', async () => {
-  const { marker: mine, session } = await sandboxWithEndedSession();
   const neighbour = { hostId, sandboxId: uniqueId('sbx-neighbour') };
   started.push(neighbour);
   // The neighbour's command leads a new session whose id is our old one.
-  await startWithPid(session, () => startIn(neighbour, `sleep ${sleeper(41)}`));
+  const { marker: mine, session } = await reusedSession(() => startIn(neighbour, `sleep ${sleeper(41)}`));
   try {
     await waitFor('the neighbour’s command', async () => running(41).length > 0);
     expect(running(41)).toEqual([session]);
@@ -318,11 +332,13 @@ test('a neighbour’s command that gets the pid of our ended session is not ours
 });
 
 test('a host process that gets the pid of our ended session is never signalled, even if no fork counted it', async () => {
-  const { marker: mine, session } = await sandboxWithEndedSession();
-  const cursor = lastPid();
   try {
     // A process the host starts (not through the process starter), leading its own session.
-    await startWithPid(session, async () => {
+    const {
+      marker: mine,
+      session,
+      lookedAt,
+    } = await reusedSession(async () => {
       const child = spawn('sleep', [sleeper(42)], { detached: true, stdio: 'ignore' });
       child.unref();
       await waitFor('the host process', async () => child.pid !== undefined);
@@ -331,8 +347,8 @@ test('a host process that gets the pid of our ended session is never signalled, 
     // Forks that fail at a process limit (a v1 pids cgroup's pids.max, the `processes` limit of a
     // sandbox on a host without cgroup v2) take a pid each but are not counted in /proc/stat: a
     // sandbox forking at its limit goes round the whole pid space in ~3 s (40,000 failed forks,
-    // measured) and the pid cursor ends near where it was, as here.
-    writeFileSync('/proc/sys/kernel/ns_last_pid', String(cursor));
+    // measured) and the pid cursor ends near where it was when the worker last looked, as here.
+    writeFileSync('/proc/sys/kernel/ns_last_pid', String(lookedAt));
     await byIndex.freeze(mine);
     expect(stateOf(session)).not.toMatch(/^[Tt]$/);
     await byIndex.thaw(mine);
@@ -341,4 +357,79 @@ test('a host process that gets the pid of our ended session is never signalled, 
   } finally {
     for (const pid of running(42)) signal(pid, 'SIGKILL');
   }
+});
+
+// Chains that leave the session the starter gave them, one generation at a time. Inside the
+// documented limit a process that leaves its session and clears its marker before the worker first
+// looks at it escapes; these keep their marker (a new session each generation), or clear it and stay.
+const leavers: { name: string; script: (tag: string) => string }[] = [
+  {
+    name: 'a chain that starts a new session each generation, keeping its marker',
+    script: (tag) => `f() { : ${tag}; setsid -f /bin/bash -c "$(declare -f f); f"; }; f`,
+  },
+  {
+    name: 'a chain that clears its marker each generation and stays in the session',
+    script: (tag) => `f() { : ${tag}; (env -i /bin/bash -c "$(declare -f f); f" &); }; f`,
+  },
+];
+
+test.each(leavers)('$name is killed with all it forked, every time', async ({ script }) => {
+  for (let attempt = 0; attempt < 5; attempt += 1) {
+    const marker = { hostId, sandboxId: uniqueId('sbx-leaver') };
+    const tag = uniqueId('leaver');
+    try {
+      await startIn(marker, script(tag));
+      await waitFor('the chain', async () => pidsMentioning(tag).length > 0);
+      await byIndex.kill(marker);
+      expect(pidsMentioning(tag)).toEqual([]);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      expect(pidsMentioning(tag)).toEqual([]);
+    } finally {
+      await sweepMentioning(tag);
+    }
+  }
+});
+
+/** Kills every process whose command line mentions `tag`, until none is left. */
+async function sweepMentioning(tag: string): Promise<void> {
+  for (let round = 0; round < 100 && pidsMentioning(tag).length > 0; round += 1) {
+    for (const pid of pidsMentioning(tag)) signal(pid, 'SIGKILL');
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+test('a frozen sandbox is killed without a thaw; one with nothing left running freezes, thaws and is killed at once', async () => {
+  const { script } = forkers[1];
+  const marker = { hostId, sandboxId: uniqueId('sbx-frozen-kill') };
+  const tagged = script(uniqueId('forker'));
+  try {
+    await startIn(marker, tagged);
+    await waitFor('the forker', async () => ofScript(tagged).length > 0);
+    await byIndex.freeze(marker);
+    await byIndex.freeze(marker); // twice: nothing is left running, so it returns
+    await byIndex.kill(marker);
+    expect(ofScript(tagged)).toEqual([]);
+  } finally {
+    await sweep(tagged);
+  }
+  // Its command exited, leaving a session with no process: nothing to stop, nothing to wait for.
+  const { marker: ended } = await sandboxWithEndedSession();
+  await byIndex.freeze(ended);
+  await byIndex.thaw(ended);
+  await byIndex.kill(ended);
+  expect(await byIndex.processes(ended)).toEqual([]);
+});
+
+test('killed sandboxes leave nothing in the index', async () => {
+  const before = byIndex.size();
+  for (let round = 0; round < 20; round += 1) {
+    const marker = { hostId, sandboxId: uniqueId('sbx-churn') };
+    // A command that exits, and one that leaves an orphan in a session of its own.
+    await startIn(marker, 'exit 0');
+    await startIn(marker, `(setsid sleep ${sleeper(51)} &)`);
+    await waitFor('the orphan', async () => (await byIndex.processes(marker)).length > 0);
+    await byIndex.kill(marker);
+  }
+  expect(running(51)).toEqual([]);
+  expect(byIndex.size()).toBe(before);
 });
