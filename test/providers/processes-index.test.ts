@@ -44,6 +44,21 @@ const token = `${process.pid}${Math.floor(Math.random() * 1e5)}`;
 const sleeper = (n: number) => `${n}${token}`;
 const running = (n: number, argv0 = 'sleep') => pidsRunning([argv0, sleeper(n)]);
 
+// First in the file: processes other tests leave behind would be adopted meanwhile and counted.
+test('killed sandboxes leave nothing in the index', async () => {
+  const before = byIndex.size();
+  for (let round = 0; round < 20; round += 1) {
+    const marker = { hostId, sandboxId: uniqueId('sbx-churn') };
+    // A command that exits, and one that leaves an orphan in a session of its own.
+    await startIn(marker, 'exit 0');
+    await startIn(marker, `(setsid sleep ${sleeper(51)} &)`);
+    await waitFor('the orphan', async () => (await byIndex.processes(marker)).length > 0);
+    await byIndex.kill(marker);
+  }
+  expect(running(51)).toEqual([]);
+  expect(byIndex.size()).toBe(before);
+});
+
 test('a sandbox’s forks, double forks and daemons are found and killed whatever they change; a neighbour’s never', async () => {
   const mine = { hostId, sandboxId: uniqueId('sbx') };
   const neighbour = { hostId, sandboxId: uniqueId('sbx-neighbour') };
@@ -418,18 +433,4 @@ test('a frozen sandbox is killed without a thaw; one with nothing left running f
   await byIndex.thaw(ended);
   await byIndex.kill(ended);
   expect(await byIndex.processes(ended)).toEqual([]);
-});
-
-test('killed sandboxes leave nothing in the index', async () => {
-  const before = byIndex.size();
-  for (let round = 0; round < 20; round += 1) {
-    const marker = { hostId, sandboxId: uniqueId('sbx-churn') };
-    // A command that exits, and one that leaves an orphan in a session of its own.
-    await startIn(marker, 'exit 0');
-    await startIn(marker, `(setsid sleep ${sleeper(51)} &)`);
-    await waitFor('the orphan', async () => (await byIndex.processes(marker)).length > 0);
-    await byIndex.kill(marker);
-  }
-  expect(running(51)).toEqual([]);
-  expect(byIndex.size()).toBe(before);
 });
