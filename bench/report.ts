@@ -360,7 +360,8 @@ function waitingSection(r: BenchResults): string {
         x.rssBaseMiB === undefined
           ? String(x.rssWhileWaitingMiB)
           : `${x.rssBaseMiB} → ${x.rssWhileWaitingMiB} → ${x.rssAfterMiB}`,
-        x.perRunMiB === undefined ? '' : fmt(x.perRunMiB),
+        // Two decimals: the target (0.15 MiB) is below what one shows.
+        x.perRunMiB === undefined ? '' : x.perRunMiB.toFixed(2),
         x.memory ? `${fmt(x.memory.perRun.rssMiB * 1024)} KiB (${x.memory.halfRuns} → ${x.runs} Runs)` : '',
         String(x.peakRssMiB),
         `${fmt(x.databaseMiB)} (+${fmt(x.databaseGrowthMiB)})`,
@@ -602,7 +603,7 @@ function findings(r: BenchResults): string[] {
       `- **Waiting Runs cost memory and database, not processes**: ${w.runs} suspended Runs held ${w.processesHeld} sandbox processes; the worker held ${w.rssWhileWaitingMiB} MiB ` +
         (w.perRunMiB === undefined
           ? `(its workflow cache; about ${fmt(w.rssWhileWaitingMiB / w.runs)} MiB per Run)`
-          : `(${w.rssBaseMiB} MiB with 0 Runs; about ${fmt(w.perRunMiB)} MiB per waiting Run over that)`) +
+          : `(${w.rssBaseMiB} MiB with 0 Runs; about ${w.perRunMiB.toFixed(2)} MiB per waiting Run over that)`) +
         ` and the dev server's database grew ${fmt(w.databaseGrowthMiB)} MiB ` +
         `(about ${fmt((1024 * w.databaseGrowthMiB) / w.runs)} KiB per Run). Answering all of them ran at ${fmt(w.answersPerSecond)} answers/s` +
         (top ? `, and the largest share of the CPU went to ${partPhrase(top.part)}.` : '.'),
