@@ -54,6 +54,12 @@ interface Model {
    * RESUMING while the agent thinks (a deferred resume), and a suspend is still taken.
    */
   deferred?: boolean;
+  /**
+   * The Run's execution (Temporal run id) when the deferred resume was taken. A Run that continues as
+   * new with a resume deferred brings its sandbox back first (PATCH_CAN_BRINGS_BACK), so once the
+   * execution has changed the Run thinks ACTIVE; this test's server suggests continue-as-new early.
+   */
+  resumedIn?: string;
 }
 interface Real {
   runId: string;
@@ -69,6 +75,11 @@ afterAll(async () => {
   await stack?.stop();
 });
 
+/** The Temporal run id of the Run's current execution. */
+async function execution(runId: string): Promise<string> {
+  return (await stack.temporal.workflow.getHandle(runId).describe()).runId;
+}
+
 /** Waits until the Run is in `model`'s state, and checks nothing is half-way. */
 async function reached(model: Model, runId: string): Promise<void> {
   await eventually(
@@ -78,13 +89,13 @@ async function reached(model: Model, runId: string): Promise<void> {
       saw({ snapshot, view, model, thinking: thinking.has(runId) });
       const pending = snapshot.interactions.filter((i) => i.status === 'pending').map((i) => i.id);
       switch (model.state) {
-        case 'thinking':
-          return (
-            thinking.has(runId) &&
-            snapshot.status === 'RUNNING' &&
-            view.phase === (model.deferred ? 'RESUMING' : 'ACTIVE') &&
-            pending.length === 0
-          );
+        case 'thinking': {
+          const phase =
+            model.deferred && (view.phase !== 'ACTIVE' || (await execution(runId)) === model.resumedIn)
+              ? 'RESUMING'
+              : 'ACTIVE';
+          return thinking.has(runId) && snapshot.status === 'RUNNING' && view.phase === phase && pending.length === 0;
+        }
         case 'manual':
         case 'held':
           return (
@@ -175,6 +186,8 @@ class Suspend implements fc.AsyncCommand<Model, Real> {
 class Resume implements fc.AsyncCommand<Model, Real> {
   check = () => true;
   async run(model: Model, real: Real) {
+    // Before the resume is sent: a continue-as-new right after it would otherwise go unseen.
+    const resumedIn = await execution(real.runId);
     const op = stack.client.runs.resume(real.runId);
     if (model.state !== 'manual' && model.state !== 'held')
       return refused(model, real, op, ['INVALID_STATE_TRANSITION']);
@@ -186,6 +199,7 @@ class Resume implements fc.AsyncCommand<Model, Real> {
     } else {
       model.state = 'thinking';
       model.deferred = true;
+      model.resumedIn = resumedIn;
     }
     await reached(model, real.runId);
   }
