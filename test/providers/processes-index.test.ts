@@ -150,47 +150,50 @@ async function sweep(script: string): Promise<void> {
   }
 }
 
-test.each(forkers)('$name is killed with all it forked, every time', async ({ script }) => {
-  for (let attempt = 0; attempt < 5; attempt += 1) {
+/** Starts `script` `times` times in a new sandbox each, runs `check` once it forks, and sweeps what is left. */
+async function eachForker(
+  times: number,
+  script: (tag: string) => string,
+  check: (marker: SandboxMarker, tagged: string) => Promise<void>,
+): Promise<void> {
+  for (let attempt = 0; attempt < times; attempt += 1) {
     const marker = { hostId, sandboxId: uniqueId('sbx-forker') };
     const tagged = script(uniqueId('forker'));
     try {
       await startIn(marker, tagged);
       await waitFor('the forker', async () => ofScript(tagged).length > 0);
-      await byIndex.kill(marker);
-      expect(ofScript(tagged)).toEqual([]);
-      // A survivor keeps forking: it would show up again.
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      expect(ofScript(tagged)).toEqual([]);
-      expect(await byIndex.processes(marker)).toEqual([]);
+      await check(marker, tagged);
     } finally {
       await sweep(tagged);
     }
   }
+}
+
+test.each(forkers)('$name is killed with all it forked, every time', async ({ script }) => {
+  await eachForker(5, script, async (marker, tagged) => {
+    await byIndex.kill(marker);
+    expect(ofScript(tagged)).toEqual([]);
+    // A survivor keeps forking: it would show up again.
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(ofScript(tagged)).toEqual([]);
+    expect(await byIndex.processes(marker)).toEqual([]);
+  });
 });
 
 test.each(forkers)('$name is frozen whole: nothing runs or forks until it is thawed', async ({ script }) => {
-  for (let attempt = 0; attempt < 3; attempt += 1) {
-    const marker = { hostId, sandboxId: uniqueId('sbx-freeze') };
-    const tagged = script(uniqueId('forker'));
-    try {
-      await startIn(marker, tagged);
-      await waitFor('the forker', async () => ofScript(tagged).length > 0);
-      await byIndex.freeze(marker);
-      const frozen = ofScript(tagged);
-      expect(frozen.length).toBeGreaterThan(0);
-      for (const pid of frozen) expect(stateOf(pid)).toMatch(/^[Tt]$/);
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      // Nothing new was forked: the same processes, all still stopped.
-      expect(ofScript(tagged).sort()).toEqual([...frozen].sort());
-      await byIndex.thaw(marker);
-      await waitFor('the forker to run again', async () => ofScript(tagged).some((pid) => !frozen.includes(pid)));
-      await byIndex.kill(marker);
-      expect(ofScript(tagged)).toEqual([]);
-    } finally {
-      await sweep(tagged);
-    }
-  }
+  await eachForker(3, script, async (marker, tagged) => {
+    await byIndex.freeze(marker);
+    const frozen = ofScript(tagged);
+    expect(frozen.length).toBeGreaterThan(0);
+    for (const pid of frozen) expect(stateOf(pid)).toMatch(/^[Tt]$/);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    // Nothing new was forked: the same processes, all still stopped.
+    expect(ofScript(tagged).sort()).toEqual([...frozen].sort());
+    await byIndex.thaw(marker);
+    await waitFor('the forker to run again', async () => ofScript(tagged).some((pid) => !frozen.includes(pid)));
+    await byIndex.kill(marker);
+    expect(ofScript(tagged)).toEqual([]);
+  });
 });
 
 /** The state letter of /proc/<pid>/stat. */
