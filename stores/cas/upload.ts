@@ -10,6 +10,7 @@ import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { MAX_PUT_BYTES } from '../keys';
 import { readWhole, Slicer, walkSandboxSync, type WalkEntry } from '../walk';
+import { warmMetadata } from '../warm';
 import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
 import {
@@ -85,7 +86,15 @@ export async function takeCheckpoint(input: {
 }): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats }> {
   const { signal } = input;
   const tempPrefix = input.tempPrefix ?? path.join(os.tmpdir(), `stasis-pack-${randomBytes(6).toString('hex')}`);
-  const baseline = await usableBaseline(input.store, input.baseline, input.prefix);
+  // Ahead of the walk, from now (the baseline's check is a round trip to the store) until it is over.
+  const { stop: stopWarming } = warmMetadata(input.rootDir, input.names);
+  let baseline: Baseline | undefined;
+  try {
+    baseline = await usableBaseline(input.store, input.baseline, input.prefix);
+  } catch (err) {
+    stopWarming();
+    throw err;
+  }
   const takenAtNs = nowNs();
   const checker = new CheckpointChecker(input.limits);
   const packer = new Packer(input.store, `${input.prefix}${PACKS_DIR}`, input.name, tempPrefix, input.progress, signal);
@@ -151,10 +160,12 @@ export async function takeCheckpoint(input: {
       }
       entries.push(entry);
     }
+    stopWarming();
     checker.finish();
     await smallFiles.finish();
     await packer.finish();
   } catch (err) {
+    stopWarming();
     await smallFiles.abandon();
     await packer.abandon();
     throw err;

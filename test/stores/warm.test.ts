@@ -1,0 +1,64 @@
+import fc from 'fast-check';
+import * as fsSync from 'node:fs';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import { warmMetadata, warmTrees } from '../../stores/warm';
+import { tempDir } from '../providers/helpers';
+import { listNoFollow } from './cas-helpers';
+
+// The metadata warm-up runs ahead of a checkpoint's walk over a sandbox's files: it must look at
+// exactly what the walk may look at (below the top names, no link followed, however the sandbox
+// links its directories to the host's) and stop when told.
+
+const NAMES = ['workspace', 'home'];
+
+test('looks up every entry below the top names and none through a link, in the thread as in place', async () => {
+  const step = fc.record({
+    kind: fc.constantFrom('dir', 'file', 'link-out', 'link-in'),
+    at: fc.nat(),
+  });
+  await fc.assert(
+    fc.asyncProperty(fc.array(step, { maxLength: 25 }), async (steps) => {
+      const root = await tempDir('warm-src');
+      // A host directory with entries the warm-up must never reach.
+      const outside = await tempDir('warm-outside');
+      for (let i = 0; i < 30; i += 1) await fs.writeFile(path.join(outside, `secret${i}`), 'x');
+      const dirs = NAMES.map((name) => path.join(root, name));
+      for (const dir of dirs) await fs.mkdir(dir);
+      for (const [n, s] of steps.entries()) {
+        const parent = dirs[s.at % dirs.length];
+        const made = path.join(parent, `e${n}`);
+        if (s.kind === 'dir') {
+          await fs.mkdir(made);
+          dirs.push(made);
+        }
+        if (s.kind === 'file') await fs.writeFile(made, 'y');
+        if (s.kind === 'link-out') await fs.symlink(outside, made);
+        if (s.kind === 'link-in') await fs.symlink(dirs[0], made);
+      }
+      let expected = 0;
+      for (const name of NAMES) expected += (await listNoFollow(path.join(root, name))).length;
+      const stop = new Int32Array(new SharedArrayBuffer(4));
+      expect(warmTrees(fsSync, root, [...NAMES, 'missing'], stop)).toBe(expected);
+      expect(await warmMetadata(root, NAMES).looked).toBe(expected);
+      await fs.rm(root, { recursive: true, force: true });
+      await fs.rm(outside, { recursive: true, force: true });
+    }),
+    { numRuns: 20 },
+  );
+});
+
+test('a top name that is a link (an active workspace) is followed; told to stop, it looks up nothing more', async () => {
+  const root = await tempDir('warm-top');
+  const host = await tempDir('warm-host');
+  for (let i = 0; i < 10; i += 1) await fs.writeFile(path.join(host, `f${i}`), 'z');
+  await fs.symlink(host, path.join(root, 'workspace'));
+  const stop = new Int32Array(new SharedArrayBuffer(4));
+  expect(warmTrees(fsSync, root, ['workspace'], stop)).toBe(10);
+  Atomics.store(stop, 0, 1);
+  expect(warmTrees(fsSync, root, ['workspace'], stop)).toBe(0);
+  const stopped = warmMetadata(root, ['workspace']);
+  stopped.stop();
+  // Stopped before or while it ran: never more than the tree.
+  expect(await stopped.looked).toBeLessThanOrEqual(10);
+});
