@@ -240,7 +240,14 @@ async function main(): Promise<void> {
             `/ (GetObject and volume at once + untar + sync) ${(median(values) / whole).toFixed(2)}`,
         );
       ratios('this build', ours);
-      if (theirs.length > 0) ratios(`build of ${before}`, theirs);
+      if (theirs.length > 0) {
+        ratios(`build of ${before}`, theirs);
+        // Each rep's two restores ran next to each other: their ratio is less swayed by a load that changes over the run.
+        const paired = ours.map((value, i) => value / theirs[i]);
+        console.log(
+          `  this build / that build, per rep: median ${median(paired).toFixed(2)} (${paired.map((r) => r.toFixed(2)).join(' ')})`,
+        );
+      }
       const cpu = (label: string, values: number[]) =>
         console.log(`  ${label}: CPU of this process per restore, median ${median(values).toFixed(0)} ms`);
       cpu('this build', oursCpu);
