@@ -22,7 +22,7 @@ import {
   type ManifestEntry,
   type PackRef,
 } from './manifest';
-import { zstdDecompressFile } from './zstd';
+import { zstdDecompressFile, zstdRawFrameFile } from './zstd';
 
 // Restoring a content-addressed checkpoint into an empty directory of the worker's
 // own: the manifest (with its segments, each verified by its hash) is checked whole
@@ -427,10 +427,13 @@ class PackReader {
       markStage(`pack ${pack} fetched`);
       if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
-      const bytes = await this.decompressing.run(
-        () => zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`),
-        this.rank.get(pack),
-      );
+      // A pack of incompressible chunks (raw blocks) is read as it is; any other goes through zstd.
+      const bytes =
+        (await zstdRawFrameFile(file, ref.size)) ??
+        (await this.decompressing.run(
+          () => zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`),
+          this.rank.get(pack),
+        ));
       const chunks = [...(this.chunksOf.get(pack) ?? [])];
       const hashes = await hashSpans(
         bytes,
