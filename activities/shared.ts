@@ -68,7 +68,14 @@ export function createSharedActivities(deps: SharedActivityDeps) {
 
     /** Every checkpoint a sandbox ever had, whatever its fence. */
     async deleteSandboxCheckpoints(input: { sandboxId: string }): Promise<void> {
-      await deps.store.deletePrefix(checkpointPrefix(input.sandboxId));
+      // Scheduled with a heartbeat timeout (workflows/coordinator.ts): a prefix of many objects takes long.
+      const activity = Context.current();
+      const beat = setInterval(() => activity.heartbeat(), 5_000);
+      try {
+        await deps.store.deletePrefix(checkpointPrefix(input.sandboxId));
+      } finally {
+        clearInterval(beat);
+      }
     },
 
     /**

@@ -227,8 +227,17 @@ export class S3CheckpointStore implements CheckpointStore {
         throw new StasisError('CHECKPOINT_INVALID', `checkpoint object ${uri} is larger than ${maxBytes} bytes`);
       }
       const parts: Buffer[] = [];
-      for await (const part of response.Body) parts.push(part as Buffer);
-      return Buffer.concat(parts);
+      let bytes = 0;
+      for await (const part of response.Body) {
+        // A response without a length (chunked transfer) is held to the bound as it arrives.
+        bytes += (part as Buffer).length;
+        if (bytes > maxBytes) {
+          response.Body.destroy();
+          throw new StasisError('CHECKPOINT_INVALID', `checkpoint object ${uri} is larger than ${maxBytes} bytes`);
+        }
+        parts.push(part as Buffer);
+      }
+      return Buffer.concat(parts, bytes);
     } catch (err) {
       if (isNotFound(err)) throw new StasisError('NOT_FOUND', `checkpoint ${uri} does not exist in the store`);
       throw err;

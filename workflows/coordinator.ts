@@ -510,12 +510,15 @@ export class ExecutionBindingLifecycleCoordinator {
     if (to) this.set({ state: to, blockedSince: undefined });
   }
 
-  /** Deletes every checkpoint of the sandbox (all fences), from any host, retried until done. */
+  /**
+   * Deletes every checkpoint of the sandbox (all fences), from any host, retried until done. It
+   * heartbeats, so a worker lost mid-delete is retried after 30 s, not after the hour a sandbox of very
+   * many packs may take (only the activity's options changed: the commands, and replay, are the same).
+   */
   async deleteCheckpoints(): Promise<void> {
     await this.onAnyHost({
       retry: UNTIL_DONE,
-      heartbeatTimeout: undefined,
-      startToCloseTimeout: '5m',
+      startToCloseTimeout: '1h',
     }).deleteSandboxCheckpoints({
       sandboxId: this.record.sandboxId,
     });

@@ -5,7 +5,8 @@ import type { AddressInfo, Socket } from 'node:net';
 // (MinIO): it passes requests through, answers 503 SlowDown, delays each
 // request, or stalls (accepts and never answers); `hold` cuts chosen requests
 // part-way through their body (a worker killed while a PutObject is on the wire),
-// `corrupt` flips a byte of chosen requests' bodies.
+// `corrupt` flips a byte of chosen requests' bodies, `chunked` answers chosen
+// requests without a Content-Length.
 // The Host header is passed through unchanged, so SigV4 signatures made for the
 // proxy's address verify.
 
@@ -37,6 +38,8 @@ export interface FaultProxy {
   hold?: (request: { method: string; path: string; contentLength: number }) => BodyHold | undefined;
   /** Chooses the requests whose body reaches the store with its first byte flipped (damaged on the wire). */
   corrupt?: (request: { method: string; path: string }) => boolean;
+  /** Chooses the requests whose answer comes without a Content-Length (chunked transfer, as a gateway may send it). */
+  chunked?: (request: { method: string; path: string }) => boolean;
   requests: ProxiedRequest[];
   close(): Promise<void>;
 }
@@ -53,6 +56,7 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
     const out = http.request(
       { host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers: req.headers },
       (answer) => {
+        if (proxy.chunked?.({ method: record.method, path: record.path })) delete answer.headers['content-length'];
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         answer.pipe(res);
       },

@@ -2,6 +2,7 @@ import { StasisClient } from '../../client';
 import { backAndMaintained, leftOn } from '../helpers/hosts';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
 import { useStack, startStack, eventually } from '../helpers/stack';
+import { sandboxWorkflowId } from '../../workflows/definitions';
 
 // A sandbox's end cleans up everything, or hands what it could not clean to its host.
 
@@ -18,6 +19,17 @@ test('destroy deletes every checkpoint the sandbox ever had, not only the latest
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
   await stack.client.sandboxes.destroy(sandboxId);
   expect(await storedKeys(s3, sandboxId)).toEqual([]);
+  // A worker lost mid-delete is noticed by its missed heartbeats, not at the end of a long start-to-close.
+  const history = await stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId)).fetchHistory();
+  const scheduled = (history.events ?? []).filter(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'deleteSandboxCheckpoints',
+  );
+  expect(
+    scheduled.map((e) => ({
+      heartbeat: Number(e.activityTaskScheduledEventAttributes?.heartbeatTimeout?.seconds),
+      startToClose: Number(e.activityTaskScheduledEventAttributes?.startToCloseTimeout?.seconds),
+    })),
+  ).toEqual([{ heartbeat: 30, startToClose: 3600 }]);
 });
 
 test('retention expiry deletes every checkpoint the sandbox ever had, not only the latest', async () => {

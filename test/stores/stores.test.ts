@@ -324,6 +324,29 @@ describe('a putBytes failing in the middle of its request', () => {
   });
 });
 
+describe('a read whose answer has no Content-Length', () => {
+  it('s3: read holds an answer without a Content-Length to its bound as the bytes arrive', async () => {
+    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+    const prefix = `checkpoints/${uniqueId('read-chunked')}/`;
+    try {
+      const store = storeBehind(proxy.url);
+      const bytes = randomBytes(2 * 1024 * 1024 + 5);
+      const stored = await store.putBytes(`${prefix}a.pack`, bytes, {});
+      proxy.chunked = ({ method }) => method === 'GET';
+      // One byte under the object's size: refused, whether or not the store said how long it is.
+      await expect(store.read(stored.uri, bytes.length - 1)).rejects.toThrow(
+        `checkpoint object ${stored.uri} is larger than ${bytes.length - 1} bytes`,
+      );
+      expect((await store.read(stored.uri, bytes.length)).equals(bytes)).toBe(true);
+      const gets = proxy.requests.filter((r) => r.method === 'GET');
+      expect(gets.length).toBe(2);
+      await store.deletePrefix(prefix);
+    } finally {
+      await proxy.close();
+    }
+  });
+});
+
 describe('createCheckpointStore', () => {
   it('picks s3 when an endpoint is configured and fs under the data dir otherwise', async () => {
     const dataDir = await tempDir('config');
