@@ -75,6 +75,15 @@ export interface FileAt {
   path: string;
 }
 
+/**
+ * A provider's beats in the first second of a call do not reach Temporal. The SDK sends an activity's
+ * first heartbeat at once, one server write each: the local provider beats as a call starts, so every
+ * exec, release and restore cost the server a write the bare workflow does not have (issue 17), and a
+ * short call's completion could wait for it. A hung call is still cut: the heartbeat timeout (30 s)
+ * runs from the start, and the beats from the second second on go through.
+ */
+export const QUIET_START_MS = 1_000;
+
 function fileRequest(input: FileAt): FileRequest {
   return { sandboxId: input.sandboxId, path: input.path, ...(input.fence !== undefined ? { fence: input.fence } : {}) };
 }
@@ -87,12 +96,15 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
   async function call<T>(owner: Owner, fn: (p: SandboxProvider, ctx: RequestContext) => Promise<T>): Promise<T> {
     const activity = Context.current();
     deps.metrics.recordAttempt(activity.info.attempt);
+    const startedAt = Date.now();
     const ctx: RequestContext = {
       ownerId: owner.ownerId,
       hostId: deps.hostId,
       ...(owner.labels ? { labels: owner.labels } : {}),
       signal: activity.cancellationSignal,
-      heartbeat: (details?: unknown) => activity.heartbeat(details),
+      heartbeat: (details?: unknown) => {
+        if (Date.now() - startedAt >= QUIET_START_MS) activity.heartbeat(details);
+      },
     };
     try {
       return await fn(deps.provider(owner.provider), ctx);

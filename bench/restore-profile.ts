@@ -26,13 +26,20 @@ import { runScript } from './script';
 // then `zstd -d | tar -x` onto a fresh volume like the one the restore creates (its creation timed
 // apart), then `sync -f` (the restore makes its files durable before it returns). It prints each
 // stage of one restore (from the marks of stores/cas/restore.ts, store requests from a wrapper),
-// then medians and ratios, and the load average before and after.
+// then medians and ratios, the CPU time this process spent per restore (its child processes, zstd
+// and sync, not counted), and the load average before and after. A third argument runs only the
+// shapes whose name holds it ('20,000' and '512 MiB' are the full bench's larger shapes, run only so);
+// a fourth, a worktree whose `dist/` was built from another commit, restores in turn with this build.
 
 const run = promisify(execFile);
 const sh = (script: string) => run('sh', ['-c', script], { maxBuffer: 16 * MiB });
 
 function ms(from: bigint, to: bigint): number {
   return Number(to - from) / 1e6;
+}
+
+function cpuMs(usage: NodeJS.CpuUsage): number {
+  return (usage.user + usage.system) / 1000;
 }
 
 function median(values: number[]): number {
@@ -72,10 +79,15 @@ interface Shape {
   fill: (dir: string) => Promise<unknown>;
 }
 
+// The last two are the full bench's larger shapes (bench/checkpoint.ts), run only when named by the third argument.
 const SHAPES: Shape[] = [
   { name: '1,000 small files (node_modules-like)', fill: (dir) => fillNodeModules(dir, 1000) },
   { name: '64 MiB mixed', fill: (dir) => fillWorkspace(dir, 64 * MiB) },
+  { name: '20,000 small files (node_modules-like)', fill: (dir) => fillNodeModules(dir, 20_000) },
+  { name: '512 MiB mixed', fill: (dir) => fillWorkspace(dir, 512 * MiB) },
 ];
+/** Shapes run when the third argument names none. */
+const DEFAULT_SHAPES = 2;
 
 const DIRS = ['workspace', 'home', 'envs'];
 
@@ -111,7 +123,7 @@ async function main(): Promise<void> {
   console.log(`volumes ${volumes}; load before: ${(await fs.readFile('/proc/loadavg', 'utf8')).trim()}`);
   try {
     for (const [s, shape] of SHAPES.entries()) {
-      if (only && !shape.name.includes(only)) continue;
+      if (only ? !shape.name.includes(only) : s >= DEFAULT_SHAPES) continue;
       const id = `profile-${s}`;
       const a = createLocalProvider({ hostId: 'profile-a', dataDir: path.join(root, 'a'), store });
       const ctxA = { ownerId: id, hostId: 'profile-a' };
@@ -137,6 +149,9 @@ async function main(): Promise<void> {
       if (!checkpoint) throw new Error('the release returned no checkpoint');
       const ours: number[] = [];
       const theirs: number[] = [];
+      // CPU time of this process (all its threads) per restore: under a load that swings wall times, it tells builds apart.
+      const oursCpu: number[] = [];
+      const theirsCpu: number[] = [];
       const baseline: { get: number; volume: number; both: number; untar: number; sync: number }[] = [];
       let shown = false;
       for (let rep = 0; rep < reps; rep++) {
@@ -145,9 +160,11 @@ async function main(): Promise<void> {
           const hostId = `profile-c-${rep}`;
           const c = beforeProvider({ hostId, dataDir: path.join(root, hostId), store: recording(store, []), volumes });
           const ctx = { ownerId: id, hostId };
+          const cpu = process.cpuUsage();
           const start = process.hrtime.bigint();
           const result = await c.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
           theirs.push(ms(start, process.hrtime.bigint()));
+          theirsCpu.push(cpuMs(process.cpuUsage(cpu)));
           if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
           await c.destroy({ sandboxId: id, fence: 3 }, ctx);
         };
@@ -161,9 +178,11 @@ async function main(): Promise<void> {
           });
           const ctx = { ownerId: id, hostId };
           marks.length = 0;
+          const cpu = process.cpuUsage();
           const start = process.hrtime.bigint();
           const result = await b.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
           const end = process.hrtime.bigint();
+          oursCpu.push(cpuMs(process.cpuUsage(cpu)));
           if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
           ours.push(ms(start, end));
           if (!shown && rep === reps - 1) {
@@ -221,7 +240,18 @@ async function main(): Promise<void> {
             `/ (GetObject and volume at once + untar + sync) ${(median(values) / whole).toFixed(2)}`,
         );
       ratios('this build', ours);
-      if (theirs.length > 0) ratios(`build of ${before}`, theirs);
+      if (theirs.length > 0) {
+        ratios(`build of ${before}`, theirs);
+        // Each rep's two restores ran next to each other: their ratio is less swayed by a load that changes over the run.
+        const paired = ours.map((value, i) => value / theirs[i]);
+        console.log(
+          `  this build / that build, per rep: median ${median(paired).toFixed(2)} (${paired.map((r) => r.toFixed(2)).join(' ')})`,
+        );
+      }
+      const cpu = (label: string, values: number[]) =>
+        console.log(`  ${label}: CPU of this process per restore, median ${median(values).toFixed(0)} ms`);
+      cpu('this build', oursCpu);
+      if (theirsCpu.length > 0) cpu(`build of ${before}`, theirsCpu);
       await a.destroy({ sandboxId: id, fence: 3 }, ctxA);
     }
   } finally {

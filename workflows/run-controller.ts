@@ -23,7 +23,7 @@ import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import type { SessionAggregate } from './run-state';
-import { PATCH_PENDING_MEMO, Publisher } from './visibility';
+import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
 import { PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
@@ -107,9 +107,10 @@ export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 export const PATCH_RUN_BASELINE = 'stasis-run-baseline-1';
 
 /**
- * Changes to Run code made after the baseline: asked for in the Run's first activation (one marker
- * each for a new Run), so replay knows them wherever the Run asks again. A Run started before one of
- * them finds no marker at its start and answers as it did when it ran. Add each new Run patch here.
+ * Changes to Run code made after the first baseline: asked for in the first activation of a Run
+ * started without PATCH_RUN_BASELINE_2 (one marker each), so replay knows them wherever the Run asks
+ * again. A Run started before one of them finds no marker at its start and answers as it did when it
+ * ran. Fixed: new Run patches go in ASKED_AT_START_2.
  */
 const ASKED_AT_START: string[] = [
   PATCH_DESTROYING,
@@ -119,6 +120,22 @@ const ASKED_AT_START: string[] = [
   PATCH_CAN_BRINGS_BACK,
   PATCH_WEBHOOKS_KNOWN,
 ];
+
+/**
+ * A Run started with this marker has every change of the first baseline, of ASKED_AT_START and
+ * PATCH_ONE_UPSERT from its start (runBaseline2()), with one marker instead of eight.
+ *
+ * Why: each marker comes with an upsert of TemporalChangeVersion (the SDK adds it), a history event
+ * and a visibility write on the server for every Run started; eight of them were a share of the
+ * server's work per cycle that a bare workflow does not have (issue 17).
+ */
+export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
+
+/**
+ * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in every Run's first activation
+ * (one marker each for a new Run), as ASKED_AT_START were. Add each new Run patch here.
+ */
+const ASKED_AT_START_2: string[] = [];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -138,6 +155,11 @@ function runBaseline(): string[] {
     PATCH_HOST_BOUND_RESTORE,
     PATCH_DESTROY_HANDOFF,
   ];
+}
+
+/** The changes a Run started with PATCH_RUN_BASELINE_2 has from its start. Fixed: never add to it. */
+function runBaseline2(): string[] {
+  return [...runBaseline(), ...ASKED_AT_START, PATCH_ONE_UPSERT];
 }
 
 /**
@@ -180,18 +202,25 @@ export class RunController {
   /** The retention timer of this workflow run, kept across suspensions until it fires (PATCH_LEAN_CYCLE). */
   expiryTimer?: { atMs: number; fired: boolean };
   private lastReportedState?: string;
-  /** Decided in the Run's first activation (before its publisher asks for any patch). */
-  private readonly baseline = patched(PATCH_RUN_BASELINE);
-  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE). */
+  /**
+   * Decided in the Run's first activation (before its publisher asks for any patch). A Run started
+   * with the second baseline asks for neither the first nor the patches the second one holds.
+   */
+  private readonly baseline2 = patched(PATCH_RUN_BASELINE_2);
+  private readonly baseline = this.baseline2 || patched(PATCH_RUN_BASELINE);
+  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2). */
   readonly patched = (patchId: string): boolean =>
-    (this.baseline && runBaseline().includes(patchId)) || patched(patchId);
+    (this.baseline2 && runBaseline2().includes(patchId)) ||
+    (this.baseline && runBaseline().includes(patchId)) ||
+    patched(patchId);
   private readonly publisher = new Publisher(this.patched);
   /** Where this Run's agent steps run: decided once, at the start of each workflow run. */
   readonly steps: Pick<Activities, 'agentStep'>;
 
   constructor(input: RunWorkflowInput, workflowId: string) {
     this.run = input.carried ?? newAggregate(workflowId, input);
-    for (const patchId of ASKED_AT_START) patched(patchId);
+    if (!this.baseline2) for (const patchId of ASKED_AT_START) patched(patchId);
+    for (const patchId of ASKED_AT_START_2) patched(patchId);
     const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);
     // Runs started between the two markers took their steps as activities: local ones stalled a
     // polled Run until the baseline (PATCH_RUN_BASELINE) fixed why.

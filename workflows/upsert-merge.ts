@@ -1,11 +1,12 @@
 import type { WorkflowInterceptorsFactory } from '@temporalio/workflow';
 import type { coresdk } from '@temporalio/proto';
+import { PATCH_RUN_BASELINE_2 } from './run-controller';
 import { PATCH_ONE_UPSERT } from './visibility';
 
 // Merges the search-attribute upserts of one activation into one command (one history event
-// instead of one per change). Only in workflows that set the PATCH_ONE_UPSERT marker, which
-// their first activation does: histories recorded before hold one upsert per change and must
-// replay as they were. Registered in the bundle (workers/worker.ts, workflowInterceptorModules).
+// instead of one per change). Only in workflows that set the PATCH_ONE_UPSERT marker, or a Run's
+// PATCH_RUN_BASELINE_2 that holds it, which their first activation does: histories recorded before
+// hold one upsert per change and must replay as they were. Registered in the bundle (workers/worker.ts, workflowInterceptorModules).
 
 type Command = coresdk.workflow_commands.IWorkflowCommand;
 
@@ -22,13 +23,16 @@ export function oneUpsert(commands: Command[]): Command[] {
   return commands.filter((c) => !c.upsertWorkflowSearchAttributes || c === last).map((c) => (c === last ? merged : c));
 }
 
+/** Markers whose workflows merge their upserts from their first activation on. */
+const MERGING_MARKERS = [PATCH_ONE_UPSERT, PATCH_RUN_BASELINE_2];
+
 export const interceptors: WorkflowInterceptorsFactory = () => {
   let merging = false;
   return {
     internals: [
       {
         concludeActivation(input, next) {
-          merging ||= input.commands.some((c) => c.setPatchMarker?.patchId === PATCH_ONE_UPSERT);
+          merging ||= input.commands.some((c) => MERGING_MARKERS.includes(c.setPatchMarker?.patchId ?? ''));
           return next(merging ? { ...input, commands: oneUpsert(input.commands) } : input);
         },
       },

@@ -43,11 +43,15 @@ export class Publisher {
   private readonly published = new Map<string, string>();
   private details = '';
   private pendingIds = '';
-  /** Decided once, when the workflow starts (or replays its start); the marker also turns the merging on. */
-  private readonly gather = patched(PATCH_ONE_UPSERT);
+  /**
+   * Decided once, when the workflow starts (or replays its start); the marker (or a Run's baseline
+   * that holds it) also turns the merging on.
+   */
+  private readonly gather: boolean;
 
   /** `isPatched`: patched() as the workflow decides it (a Run's baseline, workflows/run-controller.ts). */
   constructor(private readonly isPatched: (patchId: string) => boolean = patched) {
+    this.gather = isPatched(PATCH_ONE_UPSERT);
     if (!this.gather) return;
     const started = workflowInfo().typedSearchAttributes;
     for (const key of ALL_KEYS) this.published.set(key.name, published(started.get(key)));

@@ -22,7 +22,7 @@ import {
   type ManifestEntry,
   type PackRef,
 } from './manifest';
-import { zstdDecompressFile } from './zstd';
+import { zstdDecompressFile, zstdRawFrameFile } from './zstd';
 
 // Restoring a content-addressed checkpoint into an empty directory of the worker's
 // own: the manifest (with its segments, each verified by its hash) is checked whole
@@ -44,8 +44,15 @@ export function markStage(stage: string): void {
   if (restoreStages.hasSubscribers) restoreStages.publish({ stage, ns: process.hrtime.bigint() });
 }
 
-/** Packs downloading (and held decompressed) at once: with 4, the writer waited for each fifth pack's download. */
+/** Packs held decompressed (and verified) at once, ahead of the writer: up to 6 × 8 MiB of memory. */
 const PACKS_AHEAD = 6;
+/**
+ * Packs downloaded ahead of the writer, compressed, to temporary files (up to 16 × 8 MiB of disk):
+ * apart from the packs held decompressed, so the downloads never wait for the writer. When one
+ * window held both, a 64 MiB checkpoint's last two packs were only asked for once the writer had
+ * used up the first two, and it then waited ~150 ms for them.
+ */
+const FETCH_AHEAD = 16;
 /**
  * Pack downloads at once, the pack needed soonest first: six at once shared the store's bandwidth
  * (a local MinIO: its CPU) six ways, and the writer waited for the first pack until all had come.
@@ -295,16 +302,22 @@ interface LoadedPack {
  * every chunk is checked against its hash before it is handed out.
  */
 class PackReader {
-  /** Pack indexes in the order of first use, and how many chunk reads each still has. */
+  /** Pack indexes in the order of first use (and each pack's place in it), and how many chunk reads each still has. */
   private readonly order: number[] = [];
+  private readonly rank = new Map<number, number>();
   private readonly uses = new Map<number, number>();
   private readonly loading = new Map<number, Promise<LoadedPack>>();
   private readonly started = new Set<Promise<LoadedPack>>();
+  /** Downloads started (of the first `fetched` packs of `order`), each to its pack's temporary file. */
+  private readonly fetching = new Map<number, Promise<unknown>>();
+  private fetched = 0;
   /** Each pack's chunks that this manifest names, by hash. */
   private readonly chunksOf = new Map<number, Set<string>>();
   private next = 0;
   private closed = false;
   private readonly decompressing = new Lanes(DECOMPRESSING);
+  /** Packs loaded (for the marks of bench/restore-profile.ts: whether the writer waits for one). */
+  private readonly ready = new Set<number>();
 
   constructor(
     private readonly store: CheckpointStore,
@@ -319,7 +332,10 @@ class PackReader {
     for (const entry of manifest.entries) {
       for (const hash of entry.c ?? []) {
         const pack = manifest.chunks[hash][0];
-        if (!this.uses.has(pack)) this.order.push(pack);
+        if (!this.uses.has(pack)) {
+          this.rank.set(pack, this.order.length);
+          this.order.push(pack);
+        }
         const chunks = this.chunksOf.get(pack) ?? new Set<string>();
         this.chunksOf.set(pack, chunks);
         chunks.add(hash);
@@ -333,6 +349,11 @@ class PackReader {
     this.fetchAhead(pack);
     const loading = this.loading.get(pack);
     if (!loading) throw new Error(`pack ${pack} of ${this.uri} read more often than its manifest says`);
+    if (restoreStages.hasSubscribers && !this.ready.has(pack)) {
+      markStage(`writer waits for pack ${pack}`);
+      await loading.catch(() => undefined);
+      markStage(`writer has pack ${pack}`);
+    }
     const { bytes, corrupt } = await loading;
     const bad = corrupt.get(hash);
     if (bad !== undefined) {
@@ -352,14 +373,38 @@ class PackReader {
     if (this.order.length > 0) this.fetchAhead(this.order[0]);
   }
 
-  /** Keeps the pack needed now and the next few loading. */
+  /** Keeps the packs after the one needed now downloading, and it and the next few loading. */
   private fetchAhead(needed: number): void {
+    const at = this.rank.get(needed) ?? 0;
+    while (this.fetched < this.order.length && this.fetched < at + FETCH_AHEAD) {
+      this.fetch(this.order[this.fetched]);
+      this.fetched += 1;
+    }
     if (!this.loading.has(needed) && (this.uses.get(needed) ?? 0) > 0) this.load(needed);
     while (this.next < this.order.length && this.loading.size < PACKS_AHEAD) {
       const pack = this.order[this.next];
       this.next += 1;
       if (!this.loading.has(pack) && (this.uses.get(pack) ?? 0) > 0) this.load(pack);
     }
+  }
+
+  /** The pack's download to its temporary file, started once (the soonest needed first). */
+  private fetch(pack: number): Promise<unknown> {
+    let fetching = this.fetching.get(pack);
+    if (!fetching) {
+      const ref = this.manifest.packs[pack];
+      const file = this.fileOf(pack);
+      fetching =
+        this.prefetch.take(pack, ref) ??
+        this.downloading.run(() => this.store.download(ref, file, this.signal), this.rank.get(pack));
+      fetching.catch(() => undefined); // awaited by the pack's load, or by close
+      this.fetching.set(pack, fetching);
+    }
+    return fetching;
+  }
+
+  private fileOf(pack: number): string {
+    return `${this.tempPrefix}.pack-${pack}`;
   }
 
   private load(pack: number): void {
@@ -375,18 +420,20 @@ class PackReader {
    */
   private async download(pack: number): Promise<LoadedPack> {
     const ref = this.manifest.packs[pack];
-    const file = `${this.tempPrefix}.pack-${pack}`;
+    const file = this.fileOf(pack);
     const plain = `${file}.plain`;
     try {
-      await (this.prefetch.take(pack, ref) ??
-        this.downloading.run(() => this.store.download(ref, file, this.signal), this.order.indexOf(pack)));
+      await this.fetch(pack);
       markStage(`pack ${pack} fetched`);
       if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
       this.progress.bytes += ref.bytes;
-      const bytes = await this.decompressing.run(
-        () => zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`),
-        this.order.indexOf(pack),
-      );
+      // A pack of incompressible chunks (raw blocks) is read as it is; any other goes through zstd.
+      const bytes =
+        (await zstdRawFrameFile(file, ref.size)) ??
+        (await this.decompressing.run(
+          () => zstdDecompressFile(file, plain, ref.size, `pack ${ref.uri} of checkpoint ${this.uri}`),
+          this.rank.get(pack),
+        ));
       const chunks = [...(this.chunksOf.get(pack) ?? [])];
       const hashes = await hashSpans(
         bytes,
@@ -396,6 +443,7 @@ class PackReader {
         }),
       );
       markStage(`pack ${pack} decompressed and verified`);
+      this.ready.add(pack);
       const corrupt = new Map<string, string>();
       chunks.forEach((hash, i) => {
         if (hashes[i] !== hash) corrupt.set(hash, hashes[i]);
@@ -412,11 +460,16 @@ class PackReader {
     }
   }
 
-  /** Drops what is held and waits for the downloads under way (their temporary files go with them). */
+  /** Drops what is held and waits for the downloads under way; their temporary files go with them. */
   async close(): Promise<void> {
     this.closed = true;
     this.loading.clear();
     await Promise.allSettled(this.started);
+    // Downloaded ahead, never loaded (a restore that failed first): removed here.
+    for (const [pack, fetching] of this.fetching) {
+      await fetching.catch(() => undefined);
+      await fs.rm(this.fileOf(pack), { force: true });
+    }
   }
 }
 
@@ -440,7 +493,7 @@ class Prefetch {
   ) {}
 
   start(packs: PackRef[]): void {
-    packs.slice(0, PACKS_AHEAD).forEach((ref, pack) => {
+    packs.slice(0, FETCH_AHEAD).forEach((ref, pack) => {
       try {
         checkPackRef(ref, this.uri, packsPrefixOf(this.uri));
       } catch {

@@ -324,3 +324,60 @@ export function looksIncompressible(bytes: Uint8Array): boolean {
   }
   return true;
 }
+
+/**
+ * The bytes of the pack file `file` if it is exactly one frame of raw blocks as zstdRawFrame writes
+ * them (its header, holding `size` bytes, raw blocks only, nothing after the last), in shared memory
+ * (see zstdDecompressFile); otherwise undefined, and zstd judges it (zstdDecompressFile). A pack of
+ * incompressible chunks then needs no zstd process, second temporary file or read back: the file is
+ * read once, and its blocks moved together in place. Only for a pack verified against its recorded
+ * sha-256; every chunk is checked against its own hash before it is used.
+ */
+export async function zstdRawFrameFile(file: string, size: number): Promise<Buffer | undefined> {
+  const handle = await fs.open(file, 'r');
+  let frame: Buffer;
+  try {
+    const { size: length } = await handle.stat();
+    // At least one block header per MAX_BLOCK_BYTES, and at most one per byte (or one, empty): anything else is zstd's.
+    const most = 9 + size + 3 * Math.max(1, size);
+    if (!Number.isInteger(size) || size < 0 || size > 0xffffffff || length < 12 + size || length > most) {
+      return undefined;
+    }
+    // A frame zstd compressed (most packs of text) tells by its first bytes: not read whole for nothing.
+    const head = Buffer.alloc(12);
+    if ((await handle.read(head, 0, 12, 0)).bytesRead !== 12 || !rawFrameHead(head, size)) return undefined;
+    frame = Buffer.from(new SharedArrayBuffer(length));
+    for (let done = 0; done < length;) {
+      const { bytesRead } = await handle.read(frame, done, length - done, done);
+      if (bytesRead === 0) return undefined; // shorter than it was a moment ago
+      done += bytesRead;
+    }
+  } finally {
+    await handle.close();
+  }
+  if (!rawFrameHead(frame, size)) return undefined;
+  let at = 9;
+  let filled = 0;
+  for (;;) {
+    if (at + 3 > frame.length) return undefined;
+    const word = frame[at] | (frame[at + 1] << 8) | (frame[at + 2] << 16);
+    const length = word >>> 3;
+    // Not raw (RLE, compressed, reserved), larger than a block may be, or past the frame or its size: zstd's to judge.
+    if (((word >>> 1) & 3) !== 0 || length > MAX_BLOCK_BYTES) return undefined;
+    at += 3;
+    if (at + length > frame.length || filled + length > size) return undefined;
+    // Leftwards over the headers already read (a memmove): the next header, past this block, stays as it is.
+    frame.copyWithin(filled, at, at + length);
+    at += length;
+    filled += length;
+    if (word & 1) break;
+  }
+  return at === frame.length && filled === size ? frame.subarray(0, size) : undefined;
+}
+
+/** Whether `frame` starts as zstdRawFrame's frames do for `size` bytes: that header, then a raw block. */
+function rawFrameHead(frame: Buffer, size: number): boolean {
+  return (
+    frame.readUInt32LE(0) === FRAME_MAGIC && frame[4] === 0xa0 && frame.readUInt32LE(5) === size && (frame[9] & 6) === 0
+  );
+}

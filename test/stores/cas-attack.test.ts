@@ -23,7 +23,7 @@ import {
 } from '../../stores/cas/manifest';
 import { collectGarbage } from '../../stores/cas/gc';
 import { restoreCheckpoint } from '../../stores/cas/restore';
-import { zstdCompress, zstdDecompressFile } from '../../stores/cas/zstd';
+import { zstdCompress, zstdDecompressFile, zstdRawFrame } from '../../stores/cas/zstd';
 import { FsCheckpointStore } from '../../stores/fs';
 import { s3StoreFromEnv, stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, listNoFollow, newSandboxRoot, restoreFresh, take } from './cas-helpers';
@@ -58,6 +58,8 @@ async function craft(
   entries: Crafted[],
   edit?: (manifest: Manifest) => void,
   format: Manifest['format'] = 'stasis-cas-1',
+  /** The pack as upload stores incompressible chunks (a frame of raw blocks), not compressed by zstd. */
+  raw = false,
 ) {
   const prefix = `checkpoints/${uniqueId('attack')}/`;
   const chunks: Manifest['chunks'] = {};
@@ -92,7 +94,7 @@ async function craft(
     const plain = Buffer.concat(parts);
     const stored = await target.put(
       `${prefix}${PACKS_DIR}${sha256(plain)}${PACK_SUFFIX}`,
-      Readable.from([await zstdCompress(plain)]),
+      Readable.from(raw ? zstdRawFrame([plain], plain.length) : [await zstdCompress(plain)]),
       {},
     );
     packs.push({ ...stored, size: plain.length });
@@ -165,6 +167,38 @@ async function expectNoSetIds(dir: string): Promise<void> {
 }
 
 describe('crafted manifests', () => {
+  test('a chunk whose bytes do not hash to its name is CHECKPOINT_INVALID naming it, in a raw pack as in a zstd one; none of its bytes written', async () => {
+    for (const raw of [true, false]) {
+      const data = bytes(300_000);
+      const named = sha256(Buffer.from(`not the bytes ${raw}`));
+      const checkpoint = await craft(
+        store,
+        [
+          { p: 'workspace', k: 'd' },
+          { p: 'workspace/a.bin', k: 'f', data },
+        ],
+        (manifest) => {
+          // The pack and its recorded sha-256 are intact: only the chunk's name is not its bytes' hash.
+          manifest.chunks[named] = manifest.chunks[sha256(data)];
+          delete manifest.chunks[sha256(data)];
+          manifest.entries[1].c = [named];
+        },
+        'stasis-cas-2',
+        raw,
+      );
+      const dir = await tempDir('cas-attack-chunk');
+      const err = await stasisError(restoreInto(store, checkpoint, dir), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(`corrupt chunk ${named}`);
+      expect(err.message).toContain(sha256(data));
+      // Opened before its chunk came (the caller removes the staging directory): none of the bytes reached it.
+      const written = await fs.stat(path.join(dir, 'workspace', 'a.bin')).then(
+        (stat) => stat.size,
+        () => 0,
+      );
+      expect(written).toBe(0);
+    }
+  });
+
   test('setuid and setgid bits in a manifest never reach the restored files or directories', async () => {
     const checkpoint = await craft(store, [
       { p: 'workspace', k: 'd', m: 0o2775 },

@@ -118,7 +118,7 @@ describe('packs fetched while the manifest is read and the target made', () => {
     const { target, tempPrefix, outcome } = await restoreWith(held, source.checkpoint, async (dir) => {
       await until(() => calls.some(isPack));
       releaseSegments();
-      // Every pack (fewer than the six fetched ahead) is asked for before the target is ready, and nothing is in it yet.
+      // Every pack (fewer than the sixteen fetched ahead) is asked for before the target is ready, and nothing is in it yet.
       await until(() => calls.filter(isPack).length >= source.packs);
       inTargetWhenReady = await fs.readdir(dir);
     });
@@ -243,6 +243,85 @@ describe('packs fetched while the manifest is read and the target made', () => {
       { numRuns: 12 },
     );
   }, 300_000);
+});
+
+describe('packs downloaded ahead of the packs held decompressed', () => {
+  // More packs than are held decompressed at once (six): the later ones download while the writer waits.
+  let many: Awaited<ReturnType<typeof manyPacks>>;
+  async function manyPacks() {
+    const root = await newSandboxRoot();
+    for (let i = 0; i < 9; i++)
+      await fs.writeFile(path.join(root, 'workspace', `blob-${i}.bin`), bytes(8 * 1024 * 1024));
+    const { checkpoint } = await take(store, root, uniqueId('cas-restore-many'));
+    const top = TopManifest.parse(JSON.parse(gunzipSync(await store.read(checkpoint.uri, 1 << 20)).toString()));
+    return { checkpoint, packs: top.packs.map((pack) => pack.uri), tree: await describeTree(root) };
+  }
+  beforeAll(async () => {
+    many = await manyPacks();
+  }, 180_000);
+
+  /** Waits until `what`, or `ms` passed; says which. */
+  async function within(what: () => boolean, ms: number): Promise<boolean> {
+    const start = Date.now();
+    await until(() => what() || Date.now() - start > ms);
+    return what();
+  }
+
+  test('with the target not ready (nothing written, nothing held decompressed is used), every pack is asked for; the files restore byte for byte', async () => {
+    const calls: Call[] = [];
+    let allAsked = false;
+    const { target, tempPrefix, outcome } = await restoreWith(faulty({ calls }), many.checkpoint, async () => {
+      allAsked = await within(() => calls.filter(isPack).length >= many.packs.length, 20_000);
+    });
+    if ('err' in outcome) throw outcome.err;
+    expect(many.packs.length).toBeGreaterThan(6);
+    expect(allAsked).toBe(true);
+    // Each once: fetched ahead, used later.
+    expect(
+      calls
+        .filter(isPack)
+        .map((call) => call.uri)
+        .sort(),
+    ).toEqual([...many.packs].sort());
+    expect(await describeTree(target)).toEqual(many.tree);
+    expect(await leftovers(tempPrefix)).toEqual([]);
+  }, 120_000);
+
+  test('a target that fails once every pack was downloaded ahead: its error, nothing written, no download left', async () => {
+    const calls: Call[] = [];
+    let downloaded = 0;
+    const counting = faulty({ calls });
+    const download = counting.download.bind(counting);
+    counting.download = async (checkpoint, file, signal) => {
+      const value = await download(checkpoint, file, signal);
+      if (checkpoint.uri.includes('/packs/')) downloaded += 1;
+      return value;
+    };
+    const broken = new Error('mkfs.ext4 failed: injected');
+    const { target, tempPrefix, outcome } = await restoreWith(counting, many.checkpoint, async () => {
+      expect(await within(() => downloaded >= many.packs.length, 30_000)).toBe(true);
+      throw broken;
+    });
+    expect('err' in outcome && outcome.err).toBe(broken);
+    expect(await fs.readdir(target)).toEqual([]);
+    expect(await leftovers(tempPrefix)).toEqual([]);
+  }, 120_000);
+
+  test('the last pack missing, found while the first are written: CHECKPOINT_INVALID naming it, no download left', async () => {
+    const last = many.packs[many.packs.length - 1];
+    const calls: Call[] = [];
+    const missing = faulty({
+      calls,
+      fail: (call) => (call.uri === last ? new StasisError('NOT_FOUND', `no object ${call.uri}`) : undefined),
+    });
+    const { tempPrefix, outcome } = await restoreWith(missing, many.checkpoint, async () => undefined);
+    expect('err' in outcome).toBe(true);
+    const err = (outcome as { err: unknown }).err;
+    expect(err).toBeInstanceOf(StasisError);
+    expect((err as StasisError).code).toBe('CHECKPOINT_INVALID');
+    expect((err as StasisError).message).toContain(`needs pack ${last}, which is missing`);
+    expect(await leftovers(tempPrefix)).toEqual([]);
+  }, 120_000);
 });
 
 describe('a cross-host restore whose volume is made while it downloads', () => {
