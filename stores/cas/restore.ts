@@ -364,8 +364,15 @@ class PackReader {
     }
     const left = (this.uses.get(pack) ?? 1) - 1;
     this.uses.set(pack, left);
-    if (left === 0) this.loading.delete(pack);
+    if (left === 0) this.drop(pack);
     return bytes.subarray(offset, offset + length);
+  }
+
+  /** Lets go of a pack held decompressed. */
+  private drop(pack: number): void {
+    this.loading.delete(pack);
+    this.ready.delete(pack);
+    markStage(`pack ${pack} dropped`);
   }
 
   /** Starts loading the first packs the files need. */
