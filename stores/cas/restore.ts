@@ -317,8 +317,8 @@ class PackReader {
   private readonly readsOf = new Map<number, number[]>();
   /** Chunk reads so far. */
   private reads = 0;
-  /** Packs loaded again after they were dropped: how many times (their downloads go to files of their own). */
-  private readonly reloads = new Map<number, number>();
+  /** Packs dropped before their last use (dropFarthest), to be loaded again: their downloads go to files of their own. */
+  private readonly reloads = new Set<number>();
   private next = 0;
   private closed = false;
   private readonly decompressing = new Lanes(DECOMPRESSING);
@@ -383,15 +383,18 @@ class PackReader {
    * Holds no more than PACKS_AHEAD packs decompressed: past them (only the pack the writer needs is
    * loaded beyond them), the loaded pack read again farthest from now is dropped, and downloaded
    * again when it is needed. Files that share chunks far apart (a tree and its copy) would otherwise
-   * hold every pack from its first use to its last: the whole checkpoint in memory.
+   * hold every pack from its first use to its last: the whole checkpoint in memory. A pack is
+   * dropped once at most, then held to its last use: a file whose chunks cycle through more packs
+   * than are held (one a sandbox can make) would otherwise download a pack again for nearly every
+   * chunk, so a restore downloads each pack twice at most.
    */
   private dropFarthest(): void {
     while (this.loading.size > PACKS_AHEAD) {
       let farthest: number | undefined;
       let farthestAt = -1;
       for (const pack of this.loading.keys()) {
-        // Only a loaded one: one still loading has its download's file in use.
-        if (!this.ready.has(pack)) continue;
+        // Only a loaded one (one still loading has its download's file in use), dropped never before.
+        if (!this.ready.has(pack) || this.reloads.has(pack)) continue;
         const reads = this.readsOf.get(pack) ?? [];
         const at = reads[reads.length - (this.uses.get(pack) ?? 0)] ?? Infinity;
         if (at > farthestAt) {
@@ -402,7 +405,7 @@ class PackReader {
       if (farthest === undefined) return;
       this.drop(farthest);
       this.fetching.delete(farthest);
-      this.reloads.set(farthest, (this.reloads.get(farthest) ?? 0) + 1);
+      this.reloads.add(farthest);
     }
   }
 
@@ -450,8 +453,7 @@ class PackReader {
 
   /** The pack's temporary file; a pack loaded again gets another (its last download's may not be removed yet). */
   private fileOf(pack: number): string {
-    const again = this.reloads.get(pack);
-    return again ? `${this.tempPrefix}.pack-${pack}.${again}` : `${this.tempPrefix}.pack-${pack}`;
+    return this.reloads.has(pack) ? `${this.tempPrefix}.pack-${pack}.again` : `${this.tempPrefix}.pack-${pack}`;
   }
 
   private load(pack: number): void {
