@@ -313,6 +313,12 @@ class PackReader {
   private fetched = 0;
   /** Each pack's chunks that this manifest names, by hash. */
   private readonly chunksOf = new Map<number, Set<string>>();
+  /** Each pack's chunk reads, by their place among all the writer's reads (see dropFarthest). */
+  private readonly readsOf = new Map<number, number[]>();
+  /** Chunk reads so far. */
+  private reads = 0;
+  /** Packs dropped before their last use (dropFarthest), to be loaded again: their downloads go to files of their own. */
+  private readonly reloads = new Set<number>();
   private next = 0;
   private closed = false;
   private readonly decompressing = new Lanes(DECOMPRESSING);
@@ -340,6 +346,10 @@ class PackReader {
         this.chunksOf.set(pack, chunks);
         chunks.add(hash);
         this.uses.set(pack, (this.uses.get(pack) ?? 0) + 1);
+        const reads = this.readsOf.get(pack) ?? [];
+        this.readsOf.set(pack, reads);
+        reads.push(this.reads);
+        this.reads += 1;
       }
     }
   }
@@ -364,8 +374,46 @@ class PackReader {
     }
     const left = (this.uses.get(pack) ?? 1) - 1;
     this.uses.set(pack, left);
-    if (left === 0) this.loading.delete(pack);
+    if (left === 0) this.drop(pack);
+    this.dropFarthest();
     return bytes.subarray(offset, offset + length);
+  }
+
+  /**
+   * Holds no more than PACKS_AHEAD packs decompressed: past them (only the pack the writer needs is
+   * loaded beyond them), the loaded pack read again farthest from now is dropped, and downloaded
+   * again when it is needed. Files that share chunks far apart (a tree and its copy) would otherwise
+   * hold every pack from its first use to its last: the whole checkpoint in memory. A pack is
+   * dropped once at most, then held to its last use: a file whose chunks cycle through more packs
+   * than are held (one a sandbox can make) would otherwise download a pack again for nearly every
+   * chunk, so a restore downloads each pack twice at most.
+   */
+  private dropFarthest(): void {
+    while (this.loading.size > PACKS_AHEAD) {
+      let farthest: number | undefined;
+      let farthestAt = -1;
+      for (const pack of this.loading.keys()) {
+        // Only a loaded one (one still loading has its download's file in use), dropped never before.
+        if (!this.ready.has(pack) || this.reloads.has(pack)) continue;
+        const reads = this.readsOf.get(pack) ?? [];
+        const at = reads[reads.length - (this.uses.get(pack) ?? 0)] ?? Infinity;
+        if (at > farthestAt) {
+          farthest = pack;
+          farthestAt = at;
+        }
+      }
+      if (farthest === undefined) return;
+      this.drop(farthest);
+      this.fetching.delete(farthest);
+      this.reloads.add(farthest);
+    }
+  }
+
+  /** Lets go of a pack held decompressed. */
+  private drop(pack: number): void {
+    this.loading.delete(pack);
+    this.ready.delete(pack);
+    markStage(`pack ${pack} dropped`);
   }
 
   /** Starts loading the first packs the files need. */
@@ -403,8 +451,9 @@ class PackReader {
     return fetching;
   }
 
+  /** The pack's temporary file; a pack loaded again gets another (its last download's may not be removed yet). */
   private fileOf(pack: number): string {
-    return `${this.tempPrefix}.pack-${pack}`;
+    return this.reloads.has(pack) ? `${this.tempPrefix}.pack-${pack}.again` : `${this.tempPrefix}.pack-${pack}`;
   }
 
   private load(pack: number): void {
@@ -426,7 +475,8 @@ class PackReader {
       await this.fetch(pack);
       markStage(`pack ${pack} fetched`);
       if (this.closed) return { bytes: Buffer.alloc(0), corrupt: new Map() };
-      this.progress.bytes += ref.bytes;
+      // A pack downloaded again (dropFarthest) is not progress.
+      if (!this.reloads.has(pack)) this.progress.bytes += ref.bytes;
       // A pack of incompressible chunks (raw blocks) is read as it is; any other goes through zstd.
       const bytes =
         (await zstdRawFrameFile(file, ref.size)) ??
