@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import type { CheckpointStore } from '../../stores/api';
 import { MAX_PUT_BYTES } from '../../stores/keys';
 import { S3CheckpointStore } from '../../stores/s3';
-import { startS3Proxy } from '../faults/s3-proxy';
+import { startS3Proxy, type FaultProxy } from '../faults/s3-proxy';
 import { FsCheckpointStore } from '../../stores/fs';
 import { createCheckpointStore } from '../../stores/index';
 import { loadConfig } from '../../common/config';
@@ -266,32 +266,36 @@ const storeBehind = (endpoint: string) =>
     },
   });
 
+/** Runs `fn` with a fault proxy in front of the test MinIO and the store reached through it; closes the proxy after. */
+async function behindProxy(fn: (proxy: FaultProxy, store: S3CheckpointStore) => Promise<void>): Promise<void> {
+  const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+  try {
+    await fn(proxy, storeBehind(proxy.url));
+  } finally {
+    await proxy.close();
+  }
+}
+
 describe('a putBytes failing in the middle of its request', () => {
   it('s3: a PutObject whose connection is cut part-way through its body leaves nothing under the key', async () => {
-    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
     const prefix = `checkpoints/${uniqueId('bytes-cut')}/`;
-    let cuts = 0;
-    // Every attempt (the SDK retries once) is cut after 3 MiB of its 8 MiB body.
-    proxy.hold = ({ method }) =>
-      method === 'PUT' ? { afterBytes: 3 * 1024 * 1024, onHeld: () => (cuts += 1), reset: true } : undefined;
-    try {
-      const store = storeBehind(proxy.url);
+    await behindProxy(async (proxy, store) => {
+      let cuts = 0;
+      // Every attempt (the SDK retries once) is cut after 3 MiB of its 8 MiB body.
+      proxy.hold = ({ method }) =>
+        method === 'PUT' ? { afterBytes: 3 * 1024 * 1024, onHeld: () => (cuts += 1), reset: true } : undefined;
       await expect(store.putBytes(`${prefix}a.pack`, randomBytes(8 * 1024 * 1024), {})).rejects.toThrow();
       expect(cuts).toBeGreaterThan(0);
       const client = testS3();
       const objects = await client.send(new ListObjectsV2Command({ Bucket: bucket(), Prefix: prefix }));
       const uploads = await client.send(new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }));
       expect({ objects: objects.Contents ?? [], uploads: uploads.Uploads ?? [] }).toEqual({ objects: [], uploads: [] });
-    } finally {
-      await proxy.close();
-    }
+    });
   });
 
   it('s3: a PutObject whose body is damaged on its way is refused by the store (the signed sha-256 is the one putBytes computed)', async () => {
-    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
     const prefix = `checkpoints/${uniqueId('bytes-damaged')}/`;
-    try {
-      const store = storeBehind(proxy.url);
+    await behindProxy(async (proxy, store) => {
       const bytes = randomBytes(3 * 1024 * 1024 + 17);
       proxy.corrupt = ({ method }) => method === 'PUT';
       await expect(store.putBytes(`${prefix}a.pack`, bytes, {})).rejects.toThrow(/sha256|SHA256|checksum/i);
@@ -305,9 +309,7 @@ describe('a putBytes failing in the middle of its request', () => {
       expect(stored.sha256).toBe(createHash('sha256').update(bytes).digest('hex'));
       expect((await store.read(stored.uri, bytes.length)).equals(bytes)).toBe(true);
       await store.deletePrefix(prefix);
-    } finally {
-      await proxy.close();
-    }
+    });
   });
 
   it('fs: a write failing after the bytes are in place (its labels file cannot be written) leaves the whole bytes, no temporary file', async () => {
@@ -326,10 +328,8 @@ describe('a putBytes failing in the middle of its request', () => {
 
 describe('a read whose answer has no Content-Length', () => {
   it('s3: read holds an answer without a Content-Length to its bound as the bytes arrive', async () => {
-    const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
     const prefix = `checkpoints/${uniqueId('read-chunked')}/`;
-    try {
-      const store = storeBehind(proxy.url);
+    await behindProxy(async (proxy, store) => {
       const bytes = randomBytes(2 * 1024 * 1024 + 5);
       const stored = await store.putBytes(`${prefix}a.pack`, bytes, {});
       proxy.chunked = ({ method }) => method === 'GET';
@@ -341,9 +341,7 @@ describe('a read whose answer has no Content-Length', () => {
       const gets = proxy.requests.filter((r) => r.method === 'GET');
       expect(gets.length).toBe(2);
       await store.deletePrefix(prefix);
-    } finally {
-      await proxy.close();
-    }
+    });
   });
 });
 
