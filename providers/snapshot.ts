@@ -17,7 +17,7 @@ import { repeatCheckpoint, takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
-import { sameWrites, syncFilesystem, volumeWrites, type VolumeWrites } from './volume';
+import { sameWrites, syncFilesystem, volumeWrites, writeCount, type VolumeWrites } from './volume';
 
 // Moving a sandbox's files to and from the checkpoint store. The caller freezes
 // or kills the processes; these functions only deal with bytes and directories.
@@ -136,21 +136,24 @@ interface UnchangedStamp {
 async function repeatIfUnchanged(
   paths: SandboxPaths,
   baseline: Baseline | undefined,
-  input: Omit<Parameters<typeof repeatCheckpoint>[0], 'baseline' | 'signal'> & { signal: AbortSignal | undefined },
+  input: Omit<Parameters<typeof repeatCheckpoint>[0], 'baseline' | 'unchanged' | 'signal'> & {
+    signal: AbortSignal | undefined;
+  },
 ): Promise<Awaited<ReturnType<typeof repeatCheckpoint>>> {
   const stampFile = path.join(paths.meta, UNCHANGED_FILE);
   const stamp = await readStamp(stampFile);
   // Used once: whatever this release takes, the next one starts from a resume of its own.
   await fs.rm(stampFile, { force: true });
   if (!stamp || !baseline || baseline.uri !== stamp.uri) return undefined;
-  // The count only grows: one that moved already needs no sync (which would write back all the sandbox wrote).
-  const before = await volumeWrites(paths);
-  if (!before || !sameWrites(before, stamp.writes)) return undefined;
-  await syncFilesystem(paths.volume);
-  const after = await volumeWrites(paths);
-  if (!after || !sameWrites(after, stamp.writes)) return undefined;
+  const unchanged = (async () => {
+    // The count only grows: one that moved already needs no sync (which would write back all the sandbox wrote).
+    if ((await writeCount(stamp.writes)) !== stamp.writes.kib) return false;
+    await syncFilesystem(paths.volume);
+    const after = await volumeWrites(paths);
+    return after !== undefined && sameWrites(after, stamp.writes);
+  })().catch(() => false);
   const { signal, ...rest } = input;
-  return repeatCheckpoint({ ...rest, baseline, ...(signal ? { signal } : {}) });
+  return repeatCheckpoint({ ...rest, baseline, unchanged, ...(signal ? { signal } : {}) });
 }
 
 async function readStamp(file: string): Promise<UnchangedStamp | undefined> {

@@ -279,6 +279,18 @@ export async function volumeWrites(paths: SandboxPaths): Promise<VolumeWrites | 
   }
 }
 
+/**
+ * The count alone, of the device `writes` names: a cheap look before a sync (the count only grows, so
+ * one that moved already proves a change); undefined if unreadable. Says nothing of which volume it is.
+ */
+export async function writeCount(writes: VolumeWrites): Promise<string | undefined> {
+  if (!/^loop[0-9]+$/.test(writes.device)) return undefined;
+  return fs.readFile(`/sys/fs/ext4/${writes.device}/lifetime_write_kbytes`, 'utf8').then(
+    (text) => text.trim(),
+    () => undefined,
+  );
+}
+
 /** Whether `a` and `b` are the same count of the same mount of the same volume. */
 export function sameWrites(a: VolumeWrites, b: VolumeWrites): boolean {
   return (

@@ -289,12 +289,18 @@ export async function repeatCheckpoint(input: {
   labels: Record<string, string>;
   limits: ArchiveLimits;
   baseline: Baseline;
+  /** The caller's proof that the files are still the baseline's, looked for meanwhile: false, nothing is stored. */
+  unchanged: Promise<boolean>;
   signal?: AbortSignal;
 }): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats } | undefined> {
   const { manifest } = input.baseline;
   if (!input.baseline.split || manifest.format !== 'stasis-cas-2' || !manifest.segments) return undefined;
-  // Only a live checkpoint keeps its segments and packs from garbage collection.
-  if (!(await usableBaseline(input.store, input.baseline, input.prefix))) return undefined;
+  // Only a live checkpoint keeps its segments and packs from garbage collection (a round trip, beside the proof's).
+  const [usable, unchanged] = await Promise.all([
+    usableBaseline(input.store, input.baseline, input.prefix),
+    input.unchanged,
+  ]);
+  if (!usable || !unchanged) return undefined;
   // Restore's own rules, as a walk applies them (the limits are the worker's, which may have changed since).
   const checker = new CheckpointChecker(input.limits);
   let files = 0;
