@@ -236,6 +236,12 @@ export interface VolumeWrites {
   mountId: string;
   /** The image's inode: the loop device is this sandbox's image. */
   imageIno: string;
+  /**
+   * The filesystem's UUID (random at each mkfs): loop device, mount id and inode numbers are reused
+   * (a profile saw all three again for the next sandbox's fresh volume), and so is the count of a
+   * fresh volume. One filesystem's count never comes back: it only grows, and each mount writes.
+   */
+  uuid: string;
   kib: string;
 }
 
@@ -271,9 +277,10 @@ export async function volumeWrites(paths: SandboxPaths): Promise<VolumeWrites | 
     const backing = (await fs.readFile(`/sys/block/${device}/loop/backing_file`, 'utf8')).trim();
     const backingStat = await fs.stat(backing, { bigint: true });
     if (backingStat.ino !== image.ino || backingStat.dev !== image.dev) return undefined;
+    const uuid = await filesystemUuid(paths.volumeImage);
     const kib = (await fs.readFile(`/sys/fs/ext4/${device}/lifetime_write_kbytes`, 'utf8')).trim();
-    if (!/^[0-9]+$/.test(kib)) return undefined;
-    return { device, devno, mountId: fields[0], imageIno: image.ino.toString(), kib };
+    if (uuid === undefined || !/^[0-9]+$/.test(kib)) return undefined;
+    return { device, devno, mountId: fields[0], imageIno: image.ino.toString(), uuid, kib };
   } catch {
     return undefined;
   }
@@ -294,12 +301,26 @@ export async function writeCount(writes: VolumeWrites): Promise<string | undefin
 /** Whether `a` and `b` are the same count of the same mount of the same volume. */
 export function sameWrites(a: VolumeWrites, b: VolumeWrites): boolean {
   return (
+    a.uuid === b.uuid &&
     a.device === b.device &&
     a.devno === b.devno &&
     a.mountId === b.mountId &&
     a.imageIno === b.imageIno &&
     a.kib === b.kib
   );
+}
+
+/** The UUID in an ext4 image's superblock (at 1024 bytes; its magic checked), or undefined. */
+async function filesystemUuid(image: string): Promise<string | undefined> {
+  const superblock = Buffer.alloc(0x78);
+  const handle = await fs.open(image, 'r');
+  try {
+    const { bytesRead } = await handle.read(superblock, 0, superblock.length, 1024);
+    if (bytesRead !== superblock.length || superblock.readUInt16LE(0x38) !== 0xef53) return undefined;
+    return superblock.subarray(0x68, 0x78).toString('hex');
+  } finally {
+    await handle.close();
+  }
 }
 
 /** `major:minor` of the device a stat is of (Linux's encoding of dev_t). */
