@@ -122,12 +122,14 @@ describe('bwrap provider', () => {
     const id = await host.sandbox();
     const workspace = sandboxPaths(host.dataDir, id).workspace;
     // A background loop does not outlive its command's pid namespace, so it runs in the foreground of a long exec.
+    // It replaces the counter by rename: frozen between `>`'s truncate and its write, the snapshot holds
+    // an empty counter (as it should: the disk's state), which the read after the restore cannot tell apart.
     const running = host.provider.exec(
       {
         sandboxId: id,
         fence: 1,
         jobId: 'loop',
-        command: 'i=0; while true; do i=$((i+1)); echo $i > counter; sleep 0.02; done',
+        command: 'i=0; while true; do i=$((i+1)); echo $i > counter.new; mv counter.new counter; sleep 0.02; done',
       },
       context(),
     );
