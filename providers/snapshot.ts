@@ -8,7 +8,7 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
@@ -110,16 +110,24 @@ export async function uploadSnapshot(input: {
  */
 export async function recordUnchanged(paths: SandboxPaths, uri: string): Promise<void> {
   const stampFile = path.join(paths.meta, UNCHANGED_FILE);
+  // A stamp no release or restore has used up: an earlier resume recorded it, then compute may have run
+  // and the worker died before its state said so (local.ts writes the state after ensureCompute); the
+  // state still reads dormant and stopped, but the files are no longer that checkpoint's. The walk decides.
+  const stale = await fs.access(stampFile).then(
+    () => true,
+    () => false,
+  );
   await fs.rm(stampFile, { force: true });
+  if (stale) return;
   // The baseline written after the release may have failed: an older one is no description of these files.
   if ((await readBaseline(path.join(paths.meta, BASELINE_FILE)))?.uri !== uri) return;
   // Synced, so nothing written before (the mount's own writes) moves the count later.
   await syncFilesystem(paths.volume);
   const writes = await volumeWrites(paths);
   if (!writes) return;
-  // Not synced: lost, the next release walks; a torn one does not parse.
+  // Durable before any process of the sandbox starts: a stamp lost to a crash would let a retried resume record anew.
   const stamp: UnchangedStamp = { uri, writes };
-  await fs.writeFile(stampFile, JSON.stringify(stamp), { mode: 0o600 });
+  await writeFileAtomic(stampFile, JSON.stringify(stamp));
 }
 
 /** What recordUnchanged keeps beside the sandbox's state. */
