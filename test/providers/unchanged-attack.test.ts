@@ -54,3 +54,24 @@ test('a resume retried after the worker died between starting compute and writin
   const restored = await fs.readFile(path.join(sandboxPaths(other.dataDir, id).volume, 'workspace', 'a.txt'), 'utf8');
   expect(restored).toBe('written-before-the-crash\n');
 }, 120_000);
+
+test('a single 512-byte sector written with O_DIRECT in place (less than the count’s KiB) takes the walk', async () => {
+  const host = await volumeHost();
+  const other = await volumeHost(host.store);
+  const id = await host.sandbox();
+  await sh(host.provider, id, 'head -c 65536 /dev/zero > z.bin');
+  const first = (await host.provider.release(snapshot(id, 2), context())).checkpoint!;
+  await host.provider.restore({ sandboxId: id, fence: 3, checkpoint: first }, context());
+  // One sector: lifetime_write_kbytes counts sectors/2, so a lone odd sector alone may not move it.
+  await sh(
+    host.provider,
+    id,
+    'printf x | dd of=z.bin bs=512 count=1 seek=3 oflag=direct conv=notrunc,sync status=none',
+    3,
+  );
+  const second = (await host.provider.release(snapshot(id, 4), context())).checkpoint!;
+  expect(second.sha256).not.toBe(first.sha256);
+  await other.provider.restore({ sandboxId: id, fence: 5, checkpoint: second }, context());
+  const bytes = await fs.readFile(path.join(sandboxPaths(other.dataDir, id).volume, 'workspace', 'z.bin'));
+  expect(bytes.subarray(3 * 512, 3 * 512 + 1).toString()).toBe('x');
+}, 120_000);
