@@ -45,7 +45,7 @@ import {
 import { JobJournal } from './jobs';
 import { resolveLimits } from './limits';
 import { mountVolume, prepareVolume, removeSandboxDir, unmountVolume } from './volume';
-import { checkpointPrefix, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
+import { checkpointPrefix, recordUnchanged, restoreSnapshot, uploadSnapshot, type Progress } from './snapshot';
 
 // The `local` provider: a sandbox is a set of directories on the worker's host
 // and the processes started in them. `bwrap` is this same provider with every
@@ -346,6 +346,11 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       result = { source: 'local-copy', labels: state.dormant.labels };
       // Like an unpacked one: a retried restore of this checkpoint must not unpack it over what ran since.
       state.restoredFrom = { sha256: checkpoint.sha256, labels: state.dormant.labels };
+      // The files are that checkpoint's until a process of the sandbox runs: the next release may repeat
+      // it if nothing on the volume changes meanwhile. Only an optimisation: a failure leaves the walk.
+      if (state.status === 'stopped' && (await sandboxProcesses(markerOf(state.sandboxId))).length === 0) {
+        await recordUnchanged(paths, state.dormant.checkpoint.uri).catch(() => undefined);
+      }
     } else if (state?.restoredFrom?.sha256 === checkpoint.sha256 && state.status !== 'stopped') {
       // A retried restore: the files were restored and have been running since; unpacking again would lose work.
       result = { source: 'checkpoint', labels: state.restoredFrom.labels };

@@ -8,17 +8,16 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode, makeDirDurable } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
 import { markStage, restoreCheckpointFiles } from '../stores/cas/restore';
-import { takeCheckpoint } from '../stores/cas/upload';
+import { repeatCheckpoint, takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
-import { SYSTEM_PATH } from './command';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
-import { startProcess } from './spawner';
+import { sameWrites, syncFilesystem, volumeWrites, writeCount, type VolumeWrites } from './volume';
 
 // Moving a sandbox's files to and from the checkpoint store. The caller freezes
 // or kills the processes; these functions only deal with bytes and directories.
@@ -71,19 +70,22 @@ export async function uploadSnapshot(input: {
   await fs.writeFile(attemptFile, name);
   // Packs are compressed through files beside the sandbox's state (never in its directories); a killed attempt's are removed here.
   await removeEntries(input.paths.root, (entry) => entry.startsWith(PACKING));
-  const taken = await takeCheckpoint({
-    store: input.store,
-    rootDir: input.paths.volume,
-    names: CHECKPOINT_DIRS,
-    prefix: checkpointPrefix(input.sandboxId),
-    name,
-    labels: input.labels,
-    limits: input.limits,
-    ...(baseline ? { baseline } : {}),
-    progress: input.progress,
-    tempPrefix: path.join(input.paths.root, `${PACKING}${randomBytes(6).toString('hex')}`),
-    ...(input.signal ? { signal: input.signal } : {}),
-  });
+  const repeat = { store: input.store, prefix: checkpointPrefix(input.sandboxId), name, labels: input.labels };
+  const taken =
+    (await repeatIfUnchanged(input.paths, baseline, { ...repeat, limits: input.limits, signal: input.signal })) ??
+    (await takeCheckpoint({
+      store: input.store,
+      rootDir: input.paths.volume,
+      names: CHECKPOINT_DIRS,
+      prefix: checkpointPrefix(input.sandboxId),
+      name,
+      labels: input.labels,
+      limits: input.limits,
+      ...(baseline ? { baseline } : {}),
+      progress: input.progress,
+      tempPrefix: path.join(input.paths.root, `${PACKING}${randomBytes(6).toString('hex')}`),
+      ...(input.signal ? { signal: input.signal } : {}),
+    }));
   // Deferred, it waits a turn of the event loop, as a restore's does: the caller's lock hands over in microtasks,
   // ahead of the answer's way out, and this serializes the whole manifest (~40 ms at 20,000 files in a profile).
   if (input.deferBaseline)
@@ -98,11 +100,88 @@ export async function uploadSnapshot(input: {
   return taken.checkpoint;
 }
 
+/**
+ * Records that the files on the sandbox's volume are exactly checkpoint `uri`, whose baseline this host
+ * holds: called on a resume from the local copy (the files a release walked, untouched since: no
+ * process of the sandbox ran), before any process of the sandbox starts. The volume is synced and its
+ * write count read: if the next release finds the same count on the same mount, nothing on the
+ * volume changed and the checkpoint is the baseline's again (repeatIfUnchanged). Where the count
+ * tells nothing (no volume, an active workspace), nothing is recorded and the release walks.
+ */
+export async function recordUnchanged(paths: SandboxPaths, uri: string): Promise<void> {
+  const stampFile = path.join(paths.meta, UNCHANGED_FILE);
+  // A stamp no release or restore has used up: an earlier resume recorded it, then compute may have run
+  // and the worker died before its state said so (local.ts writes the state after ensureCompute); the
+  // state still reads dormant and stopped, but the files are no longer that checkpoint's. The walk decides.
+  const stale = await fs.access(stampFile).then(
+    () => true,
+    () => false,
+  );
+  await fs.rm(stampFile, { force: true });
+  if (stale) return;
+  // The baseline written after the release may have failed: an older one is no description of these files.
+  if ((await readBaseline(path.join(paths.meta, BASELINE_FILE)))?.uri !== uri) return;
+  // Synced, so nothing written before (the mount's own writes) moves the count later.
+  await syncFilesystem(paths.volume);
+  const writes = await volumeWrites(paths);
+  if (!writes) return;
+  // Durable before any process of the sandbox starts: a stamp lost to a crash would let a retried resume record anew.
+  const stamp: UnchangedStamp = { uri, writes };
+  await writeFileAtomic(stampFile, JSON.stringify(stamp));
+}
+
+/** What recordUnchanged keeps beside the sandbox's state. */
+interface UnchangedStamp {
+  uri: string;
+  writes: VolumeWrites;
+}
+
+/**
+ * The baseline's checkpoint again, as a new one, when the volume's write count is the one recorded
+ * when its files were that checkpoint (recordUnchanged), on the same mount: one PUT, no walk.
+ * Undefined otherwise: the caller walks. The processes are frozen, so the count cannot move now.
+ */
+async function repeatIfUnchanged(
+  paths: SandboxPaths,
+  baseline: Baseline | undefined,
+  input: Omit<Parameters<typeof repeatCheckpoint>[0], 'baseline' | 'unchanged' | 'signal'> & {
+    signal: AbortSignal | undefined;
+  },
+): Promise<Awaited<ReturnType<typeof repeatCheckpoint>>> {
+  const stampFile = path.join(paths.meta, UNCHANGED_FILE);
+  const stamp = await readStamp(stampFile);
+  // Used once: whatever this release takes, the next one starts from a resume of its own.
+  await fs.rm(stampFile, { force: true });
+  if (!stamp || !baseline || baseline.uri !== stamp.uri) return undefined;
+  const unchanged = (async () => {
+    // The count only grows: one that moved already needs no sync (which would write back all the sandbox wrote).
+    if ((await writeCount(stamp.writes)) !== stamp.writes.kib) return false;
+    await syncFilesystem(paths.volume);
+    const after = await volumeWrites(paths);
+    return after !== undefined && sameWrites(after, stamp.writes);
+  })().catch(() => false);
+  const { signal, ...rest } = input;
+  return repeatCheckpoint({ ...rest, baseline, unchanged, ...(signal ? { signal } : {}) });
+}
+
+async function readStamp(file: string): Promise<UnchangedStamp | undefined> {
+  try {
+    const value = JSON.parse(await fs.readFile(file, 'utf8')) as Partial<UnchangedStamp>;
+    return typeof value.uri === 'string' && typeof value.writes?.kib === 'string'
+      ? (value as UnchangedStamp)
+      : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** The format of new checkpoints. */
 export type CheckpointFormat = 'cas' | 'tar';
 
 /** Beside the sandbox's state: the last checkpoint as this host saw it (stores/cas/baseline.ts). */
 const BASELINE_FILE = 'checkpoint-baseline.json';
+/** Beside the sandbox's state: the volume's write count when its files were a checkpoint (recordUnchanged). */
+const UNCHANGED_FILE = 'checkpoint-unchanged.json';
 /** Temporary pack files of a checkpoint upload, in the sandbox root (`<PACKING><hex>.<n>`). */
 const PACKING = '.packing-';
 /** Present while a checkpoint upload is under way: a release that finds it knows an earlier one was killed. */
@@ -218,6 +297,7 @@ export async function restoreSnapshot(input: {
     await input.beforeSwap();
     // From here the files are no longer what the old baseline describes.
     await removeBaseline(baselineFile);
+    await fs.rm(path.join(paths.meta, UNCHANGED_FILE), { force: true });
     await swapInto(path.join(staging, 'home'), paths.home);
     await swapInto(path.join(staging, 'envs'), paths.envs);
     if (input.workspace.kind === 'isolated') await swapInto(path.join(staging, 'workspace'), paths.workspace);
@@ -255,26 +335,6 @@ export async function restoreSnapshot(input: {
     await stagingReady.catch(() => undefined);
     await fs.rm(staging, { recursive: true, force: true });
     await fs.rm(archive, { force: true });
-  }
-}
-
-/**
- * syncfs(2) of the filesystem holding `dir` (`sync -f`, through the process starter: Node has no
- * syncfs). Writes back what any process wrote there, so after a restore the cost is the restore's
- * own writes on a sandbox's volume, and the host's dirty data where sandboxes have no volumes.
- */
-async function syncFilesystem(dir: string): Promise<void> {
-  const started = await startProcess({
-    file: 'sync',
-    args: ['-f', dir],
-    cwd: '/',
-    env: { PATH: SYSTEM_PATH },
-    background: false,
-    maxOutputBytes: 64 * 1024,
-  });
-  const exit = await started.exited;
-  if (exit.code !== 0) {
-    throw new Error(`sync -f ${dir} failed: ${exit.stderr.trim() || `exit ${exit.signal ?? `code ${exit.code}`}`}`);
   }
 }
 

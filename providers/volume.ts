@@ -1,4 +1,4 @@
-import { accessSync, constants } from 'node:fs';
+import { accessSync, constants, type BigIntStats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { StasisError } from '../common/errors';
@@ -200,4 +200,138 @@ export async function releaseVolume(paths: SandboxPaths): Promise<void> {
 export async function removeSandboxDir(paths: SandboxPaths): Promise<void> {
   await releaseVolume(paths);
   await removeTree(paths.root);
+}
+
+/**
+ * syncfs(2) of the filesystem holding `dir` (`sync -f`, through the process starter: Node has no
+ * syncfs). Writes back what any process wrote there, so after a restore the cost is the restore's
+ * own writes on a sandbox's volume, and the host's dirty data where sandboxes have no volumes.
+ */
+export async function syncFilesystem(dir: string): Promise<void> {
+  const started = await startProcess({
+    file: 'sync',
+    args: ['-f', dir],
+    cwd: '/',
+    env: { PATH: SYSTEM_PATH },
+    background: false,
+    maxOutputBytes: 64 * 1024,
+  });
+  const exit = await started.exited;
+  if (exit.code !== 0) {
+    throw new Error(`sync -f ${dir} failed: ${exit.stderr.trim() || `exit ${exit.signal ?? `code ${exit.code}`}`}`);
+  }
+}
+
+/**
+ * Which mount of which volume holds the sandbox's trees, and how many KiB its ext4 has written to its
+ * device in its whole life (`/sys/fs/ext4/<loop>/lifetime_write_kbytes`): any change to a file, its
+ * metadata or a directory is written to the device once synced, so equal counts of one mount, each
+ * read after a syncfs, mean nothing on the volume changed between (README, "Change detection").
+ */
+export interface VolumeWrites {
+  /** The loop device (`loop3`) and its `major:minor`. */
+  device: string;
+  devno: string;
+  /** The mount's id in /proc/self/mountinfo. */
+  mountId: string;
+  /** The image's inode: the loop device is this sandbox's image. */
+  imageIno: string;
+  /**
+   * The filesystem's UUID (random at each mkfs): loop device, mount id and inode numbers are reused
+   * (a profile saw all three again for the next sandbox's fresh volume), and so is the count of a
+   * fresh volume. One filesystem's count never comes back: it only grows, and each mount writes.
+   */
+  uuid: string;
+  kib: string;
+}
+
+/**
+ * The sandbox's volume writes, read now (sync it first), or undefined where they tell nothing: no
+ * volume mounted, another filesystem, a tree that is not a directory of that very mount (an active
+ * workspace lives on the host's disk), or anything unreadable. The caller then walks, as it always could.
+ */
+export async function volumeWrites(paths: SandboxPaths): Promise<VolumeWrites | undefined> {
+  try {
+    const [root, volume, image] = await Promise.all(
+      [paths.root, paths.volume, paths.volumeImage].map((file) => fs.lstat(file, { bigint: true })),
+    );
+    if (!volume.isDirectory() || volume.dev === root.dev) return undefined;
+    for (const tree of LEGACY_TREES) {
+      const stat = await fs.lstat(path.join(paths.volume, tree), { bigint: true });
+      if (!stat.isDirectory() || stat.dev !== volume.dev) return undefined;
+    }
+    const devno = devNumber(volume);
+    const mountPoint = mountinfoPath(await fs.realpath(paths.volume));
+    // The one mount at the volume's path, of that device, ext4 from a loop device.
+    const mounts = (await fs.readFile('/proc/self/mountinfo', 'utf8'))
+      .split('\n')
+      .map((line) => line.split(' '))
+      .filter((fields) => fields[4] === mountPoint);
+    if (mounts.length !== 1) return undefined;
+    const fields = mounts[0];
+    const separator = fields.indexOf('-');
+    const [fstype, source] = [fields[separator + 1], fields[separator + 2]];
+    if (fields[2] !== devno || fstype !== 'ext4' || !/^\/dev\/loop[0-9]+$/.test(source)) return undefined;
+    const device = path.basename(source);
+    if (path.basename(await fs.readlink(`/sys/dev/block/${devno}`)) !== device) return undefined;
+    const backing = (await fs.readFile(`/sys/block/${device}/loop/backing_file`, 'utf8')).trim();
+    const backingStat = await fs.stat(backing, { bigint: true });
+    if (backingStat.ino !== image.ino || backingStat.dev !== image.dev) return undefined;
+    const uuid = await filesystemUuid(paths.volumeImage);
+    const kib = (await fs.readFile(`/sys/fs/ext4/${device}/lifetime_write_kbytes`, 'utf8')).trim();
+    if (uuid === undefined || !/^[0-9]+$/.test(kib)) return undefined;
+    return { device, devno, mountId: fields[0], imageIno: image.ino.toString(), uuid, kib };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The count alone, of the device `writes` names: a cheap look before a sync (the count only grows, so
+ * one that moved already proves a change); undefined if unreadable. Says nothing of which volume it is.
+ */
+export async function writeCount(writes: VolumeWrites): Promise<string | undefined> {
+  if (!/^loop[0-9]+$/.test(writes.device)) return undefined;
+  return fs.readFile(`/sys/fs/ext4/${writes.device}/lifetime_write_kbytes`, 'utf8').then(
+    (text) => text.trim(),
+    () => undefined,
+  );
+}
+
+/** Whether `a` and `b` are the same count of the same mount of the same volume. */
+export function sameWrites(a: VolumeWrites, b: VolumeWrites): boolean {
+  return (
+    a.uuid === b.uuid &&
+    a.device === b.device &&
+    a.devno === b.devno &&
+    a.mountId === b.mountId &&
+    a.imageIno === b.imageIno &&
+    a.kib === b.kib
+  );
+}
+
+/** The UUID in an ext4 image's superblock (at 1024 bytes; its magic checked), or undefined. */
+async function filesystemUuid(image: string): Promise<string | undefined> {
+  const superblock = Buffer.alloc(0x78);
+  const handle = await fs.open(image, 'r');
+  try {
+    const { bytesRead } = await handle.read(superblock, 0, superblock.length, 1024);
+    if (bytesRead !== superblock.length || superblock.readUInt16LE(0x38) !== 0xef53) return undefined;
+    return superblock.subarray(0x68, 0x78).toString('hex');
+  } finally {
+    await handle.close();
+  }
+}
+
+/** `major:minor` of the device a stat is of (Linux's encoding of dev_t). */
+function devNumber(stat: BigIntStats): string {
+  const dev = stat.dev;
+  const major = ((dev >> 8n) & 0xfffn) | ((dev >> 32n) & ~0xfffn);
+  const minor = (dev & 0xffn) | ((dev >> 12n) & ~0xffn);
+  return `${major}:${minor}`;
+}
+
+/** A path as /proc/self/mountinfo writes it (space, tab, newline and backslash in octal). */
+function mountinfoPath(file: string): string {
+  return file.replace(/[ \t\n\\]/g, (c) => `\\${c.charCodeAt(0).toString(8).padStart(3, '0')}`);
 }

@@ -30,6 +30,7 @@ import {
   type ManifestEntry,
   type PackRef,
   type SegmentRef,
+  type TopManifest,
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
 import { Lanes } from './lanes';
@@ -247,23 +248,85 @@ async function storeManifest(
     // Nothing is still writing once the attempt has failed.
     await Promise.allSettled(uploads.values());
   }
-  const body = encodeTop({ format: 'stasis-cas-2', takenAtNs, segments: refs, packs });
+  const checkpoint = await storeTop(input, { format: 'stasis-cas-2', takenAtNs, segments: refs, packs }, stats);
+  return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
+}
+
+/** Stores the top object, the last of a checkpoint: from then on it names its segments and packs. */
+async function storeTop(
+  input: { store: CheckpointStore; prefix: string; name: string; labels: Record<string, string>; signal?: AbortSignal },
+  top: TopManifest,
+  stats: TakeStats,
+): Promise<Checkpoint> {
+  const { signal } = input;
+  const body = encodeTop(top);
   stats.topBytes = body.length;
   const key = `${input.prefix}${input.name}${MANIFEST_SUFFIX}`;
   // Streamed only past what one request takes (a workspace of terabytes): put ends what a killed attempt left open.
-  let checkpoint: Checkpoint;
   try {
-    checkpoint =
-      body.length <= MAX_PUT_BYTES
-        ? await input.store.putBytes(key, body, input.labels, signal)
-        : await input.store.put(key, Readable.from([body]), input.labels, signal);
+    return body.length <= MAX_PUT_BYTES
+      ? await input.store.putBytes(key, body, input.labels, signal)
+      : await input.store.put(key, Readable.from([body]), input.labels, signal);
   } catch (err) {
     // The top object is this release's alone (its key is fixed per release request), unlike packs and
     // segments: one stored although its answer was lost or cancelled is a checkpoint nobody records.
     await input.store.delete(input.store.uriOf(key)).catch(() => undefined);
     throw err;
   }
-  return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
+}
+
+/**
+ * A checkpoint of files known to be exactly the baseline's (the caller proved nothing changed on
+ * their volume since the baseline was the files): a new top object naming the baseline's segments
+ * and packs, with no walk and nothing read or uploaded but it. Undefined when the baseline cannot
+ * be reused (not this engine's split manifest, or its checkpoint is gone): the caller then walks.
+ */
+export async function repeatCheckpoint(input: {
+  store: CheckpointStore;
+  /** `checkpoints/<sandboxId>/` */
+  prefix: string;
+  name: string;
+  labels: Record<string, string>;
+  limits: ArchiveLimits;
+  baseline: Baseline;
+  /** The caller's proof that the files are still the baseline's, looked for meanwhile: false, nothing is stored. */
+  unchanged: Promise<boolean>;
+  signal?: AbortSignal;
+}): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats } | undefined> {
+  const { manifest } = input.baseline;
+  if (!input.baseline.split || manifest.format !== 'stasis-cas-2' || !manifest.segments) return undefined;
+  // Only a live checkpoint keeps its segments and packs from garbage collection (a round trip, beside the proof's).
+  const [usable, unchanged] = await Promise.all([
+    usableBaseline(input.store, input.baseline, input.prefix),
+    input.unchanged,
+  ]);
+  if (!usable || !unchanged) return undefined;
+  // Restore's own rules, as a walk applies them (the limits are the worker's, which may have changed since).
+  const checker = new CheckpointChecker(input.limits);
+  let files = 0;
+  for (const entry of manifest.entries) {
+    admitEntry(checker, entry);
+    if (entry.k === 'f') files += 1;
+  }
+  checker.finish();
+  const stats: TakeStats = {
+    files,
+    filesHashed: 0,
+    packBytes: 0,
+    packs: 0,
+    rawPacks: 0,
+    segments: 0,
+    segmentBytes: 0,
+    topBytes: 0,
+  };
+  const top = {
+    format: 'stasis-cas-2' as const,
+    takenAtNs: manifest.takenAtNs,
+    segments: manifest.segments,
+    packs: manifest.packs,
+  };
+  const checkpoint = await storeTop(input, top, stats);
+  return { checkpoint, baseline: { ...input.baseline, uri: checkpoint.uri }, stats };
 }
 
 function describe(walked: WalkEntry): ManifestEntry {
