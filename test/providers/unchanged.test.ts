@@ -103,7 +103,9 @@ f = open('r.bin', 'r+b'); m = mmap.mmap(f.fileno(), 0)
 m[100:110] = b'%010d' % (time.time_ns() % 10**10)
 time.sleep(600)" >/dev/null 2>&1 & sleep 0.5`,
   // Still writing when the release freezes the sandbox.
-  'just before the freeze': `nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > busy.txt; done' >/dev/null 2>&1 &`,
+  // (Once it has written: a loop frozen before its first write changed nothing, and a repeat would be right.)
+  'just before the freeze': `nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > busy.txt; done' >/dev/null 2>&1 &
+while [ ! -e busy.txt ]; do sleep 0.01; done`,
 };
 
 const SETUP = [
