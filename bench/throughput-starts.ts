@@ -42,19 +42,24 @@ const ctx = (build: Build) => ({ ownerId: 'bench', hostId: build.hostId });
 /** `cycles` sandboxes, each provisioned once, then started, exec'd once and stopped: CPU ms per cycle. */
 async function rep(build: Build, cycles: number, repIndex: number): Promise<{ workerMs: number; startsMs: number }> {
   const ids = Array.from({ length: cycles }, (_, i) => `s${repIndex}-${i}`);
-  for (const sandboxId of ids) await build.provider.provision({ sandboxId, fence: 1 }, ctx(build));
-  const cpu0 = process.cpuUsage();
-  const starter0 = withChildren(build.spawnerPid());
-  for (const sandboxId of ids) {
-    await build.provider.start({ sandboxId, fence: 1 }, ctx(build));
-    const out = await build.provider.exec({ sandboxId, fence: 1, jobId: 'j', command: 'true' }, ctx(build));
-    if (out.exitCode !== 0) throw new Error(`${build.name}: exec exited ${out.exitCode}: ${out.stderr}`);
-    await build.provider.stop({ sandboxId, fence: 1 }, ctx(build));
+  try {
+    for (const sandboxId of ids) await build.provider.provision({ sandboxId, fence: 1 }, ctx(build));
+    const cpu0 = process.cpuUsage();
+    const starter0 = withChildren(build.spawnerPid());
+    for (const sandboxId of ids) {
+      await build.provider.start({ sandboxId, fence: 1 }, ctx(build));
+      const out = await build.provider.exec({ sandboxId, fence: 1, jobId: 'j', command: 'true' }, ctx(build));
+      if (out.exitCode !== 0) throw new Error(`${build.name}: exec exited ${out.exitCode}: ${out.stderr}`);
+      await build.provider.stop({ sandboxId, fence: 1 }, ctx(build));
+    }
+    const cpu = process.cpuUsage(cpu0);
+    const startsMs = (withChildren(build.spawnerPid()) - starter0) * 1000;
+    return { workerMs: (cpu.user + cpu.system) / 1000 / cycles, startsMs: startsMs / cycles };
+  } finally {
+    // Their processes and groups go too, also after a failure.
+    for (const sandboxId of ids)
+      await build.provider.destroy({ sandboxId, fence: 1 }, ctx(build)).catch(() => undefined);
   }
-  const cpu = process.cpuUsage(cpu0);
-  const startsMs = (withChildren(build.spawnerPid()) - starter0) * 1000;
-  for (const sandboxId of ids) await build.provider.destroy({ sandboxId, fence: 1 }, ctx(build));
-  return { workerMs: (cpu.user + cpu.system) / 1000 / cycles, startsMs: startsMs / cycles };
 }
 
 async function main(): Promise<void> {
