@@ -147,35 +147,14 @@ function write(file: string, value: string): boolean {
 /** The CFS period the CPU limit is expressed in. */
 const CPU_PERIOD_US = 100_000;
 
-type Prepared = { join: JoinFiles; enforced: Set<keyof ResolvedLimits> };
-
-/**
- * The groups this process prepared, by sandbox, with the limits they were given: the next start of
- * the sandbox finds them ready. Making them cost ~2 ms of the worker's main thread per process start
- * (a mkdir and five cgroupfs writes, each taking the kernel's cgroup lock), the largest share of
- * a start. Dropped when killGroup removes them; a group found missing (removed by another process)
- * or other limits (a restore that changed them) prepare them again.
- */
-const prepared = new Map<string, { limits: string; groups: string[]; result: Prepared }>();
-
-const preparedKey = (marker: Marker) => `${marker.hostId}\0${marker.sandboxId}`;
-
 /**
  * Creates the sandbox's groups with its limits set, and returns the files a new process
  * writes itself into, plus which limits the groups enforce (the rest are rlimits, see limits.ts).
  */
-export function prepareGroups(marker: Marker, limits: ResolvedLimits): Prepared {
-  const key = preparedKey(marker);
-  const wanted = JSON.stringify(limits);
-  const known = prepared.get(key);
-  if (known?.limits === wanted && known.groups.every((dir) => existsSync(dir))) return known.result;
-  const result = createGroups(marker, limits);
-  const groups = result.join.map((file) => path.dirname(file));
-  prepared.set(key, { limits: wanted, groups, result });
-  return result;
-}
-
-function createGroups(marker: Marker, limits: ResolvedLimits): Prepared {
+export function prepareGroups(
+  marker: Marker,
+  limits: ResolvedLimits,
+): { join: JoinFiles; enforced: Set<keyof ResolvedLimits> } {
   const groups = groupsOf(marker);
   const enforced = new Set<keyof ResolvedLimits>();
   const join: JoinFiles = [];
@@ -304,7 +283,6 @@ export async function killGroup(marker: Marker, timeoutMs: number): Promise<void
     await until('processes survived cgroup.kill', marker, () => events(v2).populated === '0', timeoutMs);
   }
   // Emptied groups go; the next start creates them again (with the limits of that time).
-  prepared.delete(preparedKey(marker));
   for (const dir of [groups.v2, groups.pids, groups.cpu]) {
     if (!dir) continue;
     try {

@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, rmdirSync } from 'node:fs';
+import { existsSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import fc from 'fast-check';
 import { killGroup, prepareGroups } from '../../providers/cgroups';
@@ -6,9 +6,11 @@ import { resolveLimits, type ResolvedLimits } from '../../providers/limits';
 import { context, uniqueId, waitFor } from './helpers';
 import { makeHost, sh } from './harness';
 
-// A sandbox's groups are prepared once and reused by its later process starts (cgroups.ts). These
-// try to make a start use a group that is not what the sandbox's limits say: limits changed between
-// starts, groups removed behind the worker's back, groups removed by a kill. Real cgroupfs.
+// Every process start prepares the sandbox's groups with its limits (cgroups.ts). These try to make a
+// start use a group that is not what the sandbox's limits say: limits changed between starts, groups
+// removed behind the worker's back or by a kill, a limit file rewritten by the sandbox (a `local`
+// sandbox runs as the worker's uid). Real cgroupfs. (Groups kept from one start to the next were
+// tried and left: ~0.3 ms a start, and a rewritten limit would then have stayed.)
 
 const dirsOf = (join: string[]) => join.map((file) => path.dirname(file));
 
@@ -36,11 +38,12 @@ async function removeBehindTheBack(join: string[]): Promise<void> {
 const marker = () => ({ hostId: uniqueId('cg-host'), sandboxId: uniqueId('cg-sbx') });
 
 it('every start finds the groups there with the limits last asked for, whatever removed them in between', async () => {
-  const limits = fc.record({ processes: fc.integer({ min: 1, max: 4096 }), cpus: fc.constantFrom(0.5, 1, 2) });
+  const limits = fc.record({ processes: fc.constantFrom(64, 4096), cpus: fc.constantFrom(1, 2) });
   const step = fc.oneof(
     limits.map((l) => ({ kind: 'prepare' as const, limits: resolveLimits(l) })),
     fc.constant({ kind: 'remove' as const }),
     fc.constant({ kind: 'kill' as const }),
+    fc.constant({ kind: 'tamper' as const }),
   );
   await fc.assert(
     fc.asyncProperty(fc.array(step, { minLength: 1, maxLength: 8 }), async (steps) => {
@@ -50,6 +53,14 @@ it('every start finds the groups there with the limits last asked for, whatever 
         for (const s of steps) {
           if (s.kind === 'remove') {
             if (dirsOf(join).every((dir) => existsSync(dir))) await removeBehindTheBack(join);
+            continue;
+          }
+          if (s.kind === 'tamper') {
+            // What the sandbox itself could do to its own groups between two starts.
+            for (const dir of dirsOf(join)) {
+              const file = path.join(dir, 'pids.max');
+              if (existsSync(file)) writeFileSync(file, 'max');
+            }
             continue;
           }
           if (s.kind === 'kill') {
@@ -71,7 +82,7 @@ it('every start finds the groups there with the limits last asked for, whatever 
         await killGroup(m, 5_000);
       }
     }),
-    { numRuns: 25 },
+    { numRuns: 40 },
   );
 });
 
