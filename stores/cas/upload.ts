@@ -18,6 +18,7 @@ import {
   compressSegment,
   encodeTop,
   MANIFEST_SUFFIX,
+  MAX_PACK_BYTES,
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
@@ -677,6 +678,8 @@ class Packer {
   private readonly rawInFlight = new Set<Promise<void>>();
   private readonly compressing = new Lanes(COMPRESSING);
   private readonly putting = new Lanes(UPLOADS_IN_FLIGHT);
+  /** Raw packs' frames, reused: at most UPLOADS_IN_FLIGHT are sealed and not yet stored, and one more being sealed. */
+  private readonly frames = new Slabs(RAW_FRAME_BYTES, UPLOADS_IN_FLIGHT + 1);
   private failure: unknown;
   uploadedBytes = 0;
   uploadedPacks = 0;
@@ -752,9 +755,14 @@ class Packer {
     if (this.failure !== undefined) throw this.failure;
     let upload: Promise<void>;
     if (raw) {
-      // One copy, so the buffers the chunks were read into (pieces of files, batches of small files) are free.
-      upload = this.uploadRaw(slot, name, Buffer.concat(zstdRawFrame(parts, size)));
+      // One copy, so the buffers the chunks were read into (pieces of files, batches of small files) are
+      // free: into a reused frame buffer (a new one each pack was ~5% of the main thread, and its garbage more).
+      const frameParts = zstdRawFrame(parts, size);
+      const length = frameParts.reduce((sum, part) => sum + part.length, 0);
+      const frame = length <= this.frames.size ? this.frames.take() : undefined;
+      const bytes = frame ? copyInto(frameParts, frame.buffer.subarray(0, length)) : Buffer.concat(frameParts, length);
       for (const slab of slabs) slab.release();
+      upload = this.uploadRaw(slot, name, bytes, frame);
     } else {
       const plain = `${this.tempPrefix}.${slot}`;
       // File to file: the chunks go to the disk cache in a few writev calls, and zstd's output comes back in one read.
@@ -801,17 +809,21 @@ class Packer {
     }
   }
 
-  private async uploadRaw(slot: number, name: string, frame: Buffer): Promise<void> {
-    await this.put(slot, name, () => frame);
+  private async uploadRaw(slot: number, name: string, bytes: Buffer, frame: Slab | undefined): Promise<void> {
+    // Hashed in the hashing thread (in shared memory, without a copy), not on the event loop, which sends it.
+    const [sha256] = await hashSpans(bytes, [[0, bytes.length]]);
+    await this.put(slot, name, () => bytes, sha256);
+    // Sent and answered, it is read no more. A failed put keeps it from reuse: its request may still hold it.
+    frame?.release();
     this.rawPacks += 1;
   }
 
-  private async put(slot: number, name: string, read: () => Buffer): Promise<void> {
+  private async put(slot: number, name: string, read: () => Buffer, sha256?: string): Promise<void> {
     await this.putting.run(async () => {
       if (this.failure !== undefined) throw this.failure;
       this.signal?.throwIfAborted();
       const stored = read();
-      const ref = await this.store.putBytes(this.keyOf(name), stored, {}, this.signal);
+      const ref = await this.store.putBytes(this.keyOf(name), stored, {}, this.signal, sha256);
       const sealed = this.sealed[slot];
       // The segments already name the pack by the uri it was given when sealed.
       if (ref.uri !== sealed.uri) throw new Error(`pack ${sealed.uri} was stored as ${ref.uri}`);
@@ -822,6 +834,20 @@ class Packer {
       this.progress.bytes += stored.length;
     });
   }
+}
+
+/**
+ * The largest raw frame of a pack held in a reused buffer: its header, MAX_PACK_BYTES, and a block header for
+ * each 128 KiB (more, if its chunks end off those bounds; such a frame gets a buffer of its own).
+ */
+const RAW_FRAME_BYTES = 9 + MAX_PACK_BYTES + 3 * (2 + Math.ceil(MAX_PACK_BYTES / (128 * 1024)));
+
+/** Copies `parts` one after the other into `target`, which they fill exactly; returns `target`. */
+function copyInto(parts: readonly Buffer[], target: Buffer): Buffer {
+  let at = 0;
+  for (const part of parts) at += part.copy(target, at);
+  if (at !== target.length) throw new Error(`copied ${at} bytes into a frame of ${target.length}`);
+  return target;
 }
 
 /** Writes `parts` (`size` bytes in all) to a new file. */

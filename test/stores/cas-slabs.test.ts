@@ -2,8 +2,11 @@ import fc from 'fast-check';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import type { CheckpointStore } from '../../stores/api';
+import { chunkHash } from '../../stores/cas/hasher';
+import { FsCheckpointStore } from '../../stores/fs';
 import { Slab, Slabs } from '../../stores/cas/slabs';
-import { s3StoreFromEnv, uniqueId } from '../providers/helpers';
+import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 import { describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // The read buffers a checkpoint reuses (slabs.ts): a buffer goes back to its pool only once nothing
@@ -50,6 +53,38 @@ describe('slabs', () => {
       }),
       { numRuns: 300 },
     );
+  });
+});
+
+describe.each([
+  ['s3', async (): Promise<CheckpointStore> => store],
+  ['fs', async (): Promise<CheckpointStore> => new FsCheckpointStore(await tempDir('cas-given-sha'))],
+])("putBytes with the caller's sha-256 (%s)", (_kind, makeStore) => {
+  test('stores the bytes under that hash when it is theirs; refuses the put, storing nothing, when it is not', async () => {
+    const store = await makeStore();
+    const prefix = `checkpoints/${uniqueId('cas-given-sha')}/`;
+    try {
+      await fc.assert(
+        fc.asyncProperty(fc.uint8Array({ minLength: 1, maxLength: 300_000 }), fc.nat(), async (array, flip) => {
+          const bytes = Buffer.from(array);
+          const key = `${prefix}${uniqueId('o')}`;
+          const right = chunkHash(bytes);
+          // One hex digit of the hash changed: a hash of other bytes.
+          const at = flip % 64;
+          const wrong = `${right.slice(0, at)}${right[at] === '0' ? '1' : '0'}${right.slice(at + 1)}`;
+          await expect(store.putBytes(key, bytes, {}, undefined, wrong)).rejects.toThrow();
+          expect(await store.list(prefix)).toEqual([]);
+          await expect(store.putBytes(key, bytes, {}, undefined, 'not a hash')).rejects.toThrow();
+          const stored = await store.putBytes(key, bytes, {}, undefined, right);
+          expect(stored).toEqual({ uri: store.uriOf(key), sha256: right, bytes: bytes.length });
+          expect(await store.read(stored.uri, bytes.length)).toEqual(bytes);
+          await store.deletePrefix(prefix);
+        }),
+        { numRuns: 10 },
+      );
+    } finally {
+      await store.deletePrefix(prefix);
+    }
   });
 });
 
