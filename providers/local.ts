@@ -202,6 +202,14 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   /** Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived). */
   async function ensureCompute(state: HostSandboxState, paths: SandboxPaths): Promise<void> {
     const marker = markerOf(state.sandboxId);
+    if (state.dormant) {
+      // Compute changes the files, so they are no longer a copy of the last checkpoint: written down before it
+      // starts. A worker dying after the start, before its caller wrote the state, left a state saying they still
+      // were, and the next release returned that checkpoint without looking at the files.
+      delete state.dormant;
+      if (state.status === 'stopped') state.status = 'running';
+      await writeState(paths, state);
+    }
     if ((await sandboxProcesses(marker)).length > 0) {
       if (state.status === 'paused') await thawSandbox(marker);
     } else {
@@ -213,8 +221,6 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       });
     }
     state.status = 'running';
-    // Compute now changes the files, so they are no longer a copy of the last checkpoint.
-    delete state.dormant;
   }
 
   /**

@@ -25,6 +25,9 @@ export const INSIDE_RESTORE_POINTS: RestorePoint[] = [
   'restore:between-swap-renames',
 ];
 
+/** Where a resume from the local copy stops: the sandbox's compute started, the call not yet answered (resume-kill.test.ts). */
+export type ResumePoint = 'resume:after-start';
+
 /** Multipart parts of 5 MiB (the S3 minimum), so a workspace of a few parts is uploaded in several requests. */
 export const PART_BYTES = 5 * 1024 * 1024;
 /** Where a mid-upload stop happens: after the first part has gone out. */

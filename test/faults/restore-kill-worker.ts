@@ -4,16 +4,18 @@
 // and the S3 settings of the jest global setup, plus:
 //   RK_DATA_DIR, RK_HOST_ID  the host (its own data dir and id: another host than the one that released)
 //   RK_REQUEST               a JSON restore request {sandboxId, fence, checkpoint, workspace?}
-//   RK_POINT                 where to stop: restore:mid-download | restore:mid-extract | restore:between-swap-renames; unset: run to the end
+//   RK_POINT                 where to stop: restore:mid-download | restore:mid-extract | restore:between-swap-renames |
+//                            resume:after-start (compute started, the call not returned); unset: run to the end
 //   RK_MARKER                the file written when the process has stopped at RK_POINT
 // At the point the whole process freezes (Atomics.wait) until the test SIGKILLs it,
 // so the files stay exactly as they were at that instant. The points sit inside
 // the real restore: this process watches its own file system calls, the product
 // code is unchanged.
+import * as diagnostics from 'node:diagnostics_channel';
 import nodeFs from 'node:fs';
 import * as path from 'node:path';
 import type { Writable } from 'node:stream';
-import type { RestorePoint } from './kill-points';
+import type { RestorePoint, ResumePoint } from './kill-points';
 
 // The modules themselves (not copies), patched before the product code is loaded.
 const fsSync = nodeFs;
@@ -25,7 +27,7 @@ const env = (name: string): string => {
   return value;
 };
 
-const point = process.env.RK_POINT as RestorePoint | undefined;
+const point = process.env.RK_POINT as RestorePoint | ResumePoint | undefined;
 
 function freeze(): never {
   fsSync.writeFileSync(env('RK_MARKER'), String(process.pid));
@@ -89,6 +91,14 @@ if (point === 'restore:between-swap-renames') {
     await original(...args);
     if (/\/workspace\.old-[0-9a-f]+$/.test(String(args[1]))) freeze();
   };
+}
+
+if (point === 'resume:after-start') {
+  // The sandbox's compute has started; the restore has not returned (its state may not record it yet).
+  // The channel the restore marks its stages on (stores/cas/restore.ts), by name: the module is loaded later.
+  diagnostics.subscribe('stasis:restore-stages', (message) => {
+    if ((message as { stage: string }).stage === 'sandbox started and files synced') freeze();
+  });
 }
 
 async function main(): Promise<void> {

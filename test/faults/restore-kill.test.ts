@@ -1,6 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -11,7 +9,8 @@ import { sandboxPaths } from '../../providers/sandbox-state';
 import { context, manifest, s3StoreFromEnv, tempDir, uniqueId, waitFor } from '../providers/helpers';
 import { makeHost, sh } from '../providers/harness';
 import { Tally, writeSummary } from './helpers';
-import { INSIDE_RESTORE_POINTS, type RestorePoint } from './kill-points';
+import { INSIDE_RESTORE_POINTS } from './kill-points';
+import { exitOf, runRestoreWorker } from './restore-worker-process';
 
 // Area restore-kill: a restore on another host (its own data dir and host id,
 // the checkpoint from MinIO, no local copy) in a worker process SIGKILLed inside
@@ -21,7 +20,6 @@ import { INSIDE_RESTORE_POINTS, type RestorePoint } from './kill-points';
 // packed (venv links included), and nothing of the killed attempt left behind.
 
 const TRIALS_PER_POINT = 2;
-const ROOT = path.join(__dirname, '..', '..');
 const tally = new Tally();
 let kills = 0;
 let leftovers = 0;
@@ -44,43 +42,6 @@ async function populate(root: string): Promise<void> {
   await fs.writeFile(path.join(root, 'home', '.config', 'settings'), 'a=1\n');
 }
 
-function runWorker(input: {
-  dataDir: string;
-  hostId: string;
-  request: unknown;
-  point?: RestorePoint;
-  marker: string;
-}): ChildProcess {
-  return spawn(
-    process.execPath,
-    ['-r', path.join(ROOT, 'scripts', 'register-ts.js'), path.join(__dirname, 'restore-kill-worker.ts')],
-    {
-      cwd: ROOT,
-      env: {
-        ...process.env,
-        RK_DATA_DIR: input.dataDir,
-        RK_HOST_ID: input.hostId,
-        RK_REQUEST: JSON.stringify(input.request),
-        RK_MARKER: input.marker,
-        // Past the first few MB of the download; past the first hundred files of the workspace.
-        RK_DOWNLOAD_BYTES: String(4 * 1024 * 1024),
-        RK_EXTRACT_FILES: '100',
-        ...(input.point ? { RK_POINT: input.point } : {}),
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    },
-  );
-}
-
-async function exitOf(child: ChildProcess): Promise<{ code: number | null; stderr: string }> {
-  let stderr = '';
-  child.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  child.stdout?.resume();
-  const [code] = (await once(child, 'exit')) as [number | null];
-  return { code, stderr };
-}
-
-/** What the killed attempt could have left in the sandbox root: staging dirs, downloads, trees moved aside. */
 /** What a restore leaves in a sandbox's root (its download) and on its volume (staged and swapped-out trees). */
 async function leftoversIn(volume: string): Promise<string[]> {
   const root = path.dirname(volume);
@@ -115,7 +76,7 @@ describe.each(INSIDE_RESTORE_POINTS)('SIGKILL %s', (point) => {
       const request = { sandboxId: source.sandboxId, fence: 3, checkpoint: source.checkpoint };
       const marker = path.join(dataDir, 'stopped');
 
-      const killed = runWorker({ dataDir, hostId, request, point, marker });
+      const killed = runRestoreWorker({ dataDir, hostId, request, point, marker });
       const exited = exitOf(killed);
       await waitFor(`the restore to stop at ${point}`, async () => existsSync(marker), 180_000);
       killed.kill('SIGKILL');
@@ -127,7 +88,7 @@ describe.each(INSIDE_RESTORE_POINTS)('SIGKILL %s', (point) => {
       expect(existsSync(path.join(dataDir, 'restored.json'))).toBe(false);
       expect((await leftoversIn(root)).length).toBeGreaterThan(0);
 
-      const retry = await exitOf(runWorker({ dataDir, hostId, request, marker: `${marker}-retry` }));
+      const retry = await exitOf(runRestoreWorker({ dataDir, hostId, request, marker: `${marker}-retry` }));
       expect({ code: retry.code, stderr: retry.stderr }).toEqual({ code: 0, stderr: '' });
       expect(JSON.parse(await fs.readFile(path.join(dataDir, 'restored.json'), 'utf8'))).toMatchObject({
         source: 'checkpoint',
