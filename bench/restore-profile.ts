@@ -30,7 +30,9 @@ import { runScript } from './script';
 // then medians and ratios, the CPU time this process spent per restore (its child processes, zstd
 // and sync, not counted), and the load average before and after. A third argument runs only the
 // shapes whose name holds it ('20,000' and '512 MiB' are the full bench's larger shapes, run only so);
-// a fourth, a worktree whose `dist/` was built from another commit, restores in turn with this build.
+// a fourth, a worktree whose `dist/` was built from another commit, restores in turn with this build
+// (then each build's median time to its files written, and from there to its return, are printed too).
+// STASIS_RESTORE_CPUPROFILE=<dir> writes a CPU profile of this build's last restore there.
 
 const run = promisify(execFile);
 const sh = (script: string) => run('sh', ['-c', script], { maxBuffer: 16 * MiB });
