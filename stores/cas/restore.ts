@@ -236,7 +236,11 @@ async function writeFiles(
   return { labels, baseline, flushed };
 }
 
-/** File bytes, or files, written before the writer starts a flush (none starts while one runs). */
+/**
+ * File bytes, or files, written before the writer starts a flush (none starts while one runs). The
+ * bytes grow with what was written (half of it): a flush every 16 MiB made a 512 MiB restore ~10%
+ * slower (its files written later, the disk busy either way), where one every 64 MiB did not.
+ */
 const FLUSH_BYTES = 16 * 1024 * 1024;
 const FLUSH_FILES = 2500;
 
@@ -249,6 +253,7 @@ const FLUSH_FILES = 2500;
 class Flusher {
   private bytes = 0;
   private files = 0;
+  private total = 0;
   private running: Promise<void> | undefined;
   private failure: { err: unknown } | undefined;
   private last: Promise<void> = Promise.resolve();
@@ -261,7 +266,8 @@ class Flusher {
     if (!this.flush) return;
     this.bytes += bytes;
     this.files += 1;
-    if (this.running || (this.bytes < FLUSH_BYTES && this.files < FLUSH_FILES)) return;
+    this.total += bytes;
+    if (this.running || (this.bytes < Math.max(FLUSH_BYTES, this.total / 2) && this.files < FLUSH_FILES)) return;
     this.bytes = 0;
     this.files = 0;
     markStage('flush started');
