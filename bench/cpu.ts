@@ -50,8 +50,11 @@ function snapshot(env: BenchEnv): Map<string, number> {
   }
   const starter = spawnerPid();
   // The starter waits for the sandbox processes it started: their CPU shows as its children's.
-  if (starter !== undefined)
-    add('process starter and the sandbox processes', cpuSeconds(`/proc/${starter}/stat`, true));
+  if (starter !== undefined) {
+    const own = cpuSeconds(`/proc/${starter}/stat`);
+    add('process starter (Node)', own);
+    add('sandbox processes (reaped)', cpuSeconds(`/proc/${starter}/stat`, true) - own);
+  }
   if (env.temporalServer.pid !== undefined)
     add('Temporal dev server', cpuSeconds(`/proc/${env.temporalServer.pid}/stat`));
   if (env.minioPid !== undefined) add('MinIO', cpuSeconds(`/proc/${env.minioPid}/stat`));

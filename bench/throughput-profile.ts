@@ -9,7 +9,22 @@ import { runThroughput } from './throughput';
 // bare Temporal at N right after, same server) and figure 1's DETACH cycle (Run vs direct provider
 // calls, alternating). With STAGES=1 the sandbox operations that mount, unmount and start processes
 // count how many are in flight at once (sampled every 50 ms), to see what serialises under load.
+// With S3_CALLS=1 the worker's S3 requests are counted by command (the bare run makes none).
 // Run with `node dist/bench/throughput-profile.js [concurrency ...] [--detach reps] [--profile]`.
+
+const s3Calls = new Map<string, number>();
+
+/** Counts every S3 request the process sends, by command name. */
+function countS3(): void {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { S3Client } = require('@aws-sdk/client-s3') as typeof import('@aws-sdk/client-s3');
+  const send = S3Client.prototype.send as (...args: unknown[]) => unknown;
+  S3Client.prototype.send = function (this: unknown, ...args: unknown[]) {
+    const name = (args[0] as object).constructor.name;
+    s3Calls.set(name, (s3Calls.get(name) ?? 0) + 1);
+    return send.apply(this, args);
+  } as typeof S3Client.prototype.send;
+}
 
 const inFlight = new Map<string, number>();
 const peak = new Map<string, number>();
@@ -60,6 +75,7 @@ async function main(): Promise<void> {
     wrap('spawner', load('providers/spawner'), ['startProcess']);
     wrap('volume', load('providers/volume'), ['prepareVolume', 'mountVolume', 'unmountVolume', 'releaseVolume']);
   }
+  if (process.env.S3_CALLS === '1') countS3();
   const log = (line: string) => console.log(`[${new Date().toISOString()}] ${line}`);
   const env = await startEnv(log, { STASIS_HOST_ID: 'tput-host' });
   const sampler = setInterval(() => {
@@ -74,6 +90,8 @@ async function main(): Promise<void> {
       );
       log(`sdk ${JSON.stringify(r.sdk)}`);
       log(`cpu ${JSON.stringify(r.cpu)}`);
+      if (r.bare) log(`bare cpu ${JSON.stringify(r.bare.cpu)}`);
+      if (s3Calls.size > 0) log(`S3 requests so far ${JSON.stringify(Object.fromEntries(s3Calls))}`);
       if (r.profile) log(`profile ${JSON.stringify(r.profile).slice(0, 3000)}`);
       await timelines(env, `tp${n}-`, 2, log);
     }

@@ -1,4 +1,6 @@
+import { accessSync, constants } from 'node:fs';
 import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
 import { parseOrInvalid, StasisError } from '../common/errors';
 import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
@@ -19,7 +21,14 @@ import {
   type SandboxProvider,
   type SandboxReleaseReceipt,
 } from './api';
-import { hostCommands, SHELL_FROM_STDIN, spawnInSandbox, waitForOutcome, type CommandWrapper } from './command';
+import {
+  hostCommands,
+  SHELL_FROM_STDIN,
+  spawnInSandbox,
+  SYSTEM_PATH,
+  waitForOutcome,
+  type CommandWrapper,
+} from './command';
 import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
@@ -61,8 +70,31 @@ export interface LocalProviderOptions {
   maxOutputBytes?: number;
 }
 
-/** The long-lived process that makes a sandbox's compute "run" between commands. */
-const INIT_ARGV = ['/bin/sh', '-c', 'exec sleep infinity'];
+/**
+ * The long-lived process that makes a sandbox's compute "run" between commands: the host's `sleep`,
+ * found once in the system PATH (a bwrap sandbox binds the same system directories). Started
+ * directly, not through `sh -c 'exec sleep infinity'`: one exec less per start, and the same single
+ * process in the sandbox's groups. A host without it in the system PATH keeps the shell.
+ */
+let initArgv: string[] | undefined;
+
+function initProcess(): string[] {
+  if (!initArgv) {
+    const sleep = SYSTEM_PATH.split(':')
+      .map((dir) => path.join(dir, 'sleep'))
+      .find((file) => {
+        try {
+          accessSync(file, constants.X_OK);
+          return true;
+        } catch {
+          return false;
+        }
+      });
+    initArgv = sleep ? [sleep, 'infinity'] : ['/bin/sh', '-c', 'exec sleep infinity'];
+  }
+  return initArgv;
+}
+
 const HEARTBEAT_MS = 2_000;
 
 const CAPABILITIES: Capabilities = {
@@ -214,7 +246,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       if (state.status === 'paused') await thawSandbox(marker);
     } else {
       await commands.check();
-      await spawnInSandbox(commands, paths, INIT_ARGV, {
+      await spawnInSandbox(commands, paths, initProcess(), {
         env: envOf(state),
         background: true,
         sandbox: confinementOf(state),

@@ -1,6 +1,7 @@
 import {
   AbortMultipartUploadCommand,
   DeleteObjectCommand,
+  DeleteObjectsCommand,
   GetObjectCommand,
   HeadObjectCommand,
   ListMultipartUploadsCommand,
@@ -203,11 +204,21 @@ export class S3CheckpointStore implements CheckpointStore {
       { client: this.client },
       { Bucket: this.options.bucket, Prefix: prefix },
     )) {
-      for (const { Key } of page.Contents ?? []) {
-        if (!Key) continue;
-        await this.client.send(new DeleteObjectCommand({ Bucket: this.options.bucket, Key }));
-        deleted += 1;
+      // One request per page (at most 1,000 keys, DeleteObjects' limit too): a destroy after a Run's one cycle sent
+      // three DeleteObject requests, one by one.
+      const keys = (page.Contents ?? []).flatMap(({ Key }) => (Key ? [{ Key }] : []));
+      if (keys.length === 0) continue;
+      const result = await this.client.send(
+        new DeleteObjectsCommand({ Bucket: this.options.bucket, Delete: { Objects: keys, Quiet: true } }),
+      );
+      const failed = result.Errors ?? [];
+      if (failed.length > 0) {
+        const { Key, Code, Message } = failed[0];
+        throw new Error(
+          `deleting ${failed.length} of ${keys.length} objects under ${prefix} failed, first ${Key}: ${Code ?? ''} ${Message ?? ''}`,
+        );
       }
+      deleted += keys.length;
     }
     // AWS S3 lists uploads by prefix; MinIO only by exact key (it expires stale uploads itself, after 24 h by default).
     await this.abortUploads(prefix, (key) => key.startsWith(prefix));

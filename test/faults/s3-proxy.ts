@@ -17,7 +17,7 @@ export interface ProxiedRequest {
   method: string;
   path: string;
   /** What the proxy did with it. */
-  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'corrupted' | 'upstream error';
+  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'corrupted' | 'answered' | 'upstream error';
 }
 
 /**
@@ -40,6 +40,8 @@ export interface FaultProxy {
   corrupt?: (request: { method: string; path: string }) => boolean;
   /** Chooses the requests whose answer comes without a Content-Length (chunked transfer, as a gateway may send it). */
   chunked?: (request: { method: string; path: string }) => boolean;
+  /** A 200 answer with this XML body, made here: the request never reaches the store (`'answered'`). */
+  answer?: (request: { method: string; path: string }) => string | undefined;
   requests: ProxiedRequest[];
   close(): Promise<void>;
 }
@@ -121,9 +123,17 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
       path: record.path,
       contentLength: Number(req.headers['content-length'] ?? 0),
     });
+    const answer = proxy.answer?.({ method: record.method, path: record.path });
     if (hold) {
       record.outcome = 'held';
       forwardHead(req, hold);
+    } else if (answer !== undefined) {
+      record.outcome = 'answered';
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/xml', 'content-length': Buffer.byteLength(answer) });
+        res.end(answer);
+      });
     } else if (mode.kind === '503') {
       record.outcome = '503';
       req.resume();

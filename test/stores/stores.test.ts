@@ -133,6 +133,19 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     await stasisError(store.deletePrefix(`${prefix}1-a.tar.gz`), 'INVALID_ARGUMENT');
   });
 
+  it('deletes a prefix of more objects than one listing page holds (1,000), and nothing beside it', async () => {
+    const { store, leftovers } = await make();
+    const prefix = `checkpoints/${uniqueId('prefix')}/`;
+    const kept = await store.putBytes(`checkpoints/${uniqueId('prefix')}/1-a.tar.gz`, Buffer.from('kept'), {});
+    const names = Array.from({ length: 1_003 }, (_, i) => `${prefix}pack-${i}`);
+    for (let i = 0; i < names.length; i += 50) {
+      await Promise.all(names.slice(i, i + 50).map((name) => store.putBytes(name, Buffer.from(name), {})));
+    }
+    expect(await store.deletePrefix(prefix)).toBe(names.length);
+    expect(await leftovers(prefix)).toEqual([]);
+    expect(await store.exists(kept.uri)).toBe(true);
+  }, 120_000);
+
   it('putBytes stores bytes in one request: sha-256, size, labels and bytes come back as given', async () => {
     const { store } = await make();
     const work = await tempDir('store-bytes');
@@ -275,6 +288,26 @@ async function behindProxy(fn: (proxy: FaultProxy, store: S3CheckpointStore) => 
     await proxy.close();
   }
 }
+
+describe('a deletePrefix the store answers with a failed key', () => {
+  it('s3: rejects naming the key, and keeps what it did not delete; the retry deletes all', async () => {
+    const prefix = `checkpoints/${uniqueId('delete-errors')}/`;
+    await behindProxy(async (proxy, store) => {
+      for (const name of ['a', 'b']) await store.putBytes(`${prefix}${name}`, Buffer.from(name), {});
+      // What S3 answers when it could not delete a key (HTTP 200, an Error per key in the DeleteResult).
+      proxy.answer = ({ method, path }) =>
+        method === 'POST' && path.includes('delete')
+          ? `<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Error><Key>${prefix}b</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error></DeleteResult>`
+          : undefined;
+      await expect(store.deletePrefix(prefix)).rejects.toThrow(`${prefix}b: AccessDenied Access Denied`);
+      expect(proxy.requests.filter((r) => r.outcome === 'answered')).toHaveLength(1);
+      expect((await store.list(prefix)).map((o) => o.key)).toEqual([`${prefix}a`, `${prefix}b`]);
+      proxy.answer = undefined;
+      expect(await store.deletePrefix(prefix)).toBe(2);
+      expect(await store.list(prefix)).toEqual([]);
+    });
+  });
+});
 
 describe('a putBytes failing in the middle of its request', () => {
   it('s3: a PutObject whose connection is cut part-way through its body leaves nothing under the key', async () => {
