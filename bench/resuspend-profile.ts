@@ -381,6 +381,11 @@ async function main(): Promise<void> {
     if (variants.length === 2) {
       const ratios = variants[0].ms.map((x, i) => x / variants[1].ms[i]);
       console.log(`new/old per rep, median: ${median(ratios).toFixed(2)}`);
+      const first = variants[0].firstMs.map((x, i) => x / variants[1].firstMs[i]);
+      const firstCpu = variants[0].firstCpu.map((x, i) => x / variants[1].firstCpu[i]);
+      console.log(
+        `first release new/old per rep, median: ${median(first).toFixed(2)} (all cpu ${median(firstCpu).toFixed(2)})`,
+      );
     }
   } finally {
     s3.destroy();

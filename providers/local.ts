@@ -231,9 +231,13 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     return { marker: markerOf(state.sandboxId), limits: resolveLimits(state.limits) };
   }
 
-  /** Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived). */
-  async function ensureCompute(state: HostSandboxState, paths: SandboxPaths): Promise<void> {
+  /**
+   * Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived).
+   * Returns the state as written before the start, if it had to be (the caller need not write it again unchanged).
+   */
+  async function ensureCompute(state: HostSandboxState, paths: SandboxPaths): Promise<string | undefined> {
     const marker = markerOf(state.sandboxId);
+    let written: string | undefined;
     if (state.dormant) {
       // Compute changes the files, so they are no longer a copy of the last checkpoint: written down before it
       // starts. A worker dying after the start, before its caller wrote the state, left a state saying they still
@@ -241,6 +245,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       delete state.dormant;
       if (state.status === 'stopped') state.status = 'running';
       await writeState(paths, state);
+      written = JSON.stringify(state);
     }
     if ((await sandboxProcesses(marker)).length > 0) {
       if (state.status === 'paused') await thawSandbox(marker);
@@ -253,6 +258,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       });
     }
     state.status = 'running';
+    return written;
   }
 
   /**
@@ -453,7 +459,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     }
     if (started.status === 'rejected') throw started.reason;
     markStage('sandbox started and files synced');
-    await writeState(paths, state);
+    // A resume from the local copy wrote it already, before the start.
+    if (JSON.stringify(state) !== started.value) await writeState(paths, state);
     markStage('state written');
     if (baseline) {
       // The next checkpoint's baseline is written after the answer, as a release's is (see afterReceipt).
@@ -495,9 +502,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     },
 
     async start(raw) {
-      await fenced(parseOrInvalid(FencedRequest, raw, 'start request'), 'start', (state, paths) =>
-        ensureCompute(state, paths),
-      );
+      await fenced(parseOrInvalid(FencedRequest, raw, 'start request'), 'start', async (state, paths) => {
+        await ensureCompute(state, paths);
+      });
     },
 
     async exec(raw, context) {

@@ -16,9 +16,17 @@ export interface CheckpointStore {
    * and top objects). One request (a rename on fs), so the key holds what it held before or the whole
    * of `bytes`, never a part. A failed or cancelled call never removes what is under the key: a pack or
    * segment is named by its content, so the same name may be one an earlier checkpoint needs; one a
-   * failed call stored anyway is whole, and GC collects it when no manifest names it.
+   * failed call stored anyway is whole, and GC collects it when no manifest names it. `sha256`, the
+   * caller's sha-256 (hex) of `bytes` if it has one, spares the store hashing them again where the
+   * store itself checks it against the bytes it receives (S3's signed payload): a wrong one fails the put.
    */
-  putBytes(key: string, bytes: Buffer, labels: Record<string, string>, signal?: AbortSignal): Promise<Checkpoint>;
+  putBytes(
+    key: string,
+    bytes: Buffer,
+    labels: Record<string, string>,
+    signal?: AbortSignal,
+    sha256?: string,
+  ): Promise<Checkpoint>;
   /** Downloads into `file`, verifying the sha-256 and size recorded in `checkpoint`. */
   download(checkpoint: Checkpoint, file: string, signal?: AbortSignal): Promise<{ labels: Record<string, string> }>;
   delete(uri: string): Promise<void>;

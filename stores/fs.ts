@@ -59,6 +59,7 @@ export class FsCheckpointStore implements CheckpointStore {
     bytes: Buffer,
     labels: Record<string, string>,
     signal?: AbortSignal,
+    given?: string,
   ): Promise<Checkpoint> {
     const file = path.join(this.dir, checkKey(key));
     checkPutBytes(key, bytes);
@@ -67,6 +68,9 @@ export class FsCheckpointStore implements CheckpointStore {
       sha256: createHash('sha256').update(bytes).digest('hex'),
       bytes: bytes.length,
     };
+    // As S3 checks a signed payload's: a caller's hash that is not the bytes' fails the put.
+    if (given !== undefined && given !== checkpoint.sha256)
+      throw new Error(`putBytes ${key}: the bytes' sha-256 is not ${given}`);
     try {
       signal?.throwIfAborted();
       await makeDirDurable(path.dirname(file));

@@ -127,14 +127,18 @@ export class S3CheckpointStore implements CheckpointStore {
     bytes: Buffer,
     labels: Record<string, string>,
     signal?: AbortSignal,
+    given?: string,
   ): Promise<Checkpoint> {
     checkKey(key);
     checkPutBytes(key, bytes);
+    if (given !== undefined && !/^[0-9a-f]{64}$/.test(given))
+      throw new Error(`putBytes ${key}: ${given} is no sha-256`);
     if (signal?.aborted) throw abortReason(signal, 'checkpoint upload');
     // No ListMultipartUploads first (put's costs a request per object): putBytes never starts a multipart
     // upload, and the keys it writes (packs, segments, manifests) are written by nothing else, so none
     // can be open under them.
-    const sha256 = createHash('sha256').update(bytes).digest('hex');
+    // The caller's, if given (hashed off the event loop): the store refuses the put if the bytes do not match it.
+    const sha256 = given ?? createHash('sha256').update(bytes).digest('hex');
     try {
       const command = new PutObjectCommand({
         Bucket: this.options.bucket,
