@@ -247,6 +247,15 @@ async function main(): Promise<void> {
         });
     if (first) results.throughput.push(first);
     save(results, started);
+    // The same at the first size with DETACH: the orchestration alone (no snapshot, volume or restore),
+    // against the same bare baseline, so the sandbox work's share of the ratio is seen.
+    const detached = !wanted(2)
+      ? undefined
+      : await phase(`2 throughput ${plan.throughput[0]} DETACH`, results, () =>
+          runThroughput(e, plan.throughput[0], Math.max(60_000, left() / 4), log, { mode: 'DETACH' }),
+        );
+    if (detached) results.throughput.push(detached);
+    save(results, started);
     // Waiting: start Runs until all planned are, or until those started could no longer be answered
     // and completed in the time left at the rate seen (bench/waiting.ts), then answer them all.
     const rampMs = Math.max(20_000, left() - 30_000);
@@ -264,7 +273,7 @@ async function main(): Promise<void> {
     short(results.waiting, rampMs);
     save(results, started);
     for (const n of wanted(2) ? plan.throughput.slice(1) : []) {
-      const last = results.throughput[results.throughput.length - 1];
+      const last = results.throughput.filter((t) => t.mode !== 'DETACH').at(-1);
       const remaining = left() - 30_000;
       const estimate = last && last.cyclesPerSecond > 0 ? (n / last.cyclesPerSecond) * 1.3 * 1000 : Infinity;
       if (estimate > remaining) {

@@ -265,11 +265,17 @@ function checkpointSection(r: BenchResults): string {
   ].join('\n');
 }
 
+/** "50 concurrent Runs", "50 concurrent DETACH Runs". */
+function runsLabel(t: BenchResults['throughput'][number]): string {
+  return `${t.concurrency} concurrent ${t.mode === 'DETACH' ? 'DETACH ' : ''}Runs`;
+}
+
 function throughputSection(r: BenchResults): string {
   if (r.throughput.length === 0) return '_Not measured in this run._';
   const sdk = (t: BenchResults['throughput'][number], key: string) => (t.sdk[key] ? fmt(t.sdk[key].meanMs) : 'n/a');
   const rows = r.throughput.map((t) => [
     String(t.concurrency),
+    t.mode ?? 'SNAPSHOT_AND_TERMINATE',
     `${t.completed} / ${t.failed}`,
     secs(t.wallMs),
     fmt(t.cyclesPerSecond),
@@ -291,6 +297,7 @@ function throughputSection(r: BenchResults): string {
     table(
       [
         'concurrent Runs',
+        'release',
         'completed / failed',
         'wall',
         'full cycles/s',
@@ -308,10 +315,10 @@ function throughputSection(r: BenchResults): string {
       rows,
     ),
     '',
-    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`, all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baselines**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds; and bare Temporal, right after each size on the same server and connection with the same worker settings: a workflow (`bench/bare-workflow.ts`) with the same Update, and the same activities (on the shared and on a host queue) and local activities in the same steps, before and after the answer, as a Stasis Run of this phase had (read from its history: what each of its workflow tasks completed with; those of one step run side by side, as the Run's webhook delivery runs beside its release), each doing nothing, all N started at once and answered by their Update by the same loop as the Stasis Runs, once visibility shows them waiting (the bare workflow sets the same two search attributes when it waits). Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
-    ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${t.concurrency} Runs: ${t.errors[0]}`),
-    ...r.throughput.flatMap((t) => failureLines(`${t.concurrency} Runs`, t.failures)),
-    ...r.throughput.flatMap((t) => cpuLines(`running ${t.concurrency} concurrent Runs`, t.cpu)),
+    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`; the DETACH row is the same cycle released by DETACH at the first size (no snapshot, no volume unmounted or mounted again, no restore: the orchestration alone, against its own bare run); all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baselines**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds; and bare Temporal, right after each size on the same server and connection with the same worker settings: a workflow (`bench/bare-workflow.ts`) with the same Update, and the same activities (on the shared and on a host queue) and local activities in the same steps, before and after the answer, as a Stasis Run of this phase had (read from its history: what each of its workflow tasks completed with; those of one step run side by side, as the Run's webhook delivery runs beside its release), each doing nothing, all N started at once and answered by their Update by the same loop as the Stasis Runs, once visibility shows them waiting (the bare workflow sets the same two search attributes when it waits). Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
+    ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${runsLabel(t)}: ${t.errors[0]}`),
+    ...r.throughput.flatMap((t) => failureLines(runsLabel(t), t.failures)),
+    ...r.throughput.flatMap((t) => cpuLines(`running ${runsLabel(t)}`, t.cpu)),
     ...r.throughput.flatMap((t) => profileLines(t)),
   ].join('\n');
 }
@@ -571,7 +578,7 @@ function findings(r: BenchResults): string[] {
           : '.'),
     );
   }
-  const tp = r.throughput[r.throughput.length - 1];
+  const tp = r.throughput.filter((t) => t.mode !== 'DETACH').at(-1);
   if (tp) {
     const s = (key: string) => (tp.sdk[key] ? `${fmt(tp.sdk[key].meanMs)} ms` : 'n/a');
     const profiledPhase = r.throughput.find((t) => t.profile);
@@ -610,7 +617,7 @@ function findings(r: BenchResults): string[] {
     );
   }
   const failed = [
-    ...r.throughput.map((t) => ({ what: `${t.concurrency} concurrent Runs`, n: t.failed, failures: t.failures })),
+    ...r.throughput.map((t) => ({ what: runsLabel(t), n: t.failed, failures: t.failures })),
     ...(r.waiting
       ? [{ what: `${r.waiting.runs} waiting Runs`, n: r.waiting.failed, failures: r.waiting.failures }]
       : []),

@@ -9,7 +9,8 @@ import { runThroughput } from './throughput';
 // bare Temporal at N right after, same server) and figure 1's DETACH cycle (Run vs direct provider
 // calls, alternating). With STAGES=1 the sandbox operations that mount, unmount and start processes
 // count how many are in flight at once (sampled every 50 ms), to see what serialises under load.
-// With S3_CALLS=1 the worker's S3 requests are counted by command (the bare run makes none).
+// With S3_CALLS=1 the worker's S3 requests are counted by command (the bare run makes none). With
+// THROUGHPUT_MODE=DETACH the Runs release by DETACH (no snapshot, no volume work): orchestration alone.
 // Run with `node dist/bench/throughput-profile.js [concurrency ...] [--detach reps] [--profile]`.
 
 const s3Calls = new Map<string, number>();
@@ -84,7 +85,8 @@ async function main(): Promise<void> {
   try {
     log(`load ${(await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').trim()}`);
     for (const n of sizes) {
-      const r = await runThroughput(env, n, 600_000, log, { profile });
+      const mode = process.env.THROUGHPUT_MODE === 'DETACH' ? 'DETACH' : 'SNAPSHOT_AND_TERMINATE';
+      const r = await runThroughput(env, n, 600_000, log, { profile, mode });
       log(
         `RESULT ${n}: stasis ${r.cyclesPerSecond} cycles/s (${r.wallMs} ms), bare ${r.bare?.cyclesPerSecond} (${r.bare?.wallMs} ms), ratio ${r.ratioToBare}; suspend ${r.suspendMs.median} ms, resume ${r.resumeMs.median} ms`,
       );

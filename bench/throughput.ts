@@ -15,6 +15,8 @@ import { mapLimit, round, summarize, type Summary } from './stats';
 
 export interface ThroughputResult {
   concurrency: number;
+  /** How the Runs released their sandbox: SNAPSHOT_AND_TERMINATE, or DETACH for the orchestration-only row. */
+  mode: ModeCase['mode'];
   completed: number;
   failed: number;
   wallMs: number;
@@ -37,20 +39,22 @@ export interface ThroughputResult {
   ratioToBare?: number;
 }
 
-const CASE: ModeCase = { name: 'throughput', mode: 'SNAPSHOT_AND_TERMINATE', bytes: 4096 };
+/** Figure 2's Run: released with a snapshot of a 4 KiB workspace (DETACH for the orchestration-only row). */
+const caseOf = (mode: ModeCase['mode']): ModeCase => ({ name: 'throughput', mode, bytes: 4096 });
 
 export async function runThroughput(
   env: BenchEnv,
   concurrency: number,
   timeoutMs: number,
   log: (line: string) => void,
-  options: { profile?: boolean } = {},
+  options: { profile?: boolean; mode?: ModeCase['mode'] } = {},
 ): Promise<ThroughputResult> {
   // Built before the phase: bundling is the baseline's set-up, neither in its time nor in the profile of the Stasis phase.
   await bareBundle();
   const measure = async <T>(fn: () => Promise<T>): Promise<{ value: T; profile?: ProfileSummary }> =>
     options.profile ? profiled(fn) : { value: await fn() };
-  const { value: phase, profile } = await measure(() => stasisPhase(env, concurrency, timeoutMs));
+  const mode = options.mode ?? 'SNAPSHOT_AND_TERMINATE';
+  const { value: phase, profile } = await measure(() => stasisPhase(env, concurrency, timeoutMs, caseOf(mode)));
   const { ids, errors, completed, failed, failures, wallMs, peakRssMiB, cpuUse, sdk } = phase;
   const sample = ids.slice(0, Math.min(10, ids.length));
   const analysed = await Promise.all(
@@ -75,6 +79,7 @@ export async function runThroughput(
   }
   const result: ThroughputResult = {
     concurrency,
+    mode,
     completed,
     failed,
     wallMs: Math.round(wallMs),
@@ -93,7 +98,7 @@ export async function runThroughput(
       : {}),
   };
   log(
-    `throughput ${concurrency}: ${completed} completed, ${failed} failed in ${result.wallMs} ms = ${result.cyclesPerSecond} cycles/s, peak RSS ${peakRssMiB} MiB, ` +
+    `throughput ${concurrency} (${mode}): ${completed} completed, ${failed} failed in ${result.wallMs} ms = ${result.cyclesPerSecond} cycles/s, peak RSS ${peakRssMiB} MiB, ` +
       `leftover processes ${result.leftovers.processes}, workspaces ${result.leftovers.workspaces}` +
       (errors.length ? `; ${errors.length} errors: ${errors[0]}` : ''),
   );
@@ -101,7 +106,7 @@ export async function runThroughput(
 }
 
 /** The Stasis part of the phase: N Runs started at once, each answered once released, until all closed. */
-async function stasisPhase(env: BenchEnv, concurrency: number, timeoutMs: number) {
+async function stasisPhase(env: BenchEnv, concurrency: number, timeoutMs: number, runCase: ModeCase) {
   const errors: string[] = [];
   const ids = Array.from({ length: concurrency }, () => newRunId(`tp${concurrency}`));
   const idSet = new Set(ids);
@@ -111,7 +116,7 @@ async function stasisPhase(env: BenchEnv, concurrency: number, timeoutMs: number
   const t0 = performance.now();
   const deadline = Date.now() + timeoutMs;
   await mapLimit(ids, 20, (id) =>
-    env.client.runs.start(cycleSpec(id, CASE, env.scratch)).catch((err: unknown) => errors.push(String(err))),
+    env.client.runs.start(cycleSpec(id, runCase, env.scratch)).catch((err: unknown) => errors.push(String(err))),
   );
   const answer = (id: string) => env.client.runs.respond(id, 'int-1', { decision: 'approve' });
   for (const e of await answerWhenWaiting(env, ids, answer, deadline)) errors.push(e);
