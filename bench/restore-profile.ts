@@ -4,6 +4,7 @@ import { createReadStream, createWriteStream } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
+import { Session } from 'node:inspector/promises';
 import { pipeline } from 'node:stream/promises';
 import { promisify } from 'node:util';
 import { GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
@@ -29,7 +30,9 @@ import { runScript } from './script';
 // then medians and ratios, the CPU time this process spent per restore (its child processes, zstd
 // and sync, not counted), and the load average before and after. A third argument runs only the
 // shapes whose name holds it ('20,000' and '512 MiB' are the full bench's larger shapes, run only so);
-// a fourth, a worktree whose `dist/` was built from another commit, restores in turn with this build.
+// a fourth, a worktree whose `dist/` was built from another commit, restores in turn with this build
+// (then each build's median time to its files written, and from there to its return, are printed too).
+// STASIS_RESTORE_CPUPROFILE=<dir> writes a CPU profile of this build's last restore there.
 
 const run = promisify(execFile);
 const sh = (script: string) => run('sh', ['-c', script], { maxBuffer: 16 * MiB });
@@ -72,6 +75,32 @@ function recording(store: CheckpointStore, marks: Mark[]): CheckpointStore {
   wrapped.delete = async () => undefined;
   wrapped.deletePrefix = async () => 0;
   return wrapped;
+}
+
+/**
+ * With STASIS_RESTORE_CPUPROFILE=<dir>, the last restore of this build is profiled (the main thread's
+ * CPU, from just before it to its return): returns the function that stops and writes `<dir>/<name>`.
+ */
+async function startCpuProfile(): Promise<((name: string) => Promise<void>) | undefined> {
+  const dir = process.env.STASIS_RESTORE_CPUPROFILE;
+  if (!dir) return undefined;
+  const session = new Session();
+  session.connect();
+  await session.post('Profiler.setSamplingInterval', { interval: 200 });
+  await session.post('Profiler.enable');
+  await session.post('Profiler.start');
+  return async (name) => {
+    const { profile } = await session.post('Profiler.stop');
+    session.disconnect();
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, name), JSON.stringify(profile));
+  };
+}
+
+/** When the restore's files were written (its `files written` mark), and the time from then to its return. */
+function tail(marks: Mark[], start: bigint, end: bigint): { written: number; after: number } {
+  const written = marks.find((mark) => mark.stage === 'files written')?.ns ?? end;
+  return { written: ms(start, written), after: ms(written, end) };
 }
 
 interface Shape {
@@ -151,6 +180,9 @@ async function main(): Promise<void> {
       const theirs: number[] = [];
       // CPU time of this process (all its threads) per restore: under a load that swings wall times, it tells builds apart.
       const oursCpu: number[] = [];
+      // When each build's restore had its files written, and what followed (links, swap, racy window, sync).
+      const oursTail: { written: number; after: number }[] = [];
+      const theirsTail: { written: number; after: number }[] = [];
       const theirsCpu: number[] = [];
       const baseline: { get: number; volume: number; both: number; untar: number; sync: number }[] = [];
       let shown = false;
@@ -160,10 +192,12 @@ async function main(): Promise<void> {
           const hostId = `profile-c-${rep}`;
           const c = beforeProvider({ hostId, dataDir: path.join(root, hostId), store: recording(store, []), volumes });
           const ctx = { ownerId: id, hostId };
+          marks.length = 0;
           const cpu = process.cpuUsage();
           const start = process.hrtime.bigint();
           const result = await c.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
           theirs.push(ms(start, process.hrtime.bigint()));
+          theirsTail.push(tail(marks, start, process.hrtime.bigint()));
           theirsCpu.push(cpuMs(process.cpuUsage(cpu)));
           if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
           await c.destroy({ sandboxId: id, fence: 3 }, ctx);
@@ -178,13 +212,16 @@ async function main(): Promise<void> {
           });
           const ctx = { ownerId: id, hostId };
           marks.length = 0;
+          const profiling = rep === reps - 1 ? await startCpuProfile() : undefined;
           const cpu = process.cpuUsage();
           const start = process.hrtime.bigint();
           const result = await b.restore({ sandboxId: id, fence: 2, checkpoint }, ctx);
           const end = process.hrtime.bigint();
           oursCpu.push(cpuMs(process.cpuUsage(cpu)));
+          await profiling?.(`${shape.name.replace(/[^0-9a-z]+/gi, '-')}.cpuprofile`);
           if (result.source !== 'checkpoint') throw new Error(`the restore used ${result.source}`);
           ours.push(ms(start, end));
+          oursTail.push(tail(marks, start, end));
           if (!shown && rep === reps - 1) {
             shown = true;
             console.log(`\n${shape.name}: one cross-host restore, ${ms(start, end).toFixed(1)} ms`);
@@ -250,6 +287,14 @@ async function main(): Promise<void> {
       }
       const cpu = (label: string, values: number[]) =>
         console.log(`  ${label}: CPU of this process per restore, median ${median(values).toFixed(0)} ms`);
+      const tails = (label: string, values: typeof oursTail) =>
+        values.length > 0 &&
+        console.log(
+          `  ${label}: files written at median ${median(values.map((v) => v.written)).toFixed(0)} ms, ` +
+            `then ${median(values.map((v) => v.after)).toFixed(0)} ms to the return`,
+        );
+      tails('this build', oursTail);
+      tails(`build of ${before}`, theirsTail);
       cpu('this build', oursCpu);
       if (theirsCpu.length > 0) cpu(`build of ${before}`, theirsCpu);
       await a.destroy({ sandboxId: id, fence: 3 }, ctxA);

@@ -268,12 +268,14 @@ export async function restoreSnapshot(input: {
     markStage('staging ready');
   })();
   stagingReady.catch(() => undefined); // awaited below, also when the download fails first
+  // The syncs started while the files were written (restoreCheckpointFiles' flush), if any.
+  let flushed: Promise<void> = Promise.resolve();
   try {
     let labels: Record<string, string>;
     let baseline: Promise<Baseline> | undefined;
     if (isManifestUri(input.checkpoint.uri)) {
       input.progress.phase = 'restoring checkpoint';
-      ({ labels, baseline } = await restoreCheckpointFiles({
+      ({ labels, baseline, flushed } = await restoreCheckpointFiles({
         store: input.store,
         checkpoint: input.checkpoint,
         targetDir: staging,
@@ -281,6 +283,7 @@ export async function restoreSnapshot(input: {
         limits: input.limits,
         progress: input.progress,
         targetReady: stagingReady,
+        flush: () => syncFilesystem(paths.volume),
         ...(input.signal ? { signal: input.signal } : {}),
       }));
     } else {
@@ -308,7 +311,13 @@ export async function restoreSnapshot(input: {
     // racy window passes and the caller starts the sandbox (neither needs the files on disk).
     const workspace = input.workspace;
     const synced = (async () => {
-      await syncFilesystem(paths.volume);
+      const syncing = syncFilesystem(paths.volume);
+      // A flush of the writer's that failed fails the restore (see Flusher in restore.ts), once this sync is done too.
+      await flushed.catch(async (err: unknown) => {
+        await syncing.catch(() => undefined);
+        throw err;
+      });
+      await syncing;
       // A filled host path is on its own filesystem (a copy when the sandbox's volume is another).
       if (workspace.kind !== 'isolated') await syncFilesystem(workspace.hostPath);
       markStage('synced');
@@ -330,6 +339,10 @@ export async function restoreSnapshot(input: {
     } else if (written) await writeBaseline(baselineFile, written);
     markStage('baseline written');
     return { labels, synced };
+  } catch (err) {
+    // No sync of the writer's outlives a failed restore (it is awaited by `synced` otherwise).
+    await flushed.catch(() => undefined);
+    throw err;
   } finally {
     // Never removed while the volume is still being made (the staging directory would be made after).
     await stagingReady.catch(() => undefined);

@@ -79,6 +79,11 @@ export interface TakeStats {
   topBytes: number;
 }
 
+/** Stats of `files` files before anything was hashed or sent. */
+function noStats(files: number): TakeStats {
+  return { files, filesHashed: 0, packBytes: 0, packs: 0, rawPacks: 0, segments: 0, segmentBytes: 0, topBytes: 0 };
+}
+
 export async function takeCheckpoint(input: {
   store: CheckpointStore;
   rootDir: string;
@@ -112,16 +117,7 @@ export async function takeCheckpoint(input: {
   const known = knownChunks(baseline);
   const entries: ManifestEntry[] = [];
   const local: Baseline['local'] = {};
-  const stats: TakeStats = {
-    files: 0,
-    filesHashed: 0,
-    packBytes: 0,
-    packs: 0,
-    rawPacks: 0,
-    segments: 0,
-    segmentBytes: 0,
-    topBytes: 0,
-  };
+  const stats = noStats(0);
   const onChunk: OnChunk = (hash, bytes, slab) => (known.has(hash) ? undefined : packer.add(hash, bytes, slab));
   // This checkpoint's own: none is kept past it.
   const pieces = new Slabs(CHUNK_SIZES.max + READ_BYTES, SLABS_KEPT);
@@ -336,16 +332,7 @@ export async function repeatCheckpoint(input: {
     if (entry.k === 'f') files += 1;
   }
   checker.finish();
-  const stats: TakeStats = {
-    files,
-    filesHashed: 0,
-    packBytes: 0,
-    packs: 0,
-    rawPacks: 0,
-    segments: 0,
-    segmentBytes: 0,
-    topBytes: 0,
-  };
+  const stats = noStats(files);
   const top = {
     format: 'stasis-cas-2' as const,
     takenAtNs: manifest.takenAtNs,

@@ -1,40 +1,18 @@
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Checkpoint } from '../../common/schemas';
-import type { ProviderDeps, SandboxReleaseReceipt } from '../../providers/api';
-import { createLocalProvider } from '../../providers/local';
+import type { SandboxReleaseReceipt } from '../../providers/api';
 import { unmountIdleVolumes, withLifecycleLock } from '../../providers/maintenance';
 import { readState, sandboxesDir, sandboxPaths } from '../../providers/sandbox-state';
 import { context, mountsUnder, waitFor } from './helpers';
-import { makeHost, sh, type Host } from './harness';
+import { sh, type Host } from './harness';
+import { snapshot, volumeHost } from './volume-hosts';
 
 // A release leaves two steps for after its receipt (local.ts, `afterReceipt`): writing the next
 // checkpoint's baseline and unmounting the sandbox's volume. These tests attack that laziness: a
 // worker killed between the receipt and those steps loses nothing (an older baseline stays sound,
 // host maintenance unmounts), and a restore on the same host while they are pending is correct.
-
-const make = (deps: ProviderDeps) => createLocalProvider({ ...deps, volumes: 'required' });
-
-const snapshot = (sandboxId: string, fence: number) => ({
-  sandboxId,
-  idempotencyKey: `${sandboxId}/${fence}`,
-  mode: 'SNAPSHOT_AND_TERMINATE' as const,
-  fence,
-  reason: 'test',
-});
-
-const hosts: Host[] = [];
-// A failed test leaves its sandboxes: their volumes are unmounted here, so nothing stays mounted on the machine.
-afterAll(() => {
-  for (const host of hosts) for (const point of mountsUnder(host.dataDir)) execFileSync('umount', ['--lazy', point]);
-});
-
-async function volumeHost(store?: Host['store']): Promise<Host> {
-  const host = await makeHost({ make, ...(store ? { store } : {}) });
-  hosts.push(host);
-  return host;
-}
 
 /** Releases in a process of its own that is SIGKILLed right after the receipt (resuspend-kill.ts). */
 async function releaseAndDie(host: Host, sandboxId: string, fence: number): Promise<SandboxReleaseReceipt> {

@@ -1,36 +1,13 @@
-import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
-import type { ProviderDeps } from '../../providers/api';
-import { createLocalProvider } from '../../providers/local';
 import { killSandbox } from '../../providers/processes';
 import { sandboxPaths } from '../../providers/sandbox-state';
-import { context, mountsUnder } from './helpers';
-import { makeHost, sh, type Host } from './harness';
+import { context } from './helpers';
+import { sh } from './harness';
+import { snapshot, volumeHost } from './volume-hosts';
 
 // Attacks on the unchanged re-suspend (snapshot.ts recordUnchanged/repeatIfUnchanged): faults that
 // leave the files different from the checkpoint the stamp names, so that a repeat would lose data.
-
-const make = (deps: ProviderDeps) => createLocalProvider({ ...deps, volumes: 'required' });
-
-const snapshot = (sandboxId: string, fence: number) => ({
-  sandboxId,
-  idempotencyKey: `${sandboxId}/${fence}`,
-  mode: 'SNAPSHOT_AND_TERMINATE' as const,
-  fence,
-  reason: 'test',
-});
-
-const hosts: Host[] = [];
-afterAll(() => {
-  for (const host of hosts) for (const point of mountsUnder(host.dataDir)) execFileSync('umount', ['--lazy', point]);
-});
-
-async function volumeHost(store?: Host['store']): Promise<Host> {
-  const host = await makeHost({ make, ...(store ? { store } : {}) });
-  hosts.push(host);
-  return host;
-}
 
 test('a resume retried after the worker died between starting compute and writing the state keeps what ran meanwhile', async () => {
   const host = await volumeHost();

@@ -1,18 +1,16 @@
-import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import fc from 'fast-check';
 import type { Checkpoint } from '../../common/schemas';
-import type { ProviderDeps } from '../../providers/api';
-import { createLocalProvider } from '../../providers/local';
 import { withLifecycleLock } from '../../providers/maintenance';
 import { killSandbox } from '../../providers/processes';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { checkpointPrefix } from '../../providers/snapshot';
 import { mountVolume, unmountVolume } from '../../providers/volume';
 import { collectGarbage } from '../../stores/cas/gc';
-import { context, manifest, mountsUnder } from './helpers';
-import { makeHost, sh, type Host } from './harness';
+import { context, manifest } from './helpers';
+import { sh, type Host } from './harness';
+import { snapshot, volumeHost } from './volume-hosts';
 
 // An unchanged re-suspend repeats the last checkpoint without a walk when the volume's write count
 // (ext4's lifetime_write_kbytes) is what it was at the resume (snapshot.ts, recordUnchanged). A false
@@ -20,27 +18,6 @@ import { makeHost, sh, type Host } from './harness';
 // resume and the release, and check the checkpoint in the store, restored on another host, against
 // the files the first host kept. A repeated checkpoint is the very top object again (same sha256);
 // a walked one is a new one (its time), so the tests see which way a release went.
-
-const make = (deps: ProviderDeps) => createLocalProvider({ ...deps, volumes: 'required' });
-
-const snapshot = (sandboxId: string, fence: number) => ({
-  sandboxId,
-  idempotencyKey: `${sandboxId}/${fence}`,
-  mode: 'SNAPSHOT_AND_TERMINATE' as const,
-  fence,
-  reason: 'test',
-});
-
-const hosts: Host[] = [];
-afterAll(() => {
-  for (const host of hosts) for (const point of mountsUnder(host.dataDir)) execFileSync('umount', ['--lazy', point]);
-});
-
-async function volumeHost(store?: Host['store']): Promise<Host> {
-  const host = await makeHost({ make, ...(store ? { store } : {}) });
-  hosts.push(host);
-  return host;
-}
 
 /** The sandbox's trees as files (content, mode, mtime, links) and which paths share an inode. */
 async function treeOf(volume: string): Promise<string[]> {

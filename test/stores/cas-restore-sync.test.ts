@@ -1,9 +1,11 @@
+import { subscribe, unsubscribe } from 'node:diagnostics_channel';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createLocalProvider } from '../../providers/local';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { killSandbox, sandboxProcesses } from '../../providers/processes';
 import type * as Spawner from '../../providers/spawner';
+import { restoreStages } from '../../stores/cas/restore';
 import { context, s3StoreFromEnv, uniqueId, tempDir } from '../providers/helpers';
 import { newSandboxRoot, take } from './cas-helpers';
 
@@ -17,16 +19,17 @@ const store = s3StoreFromEnv(5 * 1024 * 1024);
 
 /** While set, the product's own `sync -f` runs as a real process that fails as an I/O error would. */
 let syncFails = false;
+/** Set, the next `sync -f` alone fails so (and clears it). */
+let nextSyncFails = false;
 jest.mock('../../providers/spawner', () => {
   const actual = jest.requireActual<typeof Spawner>('../../providers/spawner');
   return {
     ...actual,
-    startProcess: (request: Spawner.SpawnRequest) =>
-      actual.startProcess(
-        syncFails && request.file === 'sync'
-          ? { ...request, file: 'sh', args: ['-c', 'echo EIO >&2; exit 1'] }
-          : request,
-      ),
+    startProcess: (request: Spawner.SpawnRequest) => {
+      const fails = request.file === 'sync' && (syncFails || nextSyncFails);
+      if (fails) nextSyncFails = false;
+      return actual.startProcess(fails ? { ...request, file: 'sh', args: ['-c', 'echo EIO >&2; exit 1'] } : request);
+    },
   };
 });
 
@@ -75,5 +78,43 @@ test('a worker killed after the sandbox started but before the state recorded th
   const running = (await sandboxProcesses(marker)).map((p) => p.pid);
   expect(running.length).toBeGreaterThan(0);
   expect(running.filter((pid) => orphans.includes(pid))).toEqual([]);
+  await killSandbox(marker);
+}, 120_000);
+
+test('a flush that fails while the files are written fails the restore, though the sync at its end succeeds', async () => {
+  // A later syncfs (another descriptor) does not report a writeback error from before it was opened:
+  // a flush's failure, lost, would leave files that are not on disk recorded as restored.
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('flush-fails');
+  // Enough files for the writer to flush while it writes (restore.ts, FLUSH_FILES).
+  for (let i = 0; i < 3000; i += 1) await fs.writeFile(path.join(root, 'workspace', `f${i}.txt`), `file ${i}\n`);
+  const { checkpoint } = await take(store, root, sandboxId);
+
+  const dataDir = await tempDir('cas-restore-flush');
+  const hostId = uniqueId('host');
+  const provider = createLocalProvider({ hostId, dataDir, store });
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const marker = { sandboxId, hostId };
+  const stages: string[] = [];
+  const onStage = (message: unknown) => {
+    const { stage } = message as { stage: string };
+    stages.push(stage);
+    // The first flush's own `sync -f` fails; every other succeeds.
+    if (stage === 'flush started' && stages.filter((s) => s === stage).length === 1) nextSyncFails = true;
+  };
+  subscribe(restoreStages.name, onStage);
+  try {
+    await expect(provider.restore({ sandboxId, fence: 2, checkpoint }, ctx)).rejects.toThrow(/sync -f .* failed/);
+  } finally {
+    unsubscribe(restoreStages.name, onStage);
+    nextSyncFails = false;
+  }
+  expect(stages).toContain('flush started');
+  expect(await sandboxProcesses(marker)).toEqual([]);
+
+  await provider.restore({ sandboxId, fence: 2, checkpoint }, ctx);
+  const workspace = sandboxPaths(dataDir, sandboxId).workspace;
+  expect((await fs.readdir(workspace)).length).toBe(3000);
+  expect(await fs.readFile(path.join(workspace, 'f2999.txt'), 'utf8')).toBe('file 2999\n');
   await killSandbox(marker);
 }, 120_000);
