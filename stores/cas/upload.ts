@@ -637,11 +637,33 @@ interface OpenPack {
   parts: Buffer[];
   hashes: string[];
   size: number;
-  /** The slabs its parts are views of, each held once per part, until the parts are copied out. */
-  slabs: Slab[];
+  /** By part, the slab it is a view of (held once for it), until the part is copied out. */
+  slabs: (Slab | undefined)[];
+  /** Slabs held (a slab's chunks come one after another), and the last one. */
+  held: number;
+  last?: Slab;
 }
 
-const openPack = (): OpenPack => ({ parts: [], hashes: [], size: 0, slabs: [] });
+const openPack = (): OpenPack => ({ parts: [], hashes: [], size: 0, slabs: [], held: 0 });
+
+/**
+ * Slabs an open pack holds at most. A pack of one kind of chunk spans at most 4 (its 8 MiB and last chunk over
+ * batches of 4 MiB); one that takes a few bytes of each (a tiny text file in each batch of random ones) held
+ * them all, as many as the workspace had: 256 MiB of files read kept ~300 MiB in memory until the pack was sealed.
+ */
+const HELD_SLABS = 4;
+
+/** Copies out the parts of `pack` that are views of slabs, and releases those. Each byte is copied at most once. */
+function copyOut(pack: OpenPack): void {
+  pack.slabs.forEach((slab, i) => {
+    if (!slab) return;
+    pack.parts[i] = Buffer.from(pack.parts[i]);
+    pack.slabs[i] = undefined;
+    slab.release();
+  });
+  pack.held = 0;
+  pack.last = undefined;
+}
 
 /**
  * Groups new chunks into packs, compresses (zstd) and uploads them. The stages overlap: a sealed pack
@@ -688,10 +710,13 @@ class Packer {
     const pack = raw ? this.raw : this.compressible;
     // Its slot is known once its pack is sealed.
     this.pendingChunks.set(hash, { offset: pack.size, length: bytes.length, slot: -1 });
-    if (slab) {
-      slab.hold();
-      pack.slabs.push(slab);
+    if (slab && slab !== pack.last) {
+      if (pack.held >= HELD_SLABS) copyOut(pack);
+      pack.held += 1;
+      pack.last = slab;
     }
+    slab?.hold();
+    pack.slabs.push(slab);
     pack.parts.push(bytes);
     pack.hashes.push(hash);
     pack.size += bytes.length;
@@ -748,7 +773,7 @@ class Packer {
       const length = frameParts.reduce((sum, part) => sum + part.length, 0);
       const frame = length <= this.frames.size ? this.frames.take() : undefined;
       const bytes = frame ? copyInto(frameParts, frame.buffer.subarray(0, length)) : Buffer.concat(frameParts, length);
-      for (const slab of slabs) slab.release();
+      for (const slab of slabs) slab?.release();
       upload = this.uploadRaw(slot, name, bytes, frame);
     } else {
       const plain = `${this.tempPrefix}.${slot}`;
@@ -759,7 +784,7 @@ class Packer {
         fsSync.rmSync(plain, { force: true });
         throw err;
       }
-      for (const slab of slabs) slab.release();
+      for (const slab of slabs) slab?.release();
       upload = this.upload(slot, name, plain);
     }
     const settled = upload.then(

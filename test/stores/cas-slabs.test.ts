@@ -150,3 +150,42 @@ describe('a checkpoint reusing its read buffers', () => {
     );
   }, 300_000);
 });
+
+describe('a checkpoint holding read buffers for its open packs', () => {
+  // Hostile layout: every 4 MiB batch of small files is mostly random files (raw packs, sealed soon)
+  // and one tiny text file, whose chunk waits in the compressed pack until 8 MiB of such files came.
+  // Were that pack to keep each batch it took a chunk from, the worker would hold the whole workspace.
+  test('memory stays bounded however few bytes of each buffer a pack keeps; the restore is byte for byte', async () => {
+    const root = await newSandboxRoot();
+    const src = path.join(root, 'home', 'src');
+    await fs.mkdir(src);
+    const groups = 64; // 4 random files of ~1 MB and a tiny one each: ~256 MB of files, ~64 batches
+    for (let g = 0; g < groups; g += 1) {
+      const name = `g${String(g).padStart(3, '0')}`;
+      for (const letter of ['a', 'b', 'c', 'd'])
+        await fs.writeFile(path.join(src, `${name}-${letter}.bin`), randomBytes(1_000_000));
+      await fs.writeFile(path.join(src, `${name}-e.txt`), `export const ${name} = ${g};\n`);
+    }
+    const before = await describeTree(root);
+    const sandboxId = uniqueId('cas-slab-memory');
+    const start = process.memoryUsage().arrayBuffers;
+    let peak = 0;
+    const sampler = setInterval(() => {
+      peak = Math.max(peak, process.memoryUsage().arrayBuffers - start);
+    }, 5);
+    try {
+      const taken = await take(store, root, sandboxId);
+      clearInterval(sampler);
+      expect(taken.stats.rawPacks).toBeGreaterThan(0);
+      // ~64 batches of 4 MiB were read; a bound of a few batches, a few raw frames, and the garbage between collections.
+      expect(peak).toBeLessThan(160 * 1024 * 1024);
+      const restored = await restoreFresh(store, taken.checkpoint);
+      expect(await describeTree(restored.target)).toEqual(before);
+      await fs.rm(restored.target, { recursive: true, force: true });
+    } finally {
+      clearInterval(sampler);
+      await store.deletePrefix(`checkpoints/${sandboxId}/`);
+      await fs.rm(root, { recursive: true, force: true });
+    }
+  }, 300_000);
+});
