@@ -19,9 +19,11 @@ export function uniqueId(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
 }
 
-/** The MinIO (or other S3) store the global setup started; the tests need a real one. */
-export function s3StoreFromEnv(partSizeBytes?: number): S3CheckpointStore {
-  const endpoint = process.env.STASIS_S3_ENDPOINT;
+/**
+ * The MinIO (or other S3) store the global setup started; the tests need a real one. `endpoint`: the same
+ * store reached another way (a fault proxy in front of it).
+ */
+export function s3StoreFromEnv(partSizeBytes?: number, endpoint = process.env.STASIS_S3_ENDPOINT): S3CheckpointStore {
   const accessKeyId = process.env.AWS_ACCESS_KEY_ID;
   const secretAccessKey = process.env.AWS_SECRET_ACCESS_KEY;
   if (!endpoint || !accessKeyId || !secretAccessKey) {

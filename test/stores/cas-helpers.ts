@@ -6,7 +6,9 @@ import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import type { Baseline } from '../../stores/cas/baseline';
 import { restoreCheckpoint } from '../../stores/cas/restore';
 import { takeCheckpoint } from '../../stores/cas/upload';
-import { tempDir, uniqueId } from '../providers/helpers';
+import type { S3CheckpointStore } from '../../stores/s3';
+import { startS3Proxy, type FaultProxy } from '../faults/s3-proxy';
+import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 
 // Helpers of the content-addressed checkpoint tests: take and restore a tree,
 // and describe a tree (content, type, mode, mtime, link target) to compare two.
@@ -87,4 +89,14 @@ export async function listNoFollow(root: string): Promise<string[]> {
   };
   await visit('');
   return out.sort();
+}
+
+/** Runs `fn` with a fault proxy in front of the test MinIO and the store reached through it; closes the proxy after. */
+export async function behindProxy(fn: (proxy: FaultProxy, store: S3CheckpointStore) => Promise<void>): Promise<void> {
+  const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
+  try {
+    await fn(proxy, s3StoreFromEnv(undefined, proxy.url));
+  } finally {
+    await proxy.close();
+  }
 }

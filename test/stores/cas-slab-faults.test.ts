@@ -4,10 +4,11 @@ import * as path from 'node:path';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import { MANIFEST_SUFFIX, PACKS_DIR } from '../../stores/cas/manifest';
 import { takeCheckpoint } from '../../stores/cas/upload';
-import { S3CheckpointStore } from '../../stores/s3';
-import { startS3Proxy, type FaultProxy } from '../faults/s3-proxy';
+import type { Checkpoint } from '../../common/schemas';
+import type { CheckpointStore } from '../../stores/api';
+import type { FaultProxy } from '../faults/s3-proxy';
 import { s3StoreFromEnv, uniqueId } from '../providers/helpers';
-import { describeTree, NAMES, newSandboxRoot, restoreFresh, take } from './cas-helpers';
+import { behindProxy, describeTree, NAMES, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // Faults inside a first checkpoint whose read buffers and raw packs' frames are reused (slabs.ts):
 // the store cuts, fails or outlives a pack's PutObject while the walk goes on reusing buffers. Each
@@ -16,17 +17,6 @@ import { describeTree, NAMES, newSandboxRoot, restoreFresh, take } from './cas-h
 
 /** The test MinIO, reached directly: a restore on another host. */
 const direct = s3StoreFromEnv();
-
-const behind = (proxy: FaultProxy) =>
-  new S3CheckpointStore({
-    endpoint: proxy.url,
-    bucket: process.env.STASIS_S3_BUCKET ?? 'stasis',
-    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-    credentials: {
-      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-    },
-  });
 
 /**
  * A workspace of many raw packs and compressed ones: large files of random and text runs (many read
@@ -59,13 +49,32 @@ async function mixedWorkspace(root: string, large = 12): Promise<void> {
 const isPackPut = ({ method, path: p }: { method: string; path: string }) =>
   method === 'PUT' && p.includes(`/${PACKS_DIR}`);
 
-async function withProxy(fn: (proxy: FaultProxy) => Promise<void>): Promise<void> {
-  const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
-  try {
-    await fn(proxy);
-  } finally {
-    await proxy.close();
-  }
+/**
+ * Runs `fn` on a fresh sandbox root holding `mixedWorkspace`, with a fault proxy in front of the test MinIO
+ * and the store reached through it; removes the root and the sandbox's objects after.
+ */
+async function withMixedSandbox(
+  name: string,
+  fn: (proxy: FaultProxy, store: CheckpointStore, root: string, sandboxId: string) => Promise<void>,
+): Promise<void> {
+  await behindProxy(async (proxy, store) => {
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId(name);
+    try {
+      await mixedWorkspace(root);
+      await fn(proxy, store, root, sandboxId);
+    } finally {
+      await direct.deletePrefix(`checkpoints/${sandboxId}/`);
+      await fs.rm(root, { recursive: true, force: true });
+    }
+  });
+}
+
+/** Restores `checkpoint` from the store on a fresh root (another host) and expects the tree `before`. */
+async function expectRestoresAs(checkpoint: Checkpoint, before: Record<string, string>): Promise<void> {
+  const restored = await restoreFresh(direct, checkpoint);
+  expect(await describeTree(restored.target)).toEqual(before);
+  await fs.rm(restored.target, { recursive: true, force: true });
 }
 
 async function topObjects(sandboxId: string): Promise<string[]> {
@@ -75,101 +84,73 @@ async function topObjects(sandboxId: string): Promise<string[]> {
 
 describe('faults inside a first checkpoint reusing its buffers', () => {
   test("every pack's first PutObject is cut part-way: the SDK's retry sends the same bytes, the checkpoint restores byte for byte", async () => {
-    await withProxy(async (proxy) => {
-      const root = await newSandboxRoot();
-      const sandboxId = uniqueId('slab-retry');
-      try {
-        await mixedWorkspace(root);
-        const before = await describeTree(root);
-        const cut = new Set<string>();
-        proxy.hold = (request) =>
-          isPackPut(request) && !cut.has(request.path)
-            ? { afterBytes: Math.floor(request.contentLength / 2), onHeld: () => cut.add(request.path), reset: true }
-            : undefined;
-        const taken = await take(behind(proxy), root, sandboxId);
-        // More raw packs than frames are ever in flight (UPLOADS_IN_FLIGHT + 1): frames were reused meanwhile.
-        expect(taken.stats.rawPacks).toBeGreaterThan(6);
-        // Each pack was cut once and then stored whole by the retry.
-        expect(cut.size).toBe(taken.stats.packs);
-        const restored = await restoreFresh(direct, taken.checkpoint);
-        expect(await describeTree(restored.target)).toEqual(before);
-        await fs.rm(restored.target, { recursive: true, force: true });
-      } finally {
-        await direct.deletePrefix(`checkpoints/${sandboxId}/`);
-        await fs.rm(root, { recursive: true, force: true });
-      }
+    await withMixedSandbox('slab-retry', async (proxy, store, root, sandboxId) => {
+      const before = await describeTree(root);
+      const cut = new Set<string>();
+      proxy.hold = (request) =>
+        isPackPut(request) && !cut.has(request.path)
+          ? { afterBytes: Math.floor(request.contentLength / 2), onHeld: () => cut.add(request.path), reset: true }
+          : undefined;
+      const taken = await take(store, root, sandboxId);
+      // More raw packs than frames are ever in flight (UPLOADS_IN_FLIGHT + 1): frames were reused meanwhile.
+      expect(taken.stats.rawPacks).toBeGreaterThan(6);
+      // Each pack was cut once and then stored whole by the retry.
+      expect(cut.size).toBe(taken.stats.packs);
+      await expectRestoresAs(taken.checkpoint, before);
     });
   }, 300_000);
 
   test('a raw pack whose every attempt fails after the walk reused its buffers: no top object; a retry on the same worker restores byte for byte', async () => {
-    await withProxy(async (proxy) => {
-      const root = await newSandboxRoot();
-      const sandboxId = uniqueId('slab-fail');
-      try {
-        await mixedWorkspace(root);
-        const before = await describeTree(root);
-        // The third pack put (the walk has gone on reading into reused buffers meanwhile) never gets through.
-        const seen: string[] = [];
-        proxy.hold = (request) => {
-          if (!isPackPut(request)) return undefined;
-          if (!seen.includes(request.path)) seen.push(request.path);
-          return seen.indexOf(request.path) === 2
-            ? { afterBytes: Math.floor(request.contentLength / 3), onHeld: () => undefined, reset: true }
-            : undefined;
-        };
-        await expect(take(behind(proxy), root, sandboxId)).rejects.toThrow();
-        expect(await topObjects(sandboxId)).toEqual([]);
-        proxy.hold = undefined;
-        const taken = await take(behind(proxy), root, sandboxId);
-        expect(await topObjects(sandboxId)).toHaveLength(1);
-        const restored = await restoreFresh(direct, taken.checkpoint);
-        expect(await describeTree(restored.target)).toEqual(before);
-        await fs.rm(restored.target, { recursive: true, force: true });
-      } finally {
-        await direct.deletePrefix(`checkpoints/${sandboxId}/`);
-        await fs.rm(root, { recursive: true, force: true });
-      }
+    await withMixedSandbox('slab-fail', async (proxy, store, root, sandboxId) => {
+      const before = await describeTree(root);
+      // The third pack put (the walk has gone on reading into reused buffers meanwhile) never gets through.
+      const seen: string[] = [];
+      proxy.hold = (request) => {
+        if (!isPackPut(request)) return undefined;
+        if (!seen.includes(request.path)) seen.push(request.path);
+        return seen.indexOf(request.path) === 2
+          ? { afterBytes: Math.floor(request.contentLength / 3), onHeld: () => undefined, reset: true }
+          : undefined;
+      };
+      await expect(take(store, root, sandboxId)).rejects.toThrow();
+      expect(await topObjects(sandboxId)).toEqual([]);
+      proxy.hold = undefined;
+      const taken = await take(store, root, sandboxId);
+      expect(await topObjects(sandboxId)).toHaveLength(1);
+      await expectRestoresAs(taken.checkpoint, before);
     });
   }, 300_000);
 
   test('a release cancelled while a pack is on the wire: it rejects, no top object, and nothing is sent after it returned', async () => {
-    await withProxy(async (proxy) => {
-      const root = await newSandboxRoot();
-      const sandboxId = uniqueId('slab-cancel');
-      try {
-        await mixedWorkspace(root);
-        const controller = new AbortController();
-        let packPuts = 0;
-        // The second pack put stalls part-way through its body; the release is cancelled then.
-        proxy.hold = (request) =>
-          isPackPut(request) && (packPuts += 1) === 2
-            ? {
-                afterBytes: Math.floor(request.contentLength / 2),
-                onHeld: () => controller.abort(new Error('cancelled')),
-              }
-            : undefined;
-        await expect(
-          takeCheckpoint({
-            store: behind(proxy),
-            rootDir: root,
-            names: NAMES,
-            prefix: `checkpoints/${sandboxId}/`,
-            name: uniqueId('t'),
-            labels: {},
-            limits: DEFAULT_ARCHIVE_LIMITS,
-            progress: { bytes: 0 },
-            signal: controller.signal,
-          }),
-        ).rejects.toThrow();
-        expect(controller.signal.aborted).toBe(true);
-        const sent = proxy.requests.length;
-        await new Promise((resolve) => setTimeout(resolve, 2_000));
-        expect(proxy.requests.slice(sent)).toEqual([]);
-        expect(await topObjects(sandboxId)).toEqual([]);
-      } finally {
-        await direct.deletePrefix(`checkpoints/${sandboxId}/`);
-        await fs.rm(root, { recursive: true, force: true });
-      }
+    await withMixedSandbox('slab-cancel', async (proxy, store, root, sandboxId) => {
+      const controller = new AbortController();
+      let packPuts = 0;
+      // The second pack put stalls part-way through its body; the release is cancelled then.
+      proxy.hold = (request) =>
+        isPackPut(request) && (packPuts += 1) === 2
+          ? {
+              afterBytes: Math.floor(request.contentLength / 2),
+              onHeld: () => controller.abort(new Error('cancelled')),
+            }
+          : undefined;
+      await expect(
+        takeCheckpoint({
+          store,
+          rootDir: root,
+          names: NAMES,
+          prefix: `checkpoints/${sandboxId}/`,
+          name: uniqueId('t'),
+          labels: {},
+          limits: DEFAULT_ARCHIVE_LIMITS,
+          progress: { bytes: 0 },
+          signal: controller.signal,
+        }),
+      ).rejects.toThrow();
+      expect(controller.signal.aborted).toBe(true);
+      const sent = proxy.requests.length;
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      expect(proxy.requests.slice(sent)).toEqual([]);
+      expect(await topObjects(sandboxId)).toEqual([]);
     });
   }, 300_000);
 
@@ -180,11 +161,7 @@ describe('faults inside a first checkpoint reusing its buffers', () => {
       for (const root of roots) await mixedWorkspace(root, 3);
       const before = await Promise.all(roots.map((root) => describeTree(root)));
       const taken = await Promise.all(roots.map((root, i) => take(direct, root, ids[i])));
-      for (const [i, { checkpoint }] of taken.entries()) {
-        const restored = await restoreFresh(direct, checkpoint);
-        expect(await describeTree(restored.target)).toEqual(before[i]);
-        await fs.rm(restored.target, { recursive: true, force: true });
-      }
+      for (const [i, { checkpoint }] of taken.entries()) await expectRestoresAs(checkpoint, before[i]);
     } finally {
       for (const id of ids) await direct.deletePrefix(`checkpoints/${id}/`);
       for (const root of roots) await fs.rm(root, { recursive: true, force: true });

@@ -7,13 +7,12 @@ import { Readable } from 'node:stream';
 import fc from 'fast-check';
 import type { CheckpointStore } from '../../stores/api';
 import { MAX_PUT_BYTES } from '../../stores/keys';
-import { S3CheckpointStore } from '../../stores/s3';
-import { startS3Proxy, type FaultProxy } from '../faults/s3-proxy';
 import { FsCheckpointStore } from '../../stores/fs';
 import { createCheckpointStore } from '../../stores/index';
 import { loadConfig } from '../../common/config';
 import { testS3 } from '../helpers/s3';
 import { listTree, s3StoreFromEnv, sha256File, stasisError, tempDir, uniqueId } from '../providers/helpers';
+import { behindProxy } from './cas-helpers';
 
 // Both checkpoint stores against the same contract, with real files and a real MinIO.
 
@@ -268,27 +267,6 @@ describe('a put after a killed put of the same key', () => {
 });
 
 /** The test bucket's store, reached through a fault proxy at `endpoint`. */
-const storeBehind = (endpoint: string) =>
-  new S3CheckpointStore({
-    endpoint,
-    bucket: bucket(),
-    region: process.env.STASIS_S3_REGION ?? 'us-east-1',
-    credentials: {
-      accessKeyId: process.env.AWS_ACCESS_KEY_ID ?? '',
-      secretAccessKey: process.env.AWS_SECRET_ACCESS_KEY ?? '',
-    },
-  });
-
-/** Runs `fn` with a fault proxy in front of the test MinIO and the store reached through it; closes the proxy after. */
-async function behindProxy(fn: (proxy: FaultProxy, store: S3CheckpointStore) => Promise<void>): Promise<void> {
-  const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
-  try {
-    await fn(proxy, storeBehind(proxy.url));
-  } finally {
-    await proxy.close();
-  }
-}
-
 describe('a deletePrefix the store answers with a failed key', () => {
   it('s3: rejects naming the key, and keeps what it did not delete; the retry deletes all', async () => {
     const prefix = `checkpoints/${uniqueId('delete-errors')}/`;
