@@ -1,10 +1,10 @@
 import { execFile } from 'node:child_process';
-import { accessSync, constants, existsSync, lstatSync, readdirSync, readlinkSync, type Stats } from 'node:fs';
+import { existsSync, lstatSync, readdirSync, readlinkSync, type Stats } from 'node:fs';
 import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { StasisError } from '../common/errors';
 import type { ProviderDeps, SandboxProvider } from './api';
-import { sandboxEnv, SYSTEM_PATH, type CommandWrapper } from './command';
+import { findExecutable, sandboxEnv, SYSTEM_PATH, type CommandWrapper } from './command';
 import { createLocalProvider, type LocalProviderOptions } from './local';
 import { markerOnly } from './processes';
 
@@ -97,15 +97,8 @@ function findBwrap(configured: string | undefined): string {
     return configured;
   }
   const dirs = [...(process.env.PATH ?? '').split(':'), ...SYSTEM_PATH.split(':')].filter((d) => path.isAbsolute(d));
-  for (const dir of dirs) {
-    const candidate = path.join(dir, 'bwrap');
-    try {
-      accessSync(candidate, constants.X_OK);
-      return candidate;
-    } catch {
-      // not here
-    }
-  }
+  const found = findExecutable('bwrap', dirs);
+  if (found) return found;
   throw new StasisError(
     'NOT_SUPPORTED',
     `the bwrap provider needs bubblewrap (bwrap) on this host; none in ${dirs.join(':')}`,

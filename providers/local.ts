@@ -1,6 +1,4 @@
-import { accessSync, constants } from 'node:fs';
 import * as fs from 'node:fs/promises';
-import * as path from 'node:path';
 import { parseOrInvalid, StasisError } from '../common/errors';
 import type { Checkpoint, SandboxLimits, Workspace } from '../common/schemas';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../stores/archive';
@@ -25,6 +23,7 @@ import {
   hostCommands,
   SHELL_FROM_STDIN,
   spawnInSandbox,
+  findExecutable,
   SYSTEM_PATH,
   waitForOutcome,
   type CommandWrapper,
@@ -80,16 +79,7 @@ let initArgv: string[] | undefined;
 
 function initProcess(): string[] {
   if (!initArgv) {
-    const sleep = SYSTEM_PATH.split(':')
-      .map((dir) => path.join(dir, 'sleep'))
-      .find((file) => {
-        try {
-          accessSync(file, constants.X_OK);
-          return true;
-        } catch {
-          return false;
-        }
-      });
+    const sleep = findExecutable('sleep', SYSTEM_PATH.split(':'));
     initArgv = sleep ? [sleep, 'infinity'] : ['/bin/sh', '-c', 'exec sleep infinity'];
   }
   return initArgv;
@@ -460,7 +450,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     if (started.status === 'rejected') throw started.reason;
     markStage('sandbox started and files synced');
     // A resume from the local copy wrote it already, before the start.
-    if (JSON.stringify(state) !== started.value) await writeState(paths, state);
+    await saveIfChanged(paths, state, started.value ?? '');
     markStage('state written');
     if (baseline) {
       // The next checkpoint's baseline is written after the answer, as a release's is (see afterReceipt).
