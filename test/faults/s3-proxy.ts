@@ -6,7 +6,10 @@ import type { AddressInfo, Socket } from 'node:net';
 // request, or stalls (accepts and never answers); `hold` cuts chosen requests
 // part-way through their body (a worker killed while a PutObject is on the wire),
 // `corrupt` flips a byte of chosen requests' bodies, `chunked` answers chosen
-// requests without a Content-Length.
+// requests without a Content-Length, `early` answers 503 SlowDown to chosen
+// requests as soon as their headers arrive, reading none of the body (S3 does
+// this to a PutObject that asked `Expect: 100-continue`; to one that did not it
+// answers and closes the connection).
 // The Host header is passed through unchanged, so SigV4 signatures made for the
 // proxy's address verify.
 
@@ -17,7 +20,10 @@ export interface ProxiedRequest {
   method: string;
   path: string;
   /** What the proxy did with it. */
-  outcome: 'passed' | '503' | 'delayed' | 'stalled' | 'held' | 'corrupted' | 'answered' | 'upstream error';
+  outcome:
+    'passed' | '503' | 'early 503' | 'delayed' | 'stalled' | 'held' | 'corrupted' | 'answered' | 'upstream error';
+  /** Whether the client asked `Expect: 100-continue` (sends the body only after a 100 Continue). */
+  expectContinue: boolean;
 }
 
 /**
@@ -40,6 +46,8 @@ export interface FaultProxy {
   corrupt?: (request: { method: string; path: string }) => boolean;
   /** Chooses the requests whose answer comes without a Content-Length (chunked transfer, as a gateway may send it). */
   chunked?: (request: { method: string; path: string }) => boolean;
+  /** Chooses the requests answered 503 SlowDown before any of their body is read (`'early 503'`). */
+  early?: (request: { method: string; path: string }) => boolean;
   /** A 200 answer with this XML body, made here: the request never reaches the store (`'answered'`). */
   answer?: (request: { method: string; path: string }) => string | undefined;
   requests: ProxiedRequest[];
@@ -114,10 +122,29 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
     });
   };
 
-  const server = http.createServer((req, res) => {
+  const handle = (req: http.IncomingMessage, res: http.ServerResponse, expectContinue: boolean) => {
     const mode = proxy.mode;
-    const record: ProxiedRequest = { at: Date.now(), method: req.method ?? '', path: req.url ?? '', outcome: 'passed' };
+    const record: ProxiedRequest = {
+      at: Date.now(),
+      method: req.method ?? '',
+      path: req.url ?? '',
+      outcome: 'passed',
+      expectContinue,
+    };
     proxy.requests.push(record);
+    if (proxy.early?.({ method: record.method, path: record.path })) {
+      record.outcome = 'early 503';
+      // No 100 Continue and no read of the body: a client that sent it anyway sees the connection close.
+      res.writeHead(503, {
+        'content-type': 'application/xml',
+        'content-length': Buffer.byteLength(SLOW_DOWN),
+        connection: 'close',
+      });
+      res.end(SLOW_DOWN, () => req.socket.destroySoon());
+      return;
+    }
+    // The body is wanted: the client that asked may send it now.
+    if (expectContinue) res.writeContinue();
     const hold = proxy.hold?.({
       method: record.method,
       path: record.path,
@@ -151,7 +178,10 @@ export async function startS3Proxy(target: string): Promise<FaultProxy> {
     } else {
       forward(req, res, record);
     }
-  });
+  };
+  const server = http.createServer((req, res) => handle(req, res, false));
+  // With a listener here, Node leaves the 100 Continue to us instead of sending it by itself.
+  server.on('checkContinue', (req: http.IncomingMessage, res: http.ServerResponse) => handle(req, res, true));
   server.on('connection', (socket) => {
     sockets.add(socket);
     socket.on('close', () => sockets.delete(socket));

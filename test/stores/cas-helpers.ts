@@ -92,10 +92,13 @@ export async function listNoFollow(root: string): Promise<string[]> {
 }
 
 /** Runs `fn` with a fault proxy in front of the test MinIO and the store reached through it; closes the proxy after. */
-export async function behindProxy(fn: (proxy: FaultProxy, store: S3CheckpointStore) => Promise<void>): Promise<void> {
+export async function behindProxy(
+  fn: (proxy: FaultProxy, store: S3CheckpointStore) => Promise<void>,
+  partSize?: number,
+): Promise<void> {
   const proxy = await startS3Proxy(process.env.STASIS_S3_ENDPOINT ?? '');
   try {
-    await fn(proxy, s3StoreFromEnv(undefined, proxy.url));
+    await fn(proxy, s3StoreFromEnv(partSize, proxy.url));
   } finally {
     await proxy.close();
   }

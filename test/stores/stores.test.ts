@@ -337,6 +337,74 @@ describe('a putBytes failing in the middle of its request', () => {
   });
 });
 
+describe('a PutObject the store refuses before reading its body (503 SlowDown on the headers)', () => {
+  // S3 answers an overloaded prefix this way: to a request that asked `Expect: 100-continue` before any
+  // body is sent, to one that did not while the body is still on its way (and closes the connection).
+  it('s3: putBytes and a multipart put retry or fail with SlowDown, and leave the whole object or nothing', async () => {
+    await fc.assert(
+      fc.asyncProperty(
+        fc.record({
+          // Which PUT requests (in order) are refused early: the SDK tries each request twice.
+          refused: fc.uniqueArray(fc.nat({ max: 5 }), { maxLength: 4 }),
+          packBytes: fc.constantFrom(1024, 3 * 1024 * 1024 + 5),
+          streamBytes: fc.constantFrom(100, 11 * 1024 * 1024),
+        }),
+        async ({ refused, packBytes, streamBytes }) => {
+          const prefix = `checkpoints/${uniqueId('early-503')}/`;
+          await behindProxy(
+            async (proxy, store) => {
+              let puts = 0;
+              proxy.early = ({ method }) => method === 'PUT' && refused.includes(puts++);
+              const pack = randomBytes(packBytes);
+              const stream = randomBytes(streamBytes);
+              const attempts = [
+                { key: `${prefix}a.pack`, bytes: pack, put: () => store.putBytes(`${prefix}a.pack`, pack, {}) },
+                {
+                  key: `${prefix}b.tar.gz`,
+                  bytes: stream,
+                  put: () =>
+                    store.put(`${prefix}b.tar.gz`, Readable.from([stream.subarray(0, 7), stream.subarray(7)]), {}),
+                },
+              ];
+              for (const { key, bytes, put } of attempts) {
+                const outcome = await put().then(
+                  (stored) => stored,
+                  (err: unknown) => err as Error,
+                );
+                const listed = (await store.list(prefix)).filter((o) => o.key === key);
+                if (outcome instanceof Error) {
+                  // A clear error, and nothing under the key.
+                  expect(outcome.message).toMatch(/SlowDown|injected by the fault proxy/);
+                  expect(listed).toEqual([]);
+                } else {
+                  expect(outcome.sha256).toBe(createHash('sha256').update(bytes).digest('hex'));
+                  expect((await store.read(outcome.uri, bytes.length)).equals(bytes)).toBe(true);
+                }
+              }
+              const uploads = await testS3().send(
+                new ListMultipartUploadsCommand({ Bucket: bucket(), Prefix: prefix }),
+              );
+              expect(uploads.Uploads ?? []).toEqual([]);
+              // The store's early answers did happen, and to bodies the client held back when it asked to.
+              const early = proxy.requests.filter((r) => r.outcome === 'early 503');
+              expect(early.length).toBe(refused.filter((i) => i < puts).length);
+              // Once the store takes them again, the same puts go through whole.
+              proxy.early = undefined;
+              for (const { bytes, put } of attempts) {
+                const stored = await put();
+                expect((await store.read(stored.uri, bytes.length)).equals(bytes)).toBe(true);
+              }
+              await store.deletePrefix(prefix);
+            },
+            5 * 1024 * 1024,
+          );
+        },
+      ),
+      { numRuns: 12 },
+    );
+  }, 240_000);
+});
+
 describe('a read whose answer has no Content-Length', () => {
   it('s3: read holds an answer without a Content-Length to its bound as the bytes arrive', async () => {
     const prefix = `checkpoints/${uniqueId('read-chunked')}/`;
