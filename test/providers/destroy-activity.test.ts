@@ -31,7 +31,7 @@ const destroy = (provider: SandboxProvider, sandboxId: string, fence: number) =>
   new MockActivityEnvironment().run(activitiesFor(provider).sandboxOp, {
     provider: 'local',
     ownerId: 'run-test',
-    op: 'destroy',
+    op: 'destroy' as const,
     request: { sandboxId, fence },
   });
 
