@@ -68,6 +68,14 @@ export interface ResumedThenFailed {
   resumedThenFailed: BroughtBack;
 }
 
+/**
+ * What sandboxOp answers (nothing, from a worker of an earlier version): for a destroy, whether the
+ * provider deleted every checkpoint of the sandbox too, so the workflow need not delete them itself.
+ */
+export interface SandboxOpResult {
+  checkpointsDeleted?: boolean;
+}
+
 /** A file of a sandbox; `fence` is absent only in calls scheduled before file access was fenced. */
 export interface FileAt {
   sandboxId: string;
@@ -132,8 +140,13 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       });
     },
 
-    async sandboxOp(input: Owner & { op: ProviderOp; request: FencedRequest }): Promise<void> {
-      await call(input, (p, ctx) => p[input.op](input.request, ctx));
+    async sandboxOp(input: Owner & { op: ProviderOp; request: FencedRequest }): Promise<SandboxOpResult | undefined> {
+      return call(input, async (p, ctx) => {
+        await p[input.op](input.request, ctx);
+        return input.op === 'destroy' && p.destroyDeletesCheckpoints === true
+          ? { checkpointsDeleted: true }
+          : undefined;
+      });
     },
 
     async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {

@@ -130,6 +130,11 @@ export interface SandboxProvider {
   resume(request: FencedRequest, context: RequestContext): Promise<void>;
   restore(request: RestoreRequest, context: RequestContext): Promise<RestoreResult>;
   destroy(request: FencedRequest, context: RequestContext): Promise<void>;
+  /**
+   * True when destroy deletes every checkpoint of the sandbox before it answers (the local providers
+   * do, under the sandbox's lock): a Run's end then sends no delete of its own (workflows/coordinator.ts).
+   */
+  destroyDeletesCheckpoints?: boolean;
   readFile(request: FileRequest, context: RequestContext): Promise<Buffer>;
   writeFile(request: FileRequest & { content: Buffer }, context: RequestContext): Promise<void>;
   release(request: SandboxReleaseRequest, context: RequestContext): Promise<SandboxReleaseReceipt>;
@@ -157,6 +162,7 @@ export const ProviderShape = z.object({
   resume: fn,
   restore: fn,
   destroy: fn,
+  destroyDeletesCheckpoints: z.boolean().optional(),
   readFile: fn,
   writeFile: fn,
   release: fn,

@@ -464,6 +464,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     apiVersion: 3,
     name,
     capabilities: CAPABILITIES,
+    destroyDeletesCheckpoints: true,
 
     async provision(raw) {
       const request = parseOrInvalid(ProvisionRequest, raw, 'provision request');

@@ -463,7 +463,8 @@ export class ExecutionBindingLifecycleCoordinator {
    * Destroys the sandbox and every checkpoint it ever had. The host gets a bounded try (a host
    * that is gone or keeps failing does not hold up the end); what it could not remove, its own
    * maintenance removes once it is back, since the record then says DESTROYED. The checkpoints
-   * are deleted from any host, retried until done; the record says DESTROYING until they are.
+   * go with the host's destroy when its provider says so, else from any host, retried until done;
+   * the record says DESTROYING until they are.
    */
   async destroy(): Promise<void> {
     const announce = this.record.state !== 'DESTROYED' && this.isPatched(PATCH_DESTROYING);
@@ -479,12 +480,16 @@ export class ExecutionBindingLifecycleCoordinator {
       return;
     }
     let hostProblem: string | undefined;
+    // Decided by the destroy's result, which the history holds (null in histories recorded before the
+    // provider said so): replay takes the same branch without a patch marker.
+    let checkpointsDeleted = false;
     try {
-      await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({
+      const result = await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({
         ...this.owner,
         op: 'destroy',
         request,
       });
+      checkpointsDeleted = result?.checkpointsDeleted === true;
     } catch (err) {
       if (isCancellation(err)) throw err;
       hostProblem = `destroy on host ${this.record.hostId ?? '(none)'} did not finish (${failureMessage(err)}); that host's maintenance removes what is left`;
@@ -494,14 +499,16 @@ export class ExecutionBindingLifecycleCoordinator {
       blockedSince: undefined,
       ...(hostProblem ? { lastError: hostProblem } : {}),
     };
+    // The host's destroy deleted them already: a second delete was an activity, a workflow task and
+    // two S3 requests more at every end (issue 17).
     if (announce) {
       if (hostProblem) this.set({ lastError: hostProblem });
-      await this.deleteCheckpoints();
+      if (!checkpointsDeleted) await this.deleteCheckpoints();
       this.set(destroyed);
       return;
     }
     this.set(destroyed);
-    await this.deleteCheckpoints();
+    if (!checkpointsDeleted) await this.deleteCheckpoints();
   }
 
   /** The record says DESTROYING (it read ACTIVE once a release was cancelled, or what it was, while the host was waited for). */

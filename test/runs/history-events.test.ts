@@ -4,13 +4,15 @@ import * as path from 'node:path';
 import { temporal } from '@temporalio/proto';
 import type { PauseMode, RunSpec, StepShape } from '../../common/schemas';
 import { StasisKind, StasisResourceState, StasisStatus } from '../../workflows/search-attributes';
+import { storedKeys, testS3 } from '../helpers/s3';
 import { useStack, eventually } from '../helpers/stack';
 
 // What a Run writes to its history: at most 24 events per suspend/resume cycle in every pause mode,
 // one search-attribute upsert per workflow task at most, and none of what the Run was started with
-// (the attributes the client set at start).
+// (the attributes the client set at start); and at its end, one destroy and no delete of its own.
 
 const stack = useStack();
+const s3 = testS3();
 
 type Event = temporal.api.history.v1.IHistoryEvent;
 const {
@@ -76,6 +78,8 @@ async function runCycles(mode: PauseMode, cycles: number): Promise<Event[]> {
     await stack.client.runs.respond(runId, `int-${i}`, { decision: 'approve' });
   }
   expect(await stack.temporal.workflow.getHandle(runId).result()).toBe('done');
+  // Its end left nothing in the store, whoever deleted it.
+  expect(await storedKeys(s3, (await stack.client.runs.resource(runId)).record.sandboxId)).toEqual([]);
   return events(runId);
 }
 
@@ -124,6 +128,9 @@ test.each(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'] as const)(
     // This worker has no webhook and said so when it provisioned the sandbox: no delivery activity at all
     // (one at the first ask used to find that out, and its workflow task held up the first release's).
     expect(countTypes(three)['scheduled deliverWebhook']).toBeUndefined();
+    // The Run's end: the host's destroy deleted its checkpoints and said so, so the Run sends no delete of its own.
+    expect(countTypes(three)['scheduled sandboxOp']).toBe(1);
+    expect(countTypes(three)['scheduled deleteSandboxCheckpoints']).toBeUndefined();
     expect(typesPerCycle.WORKFLOW_TASK_COMPLETED).toBeLessThanOrEqual(3);
     // And still one search-attribute upsert per workflow task.
     expect(upsertsPerTask(cycle).filter((upserts) => upserts.length > 1)).toEqual([]);

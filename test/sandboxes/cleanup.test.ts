@@ -19,18 +19,23 @@ test('destroy deletes every checkpoint the sandbox ever had, not only the latest
   expect(await checkpointKeys(s3, sandboxId)).toHaveLength(2);
   await stack.client.sandboxes.destroy(sandboxId);
   expect(await storedKeys(s3, sandboxId)).toEqual([]);
-  // A worker lost mid-delete is noticed by its missed heartbeats, not at the end of a long start-to-close.
+  // The host's destroy deleted them and said so: the workflow sent no second delete.
+  expect(await deletesScheduled(sandboxId)).toEqual([]);
+});
+
+/**
+ * The workflow's own deletes of the sandbox's checkpoints, by their timeouts: a worker lost mid-delete
+ * is noticed by its missed heartbeats, not at the end of a long start-to-close.
+ */
+async function deletesScheduled(sandboxId: string): Promise<{ heartbeat: number; startToClose: number }[]> {
   const history = await stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId)).fetchHistory();
-  const scheduled = (history.events ?? []).filter(
-    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'deleteSandboxCheckpoints',
-  );
-  expect(
-    scheduled.map((e) => ({
+  return (history.events ?? [])
+    .filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'deleteSandboxCheckpoints')
+    .map((e) => ({
       heartbeat: Number(e.activityTaskScheduledEventAttributes?.heartbeatTimeout?.seconds),
       startToClose: Number(e.activityTaskScheduledEventAttributes?.startToCloseTimeout?.seconds),
-    })),
-  ).toEqual([{ heartbeat: 30, startToClose: 3600 }]);
-});
+    }));
+}
 
 test('retention expiry deletes every checkpoint the sandbox ever had, not only the latest', async () => {
   const expiring = new StasisClient(stack.temporal, {
@@ -73,6 +78,8 @@ test('destroy while the host is gone ends promptly; the host removes the sandbox
   const handle = stack.temporal.workflow.getHandle(`sandbox-${sandboxId}`);
   await eventually(async () => (await handle.describe()).status.name === 'COMPLETED', 30_000, 'sandbox workflow ended');
   expect(await storedKeys(s3, sandboxId)).toEqual([]);
+  // The host said nothing (it was gone): the workflow deleted them, from host B.
+  expect(await deletesScheduled(sandboxId)).toEqual([{ heartbeat: 30, startToClose: 3600 }]);
   // Not removed yet: nothing ran on host A.
   const left = await leftOn(stack, 'host-a', sandboxId);
   expect(left.directory).toBe(true);
