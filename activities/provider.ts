@@ -69,8 +69,9 @@ export interface ResumedThenFailed {
 }
 
 /**
- * What sandboxOp answers (nothing, from a worker of an earlier version): for a destroy, whether the
- * provider deleted every checkpoint of the sandbox too, so the workflow need not delete them itself.
+ * What sandboxOp answers (nothing, from a worker of an earlier version or to a caller that did not ask):
+ * for a destroy asked `reportCheckpointsDeleted`, whether the provider deleted every checkpoint of the
+ * sandbox too, so the workflow need not delete them itself.
  */
 export interface SandboxOpResult {
   checkpointsDeleted?: boolean;
@@ -140,10 +141,15 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       });
     },
 
-    async sandboxOp(input: Owner & { op: ProviderOp; request: FencedRequest }): Promise<SandboxOpResult | undefined> {
+    async sandboxOp(
+      input: Owner & { op: ProviderOp; request: FencedRequest; reportCheckpointsDeleted?: boolean },
+    ): Promise<SandboxOpResult | undefined> {
       return call(input, async (p, ctx) => {
         await p[input.op](input.request, ctx);
-        return input.op === 'destroy' && p.destroyDeletesCheckpoints === true
+        // Only to a caller that asks: workflow code of an earlier version, which deletes the checkpoints
+        // whatever this says, must not have an answer in its history that a later version reads as
+        // "skip the delete" on replay (a worker fleet mid-upgrade: a nondeterminism error at the Run's end).
+        return input.op === 'destroy' && input.reportCheckpointsDeleted === true && p.destroyDeletesCheckpoints === true
           ? { checkpointsDeleted: true }
           : undefined;
       });

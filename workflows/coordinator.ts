@@ -480,14 +480,16 @@ export class ExecutionBindingLifecycleCoordinator {
       return;
     }
     let hostProblem: string | undefined;
-    // Decided by the destroy's result, which the history holds (null in histories recorded before the
-    // provider said so): replay takes the same branch without a patch marker.
+    // Decided by the destroy's result, which the history holds: null in histories recorded before the
+    // provider said so, and in any destroy scheduled by code that did not ask (activities/provider.ts),
+    // so replay takes the branch the recorded run took, without a patch marker.
     let checkpointsDeleted = false;
     try {
       const result = await this.onHost({ scheduleToStartTimeout: HOST_SCHEDULE_TO_START }).sandboxOp({
         ...this.owner,
         op: 'destroy',
         request,
+        reportCheckpointsDeleted: true,
       });
       checkpointsDeleted = result?.checkpointsDeleted === true;
     } catch (err) {

@@ -27,12 +27,13 @@ function activitiesFor(provider: SandboxProvider) {
   });
 }
 
-const destroy = (provider: SandboxProvider, sandboxId: string, fence: number) =>
+const destroy = (provider: SandboxProvider, sandboxId: string, fence: number, ask = true) =>
   new MockActivityEnvironment().run(activitiesFor(provider).sandboxOp, {
     provider: 'local',
     ownerId: 'run-test',
     op: 'destroy' as const,
     request: { sandboxId, fence },
+    ...(ask ? { reportCheckpointsDeleted: true } : {}),
   });
 
 /** A sandbox with `releases` checkpoints in the store (each release at a fence of its own, each resumed). */
@@ -68,6 +69,12 @@ test('the local provider destroy answers checkpointsDeleted only with nothing le
     { numRuns: 4 },
   );
 }, 120_000);
+
+test('a destroy scheduled without asking (workflow code of an earlier version) is answered nothing, though the checkpoints went', async () => {
+  const { sandboxId, fence } = await withCheckpoints(1);
+  expect(await destroy(host.provider, sandboxId, fence, false)).toBeUndefined();
+  expect(await stored(sandboxId)).toBe(0);
+}, 60_000);
 
 test('a provider that does not say its destroy deletes checkpoints answers nothing: the workflow deletes them', async () => {
   const { sandboxId, fence } = await withCheckpoints(1);
