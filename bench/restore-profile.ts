@@ -296,7 +296,14 @@ async function main(): Promise<void> {
       tails('this build', oursTail);
       tails(`build of ${before}`, theirsTail);
       cpu('this build', oursCpu);
-      if (theirsCpu.length > 0) cpu(`build of ${before}`, theirsCpu);
+      if (theirsCpu.length > 0) {
+        cpu(`build of ${before}`, theirsCpu);
+        // Per rep, as for the wall times: the CPU a load takes from each also changes over the run.
+        const paired = oursCpu.map((value, i) => value / theirsCpu[i]);
+        console.log(
+          `  this build / that build, CPU per rep: median ${median(paired).toFixed(2)} (${paired.map((r) => r.toFixed(2)).join(' ')})`,
+        );
+      }
       await a.destroy({ sandboxId: id, fence: 3 }, ctxA);
     }
   } finally {

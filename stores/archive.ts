@@ -163,6 +163,8 @@ const REFUSED_KINDS: Record<string, string> = {
  */
 export class CheckpointChecker {
   private readonly kinds = new Map<string, EntryKind>();
+  /** Entries whose parent was not a directory admitted before them: finish checks their ancestors again. */
+  private readonly unsure: string[] = [];
   private bytes = 0;
 
   constructor(private readonly limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS) {}
@@ -179,8 +181,15 @@ export class CheckpointChecker {
     }
     const entryPath = normaliseEntryPath(raw);
     if (this.kinds.has(entryPath)) refuse(raw, 'appears twice in the archive');
-    if (!entryPath.includes('/') && kind !== 'directory') refuse(raw, 'is a top directory but not a directory');
-    this.refuseBeneathNonDirectory(entryPath, raw);
+    const slash = entryPath.lastIndexOf('/');
+    if (slash < 0 && kind !== 'directory') refuse(raw, 'is a top directory but not a directory');
+    // Beneath a directory admitted before it, an entry lies beneath directories only: each ancestor of
+    // that directory is one already (a path comes once) or was checked with it (now and at finish).
+    // Walk order, and every manifest, give every entry but the top ones such a parent.
+    if (slash >= 0 && this.kinds.get(entryPath.slice(0, slash)) !== 'directory') {
+      this.refuseBeneathNonDirectory(entryPath, raw);
+      this.unsure.push(entryPath);
+    }
     let linkpath = '';
     if (kind === 'symlink') {
       linkpath = entry.linkpath ?? '';
@@ -214,7 +223,7 @@ export class CheckpointChecker {
 
   /** The checks that need the whole archive: no entry lies beneath a symlink or file that comes later. */
   finish(): void {
-    for (const entryPath of this.kinds.keys()) this.refuseBeneathNonDirectory(entryPath, entryPath);
+    for (const entryPath of this.unsure) this.refuseBeneathNonDirectory(entryPath, entryPath);
   }
 
   private refuseBeneathNonDirectory(entryPath: string, raw: string): void {

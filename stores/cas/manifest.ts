@@ -333,7 +333,9 @@ async function readSegments(
         if (index === undefined) throw bad(`names a pack ${JSON.stringify(pack)} the checkpoint does not list`);
         return index;
       });
-      for (const [hash, location] of Object.entries(located)) {
+      for (const hash in located) {
+        if (!Object.hasOwn(located, hash)) continue;
+        const location = (located as Record<string, unknown>)[hash];
         if (!isChunkLocation(hash, location)) throw bad(`locates chunk ${JSON.stringify(hash)} wrongly`);
         const [pack, offset, length] = location as [number, number, number];
         if (pack >= indexes.length) throw bad(`locates chunk ${hash} in a pack it does not name`);
@@ -394,7 +396,10 @@ export function checkManifest(parsed: Manifest, uri: string, packsPrefix: string
     }
   }
   checker.finish();
-  for (const [hash, [pack, offset, length]] of Object.entries(parsed.chunks)) {
+  // Keys in turn, not Object.entries: an array of [key, value] pairs per chunk was garbage at 20,000 chunks.
+  for (const hash in parsed.chunks) {
+    if (!Object.hasOwn(parsed.chunks, hash)) continue;
+    const [pack, offset, length] = parsed.chunks[hash];
     const ref = parsed.packs[pack];
     if (!ref || offset + length > ref.size) throw invalid(uri, `locates chunk ${hash} outside its pack`);
   }

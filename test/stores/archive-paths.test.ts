@@ -90,3 +90,71 @@ describe('normaliseEntryPath', () => {
     );
   });
 });
+
+// The checker's ancestor rule takes a shortcut (an entry beneath a directory admitted before it is not
+// checked again): against the rule as it reads, whatever order a hostile archive puts its entries in.
+describe('CheckpointChecker, entries beneath a non-directory', () => {
+  type Kind = 'Directory' | 'File' | 'SymbolicLink';
+  /** A small tree of names, so that paths meet: parents, children, the same path twice. */
+  const entryPath = fc
+    .array(fc.constantFrom('a', 'b', 'c'), { minLength: 0, maxLength: 3 })
+    .chain((parts) => fc.constantFrom(...CHECKPOINT_DIRS.slice(0, 2)).map((top) => [top, ...parts].join('/')));
+  const archive = fc.array(
+    fc.record({ path: entryPath, type: fc.constantFrom<Kind>('Directory', 'Directory', 'File', 'SymbolicLink') }),
+    { maxLength: 14 },
+  );
+
+  /** Refused or not, as the rules read: no path twice, top entries directories, no entry beneath a non-directory anywhere in the archive. */
+  function refusedByTheRule(entries: { path: string; type: Kind }[]): boolean {
+    const kinds = new Map<string, Kind>();
+    for (const { path, type } of entries) {
+      if (kinds.has(path) || (!path.includes('/') && type !== 'Directory')) return true;
+      kinds.set(path, type);
+    }
+    return [...kinds.keys()].some((path) =>
+      path
+        .split('/')
+        .slice(0, -1)
+        .some((_, i, parts) => {
+          const kind = kinds.get(parts.slice(0, i + 1).join('/'));
+          return kind !== undefined && kind !== 'Directory';
+        }),
+    );
+  }
+
+  /** The checker's verdict, entry by entry and then whole; a refusal names an entry beneath a non-directory. */
+  function refusedByTheChecker(entries: { path: string; type: Kind }[]): boolean {
+    const checker = new CheckpointChecker();
+    try {
+      for (const { path, type } of entries) {
+        checker.admit({ path, type, mode: 0o755, size: 0, ...(type === 'SymbolicLink' ? { linkpath: '/' } : {}) });
+      }
+      checker.finish();
+      return false;
+    } catch (err) {
+      expect(err).toBeInstanceOf(StasisError);
+      expect((err as StasisError).code).toBe('CHECKPOINT_INVALID');
+      return true;
+    }
+  }
+
+  test('refuses exactly the archives the rule refuses, in any order', () => {
+    fc.assert(
+      fc.property(archive, (entries) => {
+        expect(refusedByTheChecker(entries)).toBe(refusedByTheRule(entries));
+      }),
+      { numRuns: 20_000 },
+    );
+  });
+
+  test('a symlink that comes after a directory admitted beneath it, with a file below that directory: refused', () => {
+    const entries: { path: string; type: Kind }[] = [
+      { path: 'workspace', type: 'Directory' },
+      { path: 'workspace/a/b', type: 'Directory' },
+      { path: 'workspace/a', type: 'SymbolicLink' },
+      { path: 'workspace/a/b/c', type: 'File' },
+    ];
+    expect(refusedByTheRule(entries)).toBe(true);
+    expect(refusedByTheChecker(entries)).toBe(true);
+  });
+});

@@ -199,6 +199,45 @@ describe('crafted manifests', () => {
     }
   });
 
+  test('a corrupt chunk after a good one of the same file: CHECKPOINT_INVALID naming it, only the good bytes written, the file closed', async () => {
+    // Alone, the file is written as its pack comes (the writer waits); after another file of that
+    // pack, it is written from the pack already loaded (without waiting): both ways fail alike.
+    for (const before of [false, true]) {
+      const good = bytes(70_000);
+      const bad = Buffer.from(bytes(50_000).map((b) => b ^ 0x5a));
+      const named = sha256(Buffer.from(`not the second chunk ${before}`));
+      const file = before ? 2 : 1;
+      const checkpoint = await craft(
+        store,
+        [
+          { p: 'workspace', k: 'd' },
+          ...(before ? [{ p: 'workspace/0.bin', k: 'f' as const, data: bytes(1000).reverse() }] : []),
+          { p: 'workspace/a.bin', k: 'f', data: Buffer.concat([good, bad]) },
+        ],
+        (manifest) => {
+          // The file's bytes as two chunks of the pack: the first named by its hash, the second not.
+          const [whole] = manifest.entries[file].c!;
+          const [pack, offset] = manifest.chunks[whole];
+          delete manifest.chunks[whole];
+          manifest.chunks[sha256(good)] = [pack, offset, good.length];
+          manifest.chunks[named] = [pack, offset + good.length, bad.length];
+          manifest.entries[file].c = [sha256(good), named];
+        },
+        'stasis-cas-2',
+      );
+      const dir = await tempDir('cas-attack-second-chunk');
+      const err = await stasisError(restoreInto(store, checkpoint, dir), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(`corrupt chunk ${named}`);
+      expect(err.message).toContain(sha256(bad));
+      expect((await fs.readFile(path.join(dir, 'workspace', 'a.bin'))).equals(good)).toBe(true);
+      // No descriptor of this process is left on the file the restore gave up on.
+      const open = await Promise.all(
+        (await fs.readdir('/proc/self/fd')).map((fd) => fs.readlink(`/proc/self/fd/${fd}`).catch(() => '')),
+      );
+      expect(open.filter((target) => target.startsWith(dir))).toEqual([]);
+    }
+  });
+
   test('setuid and setgid bits in a manifest never reach the restored files or directories', async () => {
     const checkpoint = await craft(store, [
       { p: 'workspace', k: 'd', m: 0o2775 },
