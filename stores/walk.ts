@@ -1,4 +1,4 @@
-import type { BigIntStats } from 'node:fs';
+import type { BigIntStats, Dirent } from 'node:fs';
 // Named, not `import * as`: compiled, a namespace import reads each function through a getter, on
 // every one of the walk's several calls per entry.
 import { closeSync, constants, fstatSync, lstatSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
@@ -34,8 +34,9 @@ export interface WalkEntry {
 
 export interface WalkOptions {
   /**
-   * Whether a regular file must be opened for its contents, from its lstat (default: every file).
-   * A file declined is never opened: its entry carries that lstat and no descriptor.
+   * Whether a regular file must be opened for its contents, from its lstat (default: every file, and
+   * then none is looked at by lstat first). A file declined is never opened: its entry carries that
+   * lstat and no descriptor.
    */
   wants?: (entryPath: string, stat: BigIntStats) => boolean;
 }
@@ -86,7 +87,7 @@ export async function* walkSandbox(
   await procReady();
   const slicer = new Slicer();
   // A synchronous generator inside: each level of an asynchronous one costs every entry promise hops.
-  for (const entry of walkSync(rootDir, names, options.wants ?? (() => true))) {
+  for (const entry of walkSync(rootDir, names, options.wants)) {
     yield entry;
     await slicer.pause();
   }
@@ -104,13 +105,13 @@ export async function walkSandboxSync(
   options: WalkOptions = {},
 ): Promise<Generator<WalkEntry>> {
   await procReady();
-  return walkSync(rootDir, names, options.wants ?? (() => true));
+  return walkSync(rootDir, names, options.wants);
 }
 
 function* walkSync(
   rootDir: string,
   names: readonly string[],
-  wants: (entryPath: string, stat: BigIntStats) => boolean,
+  wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined,
 ): Generator<WalkEntry> {
   const walk: Walk = { links: new Map(), wants };
   for (const name of names) {
@@ -128,14 +129,17 @@ function* walkSync(
 interface Walk {
   /** `dev:ino` of a file with several links → its first path in this walk. */
   links: Map<string, string>;
-  wants: (entryPath: string, stat: BigIntStats) => boolean;
+  /** Undefined: every regular file is opened, and none needs an lstat first. */
+  wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined;
 }
 
 /** The entry an O_PATH descriptor `fd` (never followed) holds, whose fstat is `stat`. */
 function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): Generator<WalkEntry> {
   if (stat.isDirectory()) {
     yield { path: entryPath, kind: 'directory', stat };
-    for (const name of readdirSync(magic(fd)).sort()) yield* child(walk, fd, name, `${entryPath}/${name}`);
+    // The listing's types (getdents' d_type) spare most names an lstat: see child.
+    const listed = readdirSync(magic(fd), { withFileTypes: true }).sort(byName);
+    for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
     return;
   }
   // Not a file, directory or link (a FIFO, socket or device): left out.
@@ -145,44 +149,56 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     yield hardlink;
     return;
   }
-  // Reopened for reading through its own descriptor: the very file just looked at, wherever it is now.
+  // Reopened for reading through its own descriptor: the very file `stat` is of (the magic link
+  // reaches that inode, wherever it is now), so its stat needs no second look.
   const file = openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
   try {
-    const opened = fstatSync(file, { bigint: true });
-    if (!opened.isFile() || opened.ino !== stat.ino || opened.dev !== stat.dev) {
-      throw new Error(`${entryPath} changed while it was packed`);
-    }
-    yield { path: entryPath, kind: 'file', stat: opened, file };
+    yield { path: entryPath, kind: 'file', stat, file };
   } finally {
     closeSync(file);
   }
 }
 
-/** The entry `name` in the directory `dir` holds: looked at by lstat, opened (O_PATH, not followed) only to go further. */
-function* child(walk: Walk, dir: number, name: string, entryPath: string): Generator<WalkEntry> {
-  const where = `${magic(dir)}/${name}`;
-  // Gone since the listing (renamed or removed meanwhile): not in this checkpoint.
-  const seen = lstatQuiet(where);
-  if (!seen) return;
-  // The type once, as a number: each of BigIntStats' is* methods makes BigInts (every entry, several times).
-  const type = Number(seen.mode) & S_IFMT;
-  if (type === S_IFLNK) {
-    const target = readLink(where);
-    if (target !== undefined) yield { path: entryPath, kind: 'symlink', stat: seen, linkpath: target };
-    return;
-  }
-  if (type !== S_IFDIR && type !== S_IFREG) return;
-  if (type === S_IFREG) {
-    // A regular file whose contents the caller does not need (unchanged since its baseline) is never opened.
-    const hardlink = linkedBefore(walk, seen, entryPath);
-    if (hardlink) {
-      yield hardlink;
+/** Names in the order of JavaScript's default sort (UTF-16 code units), which the walk has always had. */
+function byName(a: Dirent, b: Dirent): number {
+  return a.name < b.name ? -1 : a.name > b.name ? 1 : 0;
+}
+
+/**
+ * The entry `dirent` of the directory `dir` holds. Only what needs it is looked at by lstat: a link
+ * (its stat and target are all there is to it), a name whose type the listing does not give, and a
+ * regular file the caller may decline (unchanged files are never opened). Anything else is opened
+ * with O_PATH, not followed (which opens nothing: a FIFO cannot block, a device sees no open), and
+ * its fstat decides. Whatever the listing said, the name may have been swapped since: its fstat tells.
+ */
+function* child(walk: Walk, dir: number, dirent: Dirent, entryPath: string): Generator<WalkEntry> {
+  const where = `${magic(dir)}/${dirent.name}`;
+  // A FIFO, socket or device when listed: left out, as one found later would be.
+  if (dirent.isFIFO() || dirent.isSocket() || dirent.isCharacterDevice() || dirent.isBlockDevice()) return;
+  if (dirent.isSymbolicLink() || (!dirent.isDirectory() && !dirent.isFile()) || (dirent.isFile() && walk.wants)) {
+    // Gone since the listing (renamed or removed meanwhile): not in this checkpoint.
+    const seen = lstatQuiet(where);
+    if (!seen) return;
+    // The type once, as a number: each of BigIntStats' is* methods makes BigInts (every entry, several times).
+    const type = Number(seen.mode) & S_IFMT;
+    if (type === S_IFLNK) {
+      const target = readLink(where);
+      if (target !== undefined) yield { path: entryPath, kind: 'symlink', stat: seen, linkpath: target };
       return;
     }
-    if (!walk.wants(entryPath, seen)) {
-      if (seen.nlink > 1n) walk.links.set(`${seen.dev}:${seen.ino}`, entryPath);
-      yield { path: entryPath, kind: 'file', stat: seen };
-      return;
+    if (type !== S_IFDIR && type !== S_IFREG) return;
+    if (type === S_IFREG && walk.wants) {
+      // A regular file whose contents the caller does not need (unchanged since its baseline) is never opened.
+      const hardlink = linkedBefore(walk, seen, entryPath);
+      if (hardlink) {
+        yield hardlink;
+        return;
+      }
+      if (!walk.wants(entryPath, seen)) {
+        if (seen.nlink > 1n) walk.links.set(`${seen.dev}:${seen.ino}`, entryPath);
+        yield { path: entryPath, kind: 'file', stat: seen };
+        return;
+      }
     }
   }
   // Swapped meanwhile for a link: O_NOFOLLOW with O_PATH opens the link itself, which fstat tells.

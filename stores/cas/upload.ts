@@ -136,7 +136,8 @@ export async function takeCheckpoint(input: {
     };
     // Synchronous unless it must wait (a file to read, a turn of the event loop): an unchanged file costs no promise.
     const slicer = new Slicer();
-    for (const walked of await walkSandboxSync(input.rootDir, input.names, { wants })) {
+    // Without a baseline every file is read, and the walk then opens a regular file without an lstat first.
+    for (const walked of await walkSandboxSync(input.rootDir, input.names, previous ? { wants } : {})) {
       if (slicer.due()) await slicer.turn();
       signal?.throwIfAborted();
       if (walked.kind === 'file' && walked.file === undefined) {
