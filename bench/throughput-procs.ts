@@ -4,6 +4,7 @@ import * as fs from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { SandboxProvider } from '../providers/api';
+import { SHELL_FROM_STDIN } from '../providers/command';
 import { freePorts } from '../platform/ports';
 import { startMinio } from '../platform/servers';
 import { S3CheckpointStore } from '../stores/s3';
@@ -208,7 +209,11 @@ async function main(): Promise<void> {
       'sh join + prlimit + bwrap true': local.confine(marker, limits, bw),
       'sh -c true': { file: '/bin/sh', args: ['-c', 'true'] },
       'bash --norc -c true': { file: '/bin/bash', args: ['--norc', '-c', 'true'] },
-      'bash, command from stdin': { file: '/bin/bash', args: ['--norc', '-c', 'eval "$(/bin/cat)" </dev/null'] },
+      'bash, command from stdin via $(cat) (main)': {
+        file: '/bin/bash',
+        args: ['--norc', '-c', 'eval "$(/bin/cat)" </dev/null'],
+      },
+      'bash, command from stdin via read -N (now)': { file: SHELL_FROM_STDIN[0], args: SHELL_FROM_STDIN.slice(1) },
     };
     const per2 = new Map<string, { children: number; self: number }[]>();
     for (let i = 0; i < starts; i++) {
