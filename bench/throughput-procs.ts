@@ -103,6 +103,12 @@ async function main(): Promise<void> {
     return result;
   };
   const traceFile = process.env.PROCS_STRACE;
+  let current: string | undefined; // a sandbox a failed cycle left: destroyed (its volume unmounted) at the end
+  const cgroups = load('providers/cgroups') as {
+    killGroup: (m: unknown, timeoutMs: number) => Promise<void>;
+    hierarchies: () => { v2?: string; v1: { pids?: string; cpu?: string } };
+  };
+  const layersMarker = { sandboxId: 'layers', hostId };
   let tracer: ChildProcess | undefined;
   const context = (id: string) => ({ ownerId: id, hostId });
   const log = (line: string) => console.log(`[${new Date().toISOString()}] ${line}`);
@@ -112,6 +118,7 @@ async function main(): Promise<void> {
     const totals = { children: 0, self: 0, worker: 0, wall: 0, starts: 0 };
     for (let rep = -1; rep < cycles; rep++) {
       const id = `c${rep + 1}`;
+      current = id;
       const pid = spawnerPid();
       const before = pid === undefined ? undefined : stat(pid);
       const worker = process.cpuUsage();
@@ -133,6 +140,7 @@ async function main(): Promise<void> {
         context(id),
       );
       await provider.destroy({ sandboxId: id, fence: 4 }, context(id));
+      current = undefined;
       await new Promise((r) => setTimeout(r, 250)); // pipes' grace, kills reaped
       if (rep < 0) {
         rows.clear();
@@ -198,7 +206,7 @@ async function main(): Promise<void> {
     };
     const paths = sandboxPaths(path.join(root, 'layers'), 'layers');
     for (const dir of ['workspace', 'home', 'envs']) await fs.mkdir(paths[dir], { recursive: true });
-    const marker = { sandboxId: 'layers', hostId };
+    const marker = layersMarker;
     const limits = local.resolveLimits(undefined);
     const bw = bubblewrapCommands().wrap(paths, ['/bin/true'], {});
     const layers: Record<string, { file: string; args: string[] }> = {
@@ -244,6 +252,11 @@ async function main(): Promise<void> {
     }
     log(`load ${readFileSync('/proc/loadavg', 'utf8').trim()}`);
   } finally {
+    if (current) await provider.destroy({ sandboxId: current, fence: 99 }, context(current)).catch(() => undefined);
+    await cgroups.killGroup(layersMarker, 5000).catch(() => undefined);
+    const { v2, v1 } = cgroups.hierarchies();
+    for (const base of [v2, v1.pids, v1.cpu])
+      if (base) await fs.rmdir(path.join(base, `h-${hostId}`)).catch(() => undefined); // our host's groups, emptied
     await provider.close?.();
     await minio.stop();
     await fs.rm(root, { recursive: true, force: true }).catch(() => undefined);
