@@ -82,13 +82,16 @@ export interface SpawnOptions {
  * runs with stdin at /dev/null, as a command given with `bash -c` would. Node's stdin pipe is a
  * socket, which /dev/stdin cannot open, and on which bash would read ~/.bashrc as if started by
  * sshd, hence --norc. bash's own `read -N` takes it to the end, buffered and byte for byte (`$(cat)`
- * cost a fork and an exec per command, ~10 ms of CPU); REPLY is unset before the script runs.
+ * cost a fork and an exec per command, ~10 ms of CPU), into a variable unset before the script runs.
+ * The sandbox's environment reaches this shell: TMOUT would cut the read short and run part of the
+ * script (hence `TMOUT=` for the read alone), and SHELLOPTS=errexit would end the shell on the read's
+ * status at end of input (hence `|| :`); REPLY, unlike the variable used, is the script's to see.
  */
 export const SHELL_FROM_STDIN = [
   '/bin/bash',
   '--norc',
   '-c',
-  'read -r -N 2147483647; eval "unset -v REPLY; $REPLY" </dev/null',
+  'TMOUT= read -r -N 2147483647 STASIS_SCRIPT || :; eval "unset -v STASIS_SCRIPT; $STASIS_SCRIPT" </dev/null',
 ];
 
 /**
