@@ -18,7 +18,7 @@ export interface CpuUse {
 const TICKS_PER_SECOND = 100;
 
 /** utime + stime (and, with `children`, those of waited-for children) of a /proc stat file, in seconds. */
-function cpuSeconds(statFile: string, children = false): number {
+export function cpuSeconds(statFile: string, children = false): number {
   try {
     const stat = readFileSync(statFile, 'utf8');
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');

@@ -8,6 +8,8 @@ import { SHELL_FROM_STDIN } from '../providers/command';
 import { freePorts } from '../platform/ports';
 import { startMinio } from '../platform/servers';
 import { S3CheckpointStore } from '../stores/s3';
+import { cpuSeconds } from './cpu';
+import { loadDist as load } from './script';
 
 // Issue 17: what the sandbox-side processes of one figure-2 cycle cost in CPU, by kind. One sandbox
 // at a time goes through the Run's cycle on the provider directly (provision, exec, release with a
@@ -19,19 +21,11 @@ import { S3CheckpointStore } from '../stores/s3';
 // Then each layer of an exec's start is measured alone (the starter, sh joining the groups, prlimit,
 // bwrap's namespaces). Run with `node dist/bench/throughput-procs.js [cycles] [local|bwrap] [starts]`.
 
-const TICK_MS = 1000 / 100; // USER_HZ
-
+/** CPU of the process `pid` itself and of the children it reaped, in ms (bench/cpu.ts reads the stat file). */
 function stat(pid: number): { self: number; children: number } {
-  const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = text.slice(text.lastIndexOf(')') + 2).split(' ');
-  // Fields 14-17 of proc(5), counted here from field 3 (state) = index 0.
-  const [utime, stime, cutime, cstime] = [11, 12, 13, 14].map((i) => Number(f[i]) * TICK_MS);
-  return { self: utime + stime, children: cutime + cstime };
-}
-
-function load(rel: string): Record<string, unknown> {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  return require(path.join(__dirname, '..', rel)) as Record<string, unknown>;
+  const file = `/proc/${pid}/stat`;
+  const self = cpuSeconds(file);
+  return { self: self * 1000, children: (cpuSeconds(file, true) - self) * 1000 };
 }
 
 interface Request {

@@ -1,7 +1,7 @@
-import * as path from 'node:path';
 import { runCycleBench } from './cycle';
 import { startEnv, type BenchEnv } from './env';
 import { timedHistory } from './history';
+import { loadDist as load } from './script';
 import { runThroughput } from './throughput';
 
 // Issue 17, measured apart from `npm run bench` (which kills the sandbox processes of the bench's
@@ -46,11 +46,6 @@ function wrap(label: string, mod: Record<string, unknown>, names: string[]): voi
       return result;
     };
   }
-}
-
-function load(rel: string): Record<string, unknown> {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  return require(path.join(__dirname, '..', rel)) as Record<string, unknown>;
 }
 
 /** `count` Runs' timelines (ms from their start): where one Run waited. */
