@@ -104,6 +104,17 @@ export async function listTree(dir: string): Promise<string[]> {
   return entries.map(String).sort();
 }
 
+/** Perl that exchanges the paths in `$a` and `$b` atomically (renameat2 RENAME_EXCHANGE), for ever. */
+const EXCHANGE_FOREVER = [
+  'my $renameat2 = $Config{archname} =~ /aarch64/ ? 276 : 316;',
+  'while (1) { syscall($renameat2, -100, $a, -100, $b, 2) == 0 or die "renameat2: $!"; }',
+].join(' ');
+
+/** The argv of a process that exchanges `a` and `b` (both must exist) as fast as it can, for ever. */
+export function exchangeLoop(a: string, b: string): string[] {
+  return ['perl', '-MConfig', '-e', `my ($a, $b) = @ARGV; ${EXCHANGE_FOREVER}`, a, b];
+}
+
 /**
  * The argv of an attacker: from its working directory, it swaps the directory
  * `name` and a link to `target` (made here as `name.link`) under `name`, as fast
@@ -114,8 +125,8 @@ export async function listTree(dir: string): Promise<string[]> {
 export function swapLoop(name: string, target: string): string[] {
   const script = [
     'my ($n, $t) = @ARGV; my $l = "$n.link"; mkdir $n; symlink $t, $l or die "symlink: $!";',
-    'my $renameat2 = $Config{archname} =~ /aarch64/ ? 276 : 316;',
-    'while (1) { syscall($renameat2, -100, $n, -100, $l, 2) == 0 or die "renameat2: $!"; }',
+    'my ($a, $b) = ($n, $l);',
+    EXCHANGE_FOREVER,
   ].join(' ');
   return ['perl', '-MConfig', '-e', script, name, target];
 }

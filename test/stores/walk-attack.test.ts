@@ -3,7 +3,7 @@ import fc from 'fast-check';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { readWhole, walkSandbox, walkSandboxSync, type WalkEntry } from '../../stores/walk';
-import { tempDir } from '../providers/helpers';
+import { exchangeLoop, tempDir } from '../providers/helpers';
 
 // The walk of a sandbox's files under a sandbox process that escaped its freeze and swaps
 // (renameat2 exchange, as fast as it can) regular files with what it likes best: a link to a host
@@ -31,17 +31,6 @@ const KINDS: Kind[] = [
 ];
 
 const perl = (script: string, ...args: string[]) => ['perl', '-MConfig', '-e', script, ...args];
-
-/** Exchanges `a` and `b` (renameat2 RENAME_EXCHANGE), forever. */
-const exchangeLoop = (a: string, b: string) =>
-  perl(
-    [
-      'my ($a, $b) = @ARGV; my $renameat2 = $Config{archname} =~ /aarch64/ ? 276 : 316;',
-      'while (1) { syscall($renameat2, -100, $a, -100, $b, 2) == 0 or die "renameat2: $!"; }',
-    ].join(' '),
-    a,
-    b,
-  );
 
 /** Prints `OPEN <path>` for every open (for reading or writing, not O_PATH) of one of the paths' inodes. */
 const openWatch = (...paths: string[]) =>
