@@ -446,11 +446,41 @@ export interface SegmentBody {
   json?: Buffer;
 }
 
+/** Where a chunk is: its pack, and its offset and length in the pack's decompressed bytes. */
+export interface ChunkPlace {
+  pack: PackRef;
+  offset: number;
+  length: number;
+}
+
 /**
  * Splits a whole manifest into `stasis-cas-2`: its segments (entries with the locations of their
- * chunks, packs named by the name in their key) and the top object naming them. The segments' bytes
- * depend only on their entries and where their chunks are, never on the rest of the manifest.
+ * chunks, packs named by the name in their key) and the top object naming them (see Segmenter).
  * `ref[1]` (stored bytes) is 0 until the segment is compressed and stored (upload.ts).
+ */
+export function splitManifest(
+  manifest: Manifest,
+  previous?: Manifest,
+): { segments: SegmentBody[]; takenAtNs: string; packs: PackRef[] } {
+  const segmenter = new Segmenter((hash) => {
+    const [pack, offset, length] = manifest.chunks[hash];
+    return { pack: manifest.packs[pack], offset, length };
+  }, previous);
+  const segments: SegmentBody[] = [];
+  for (const entry of manifest.entries) {
+    const segment = segmenter.push(entry);
+    if (segment) segments.push(segment);
+  }
+  const last = segmenter.end();
+  if (last) segments.push(last);
+  return { segments, takenAtNs: manifest.takenAtNs, packs: manifest.packs };
+}
+
+/**
+ * Cuts a manifest's entries, given one at a time in order, into `stasis-cas-2` segments: a segment is
+ * made as soon as its last entry is given, so a checkpoint stores its segments while its walk goes
+ * on. Each entry's chunks must be located (`locate`) when it is given. The segments' bytes depend
+ * only on their entries and where their chunks are, never on the rest of the manifest.
  *
  * `previous`, a manifest whose entries are exactly those of its segments (one this engine split and
  * stored, see Baseline.split), spares the JSON and the hash of every segment whose entries are the
@@ -459,62 +489,77 @@ export interface SegmentBody {
  * that segment's. An unchanged re-suspend of 20,000 files spent ~180 ms (load ~9) serialising and
  * hashing segments it then did not upload.
  */
-export function splitManifest(
-  manifest: Manifest,
-  previous?: Manifest,
-): { segments: SegmentBody[]; takenAtNs: string; packs: PackRef[] } {
-  const packNames = manifest.packs.map((pack) => pack.uri.slice(pack.uri.lastIndexOf('/') + 1, -PACK_SUFFIX.length));
-  const earlier = segmentsByFirstPath(previous);
-  const segments: SegmentBody[] = [];
-  let from = 0;
-  let jsonBytes = 0;
-  const cut = (to: number) => {
-    const same = earlier.get(manifest.entries[from].p);
+export class Segmenter {
+  private readonly earlier: Map<string, { ref: SegmentRef; start: number }>;
+  private entries: ManifestEntry[] = [];
+  private jsonBytes = 0;
+  /** Each pack's name (in its key), by uri. */
+  private readonly names = new Map<string, string>();
+
+  constructor(
+    private readonly locate: (hash: string) => ChunkPlace | undefined,
+    private readonly previous?: Manifest,
+  ) {
+    this.earlier = segmentsByFirstPath(previous);
+  }
+
+  /** Takes the next entry; returns the segment it ends, if it ends one. */
+  push(entry: ManifestEntry): SegmentBody | undefined {
+    this.entries.push(entry);
+    this.jsonBytes += 120 + entry.p.length + (entry.l?.length ?? 0) + 67 * (entry.c?.length ?? 0) * 2;
+    const count = this.entries.length;
     if (
-      same &&
-      same.ref[3] === to - from &&
-      sameEntries(manifest.entries, from, previous!.entries, same.start, to - from)
+      (count >= SEGMENT_MIN_ENTRIES && pathHash(entry.p) % SEGMENT_SPREAD === 0) ||
+      count >= SEGMENT_MAX_ENTRIES ||
+      this.jsonBytes >= SEGMENT_MAX_JSON
     ) {
-      segments.push({ ref: same.ref });
-      from = to;
-      jsonBytes = 0;
-      return;
+      return this.cut();
     }
-    const entries = manifest.entries.slice(from, to).map(canonicalEntry);
+    return undefined;
+  }
+
+  /** The last segment, once every entry was given (none if the last entry ended one). */
+  end(): SegmentBody | undefined {
+    return this.entries.length > 0 ? this.cut() : undefined;
+  }
+
+  private cut(): SegmentBody {
+    const list = this.entries;
+    this.entries = [];
+    this.jsonBytes = 0;
+    const same = this.earlier.get(list[0].p);
+    if (same && same.ref[3] === list.length && sameEntries(list, 0, this.previous!.entries, same.start, list.length)) {
+      return { ref: same.ref };
+    }
+    const entries = list.map(canonicalEntry);
     const packs: string[] = [];
-    const packIndex = new Map<number, number>();
+    const packIndex = new Map<string, number>();
     const chunks: Record<string, [number, number, number]> = {};
     for (const entry of entries) {
       for (const hash of entry.c ?? []) {
         if (Object.hasOwn(chunks, hash)) continue;
-        const [pack, offset, length] = manifest.chunks[hash];
-        let index = packIndex.get(pack);
+        const where = this.locate(hash);
+        if (!where) throw new Error(`chunk ${hash} of ${entry.p} is in no pack`);
+        let index = packIndex.get(where.pack.uri);
         if (index === undefined) {
-          index = packs.push(packNames[pack]) - 1;
-          packIndex.set(pack, index);
+          index = packs.push(this.nameOf(where.pack.uri)) - 1;
+          packIndex.set(where.pack.uri, index);
         }
-        chunks[hash] = [index, offset, length];
+        chunks[hash] = [index, where.offset, where.length];
       }
     }
     const json = Buffer.from(JSON.stringify({ format: SEGMENT_FORMAT, packs, chunks, entries }));
-    segments.push({ ref: [chunkHash(json), 0, json.length, entries.length], json });
-    from = to;
-    jsonBytes = 0;
-  };
-  for (let i = 0; i < manifest.entries.length; i += 1) {
-    const entry = manifest.entries[i];
-    jsonBytes += 120 + entry.p.length + (entry.l?.length ?? 0) + 67 * (entry.c?.length ?? 0) * 2;
-    const count = i + 1 - from;
-    if (
-      (count >= SEGMENT_MIN_ENTRIES && pathHash(entry.p) % SEGMENT_SPREAD === 0) ||
-      count >= SEGMENT_MAX_ENTRIES ||
-      jsonBytes >= SEGMENT_MAX_JSON
-    ) {
-      cut(i + 1);
-    }
+    return { ref: [chunkHash(json), 0, json.length, entries.length], json };
   }
-  if (from < manifest.entries.length) cut(manifest.entries.length);
-  return { segments, takenAtNs: manifest.takenAtNs, packs: manifest.packs };
+
+  private nameOf(uri: string): string {
+    let name = this.names.get(uri);
+    if (name === undefined) {
+      name = uri.slice(uri.lastIndexOf('/') + 1, -PACK_SUFFIX.length);
+      this.names.set(uri, name);
+    }
+    return name;
+  }
 }
 
 /** The segments of `manifest` by the path of their first entry, with where that entry is. */
@@ -580,14 +625,16 @@ function pathHash(text: string): number {
 
 /**
  * A segment's stored bytes: raw deflate, in this process (a zstd command per segment cost a spawn
- * each), synchronously (tens of KiB take well under a millisecond; through the thread pool each
- * waited behind the others: 45 ms apiece in a profile of 158 segments). Level 1, as packs are: a
- * segment is mostly chunk hashes, which no level compresses (a 44 KB segment of 250 files: 12.5 KB
- * at level 1, 12.3 KB at 6, for a quarter to a third of the CPU; readers inflate any level).
+ * each), in the thread pool: a checkpoint compresses its segments while its walk goes on, which
+ * keeps the event loop, the walk's one thread, busy (~100 ms of it at 20,000 files). Level 1, as
+ * packs are: a segment is mostly chunk hashes, which no level compresses (a 44 KB segment of 250
+ * files: 12.5 KB at level 1, 12.3 KB at 6, for a quarter to a third of the CPU; readers inflate any level).
  */
-export function compressSegment(json: Buffer): Buffer {
-  return zlib.deflateRawSync(json, { level: 1 });
+export function compressSegment(json: Buffer): Promise<Buffer> {
+  return deflateRaw(json, { level: 1 });
 }
+
+const deflateRaw = promisify(zlib.deflateRaw);
 
 async function inflateBounded(stored: Buffer, segmentUri: string, maxBytes: number, uri: string): Promise<Buffer> {
   try {

@@ -15,7 +15,6 @@ import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
 import {
   admitEntry,
-  compressSegment,
   encodeTop,
   MANIFEST_SUFFIX,
   MAX_PACK_BYTES,
@@ -23,27 +22,26 @@ import {
   PACKS_DIR,
   PACK_SUFFIX,
   packsPrefixOf,
-  SEGMENT_SUFFIX,
-  SEGMENTS_DIR,
-  splitManifest,
   storedMtime,
+  type ChunkPlace,
   type Manifest,
   type ManifestEntry,
   type PackRef,
-  type SegmentRef,
   type TopManifest,
 } from './manifest';
 import { CHUNK_SIZES } from './fastcdc';
 import { Lanes } from './lanes';
+import { SegmentUploads } from './segment-uploads';
 import { Slab, Slabs } from './slabs';
 import { looksIncompressible, zstdCompressFile, zstdRawFrame } from './zstd';
 
 // Taking a content-addressed checkpoint: walk, find what changed since the
 // baseline, cut and hash only that, upload only chunks the baseline's checkpoint
-// does not already hold (in packs of a few MiB), then the manifest: the segments
-// the baseline's checkpoint does not already have, and last the top object. Until
-// it is in the store nothing names the new packs and segments, and a killed
-// attempt leaves only objects that garbage collection removes.
+// does not already hold (in packs of a few MiB), and the manifest's segments the
+// baseline's checkpoint does not already have (each as soon as its entries and
+// their packs are), then last the top object. Until it is in the store nothing
+// names the new packs and segments, and a killed attempt leaves only objects that
+// garbage collection removes.
 
 /** Files smaller than this are one chunk; larger ones are cut by FastCDC. */
 export const WHOLE_FILE_BYTES = 1024 * 1024;
@@ -119,6 +117,26 @@ export async function takeCheckpoint(input: {
   const local: Baseline['local'] = {};
   const stats = noStats(0);
   const onChunk: OnChunk = (hash, bytes, slab) => (known.has(hash) ? undefined : packer.add(hash, bytes, slab));
+  const locate = (hash: string): ChunkPlace | undefined => packer.located(hash) ?? known.get(hash);
+  const segments = new SegmentUploads(input, locate, baseline);
+  // The entries before `ready` went to the segments; of entries[ready], the chunks before `readyChunks` are located.
+  let ready = 0;
+  let readyChunks = 0;
+  /** Gives the segments every entry now complete, in order: a file once each of its chunks is located. */
+  const advance = () => {
+    for (; ready < entries.length; ready += 1, readyChunks = 0) {
+      const entry = entries[ready];
+      if (entry.k === 'f') {
+        const chunks = entry.c;
+        if (chunks === undefined) return;
+        for (; readyChunks < chunks.length; readyChunks += 1) {
+          const hash = chunks[readyChunks];
+          if (packer.located(hash) === undefined && !known.has(hash)) return;
+        }
+      }
+      segments.add(entry);
+    }
+  };
   // This checkpoint's own: none is kept past it.
   const pieces = new Slabs(CHUNK_SIZES.max + READ_BYTES, SLABS_KEPT);
   const smallFiles = new SmallFiles(onChunk, new Slabs(BATCH_BYTES, SLABS_KEPT));
@@ -140,6 +158,7 @@ export async function takeCheckpoint(input: {
     for (const walked of await walkSandboxSync(input.rootDir, input.names, previous ? { wants } : {})) {
       if (slicer.due()) await slicer.turn();
       signal?.throwIfAborted();
+      advance();
       if (walked.kind === 'file' && walked.file === undefined) {
         // Not opened: the baseline vouched for it, and its entry is what describe would make of it.
         const unchanged = vouched?.entry.p === walked.path ? vouched : undefined;
@@ -174,10 +193,13 @@ export async function takeCheckpoint(input: {
     checker.finish();
     await smallFiles.finish();
     await packer.sealAll();
+    advance();
+    if (ready !== entries.length) throw new Error(`${entries[ready].p} has chunks in no pack`);
   } catch (err) {
     stopWarming();
     await smallFiles.abandon();
     await packer.abandon();
+    await segments.abandon();
     throw err;
   }
   // Every file kept the baseline's chunk list, and the baseline has no other file: the chunks are the
@@ -192,19 +214,19 @@ export async function takeCheckpoint(input: {
           packs: baseline.manifest.packs,
         }
       : assemble(takenAtNs.toString(), entries, known, packer);
-  // Every pack is sealed, so its name is known: the segments (which name packs by name) are stored
-  // while the last packs still upload, and only the top object (their sizes and hashes) waits for them.
-  // Stored one after the other, the manifest's round trips were ~10% of a first snapshot of 64 MiB.
-  const packed = packer.finish();
-  packed.catch(() => undefined); // awaited by storeManifest
+  // The segments (which name packs by name, known once sealed) are stored while the last packs still
+  // upload, and only the top object (their sizes and hashes) waits for them.
   let stored: { checkpoint: Checkpoint; manifest: Manifest };
   try {
-    stored = await storeManifest(input, assembled, baseline, stats, packed);
+    stored = await storeManifest(input, assembled, segments, stats, packer.finish());
   } catch (err) {
     await packer.abandon();
+    await segments.abandon();
     throw err;
   }
   const { checkpoint, manifest } = stored;
+  stats.segments = segments.uploaded;
+  stats.segmentBytes = segments.uploadedBytes;
   stats.packBytes = packer.uploadedBytes;
   stats.packs = packer.uploadedPacks;
   stats.rawPacks = packer.rawPacks;
@@ -215,64 +237,28 @@ export async function takeCheckpoint(input: {
   };
 }
 
-/** Segments uploading at once: small objects, so the store's latency, not its bandwidth, sets the pace. */
-const SEGMENT_UPLOADS = 16;
-
 /**
- * Stores the manifest as `stasis-cas-2`: each segment the baseline's checkpoint does not already
- * name is uploaded (under its name: a retry or another checkpoint with the same segment writes the
- * same bytes), then the top object, last. The baseline's segments are reused only as its packs are:
- * while its checkpoint exists (usableBaseline), which keeps them from garbage collection.
+ * Stores the manifest as `stasis-cas-2`: its segments (SegmentUploads, which has every entry), then,
+ * once the packs are stored too, the top object, last.
  */
 async function storeManifest(
-  input: {
-    store: CheckpointStore;
-    prefix: string;
-    name: string;
-    labels: Record<string, string>;
-    progress: { bytes: number };
-    signal?: AbortSignal;
-  },
+  input: { store: CheckpointStore; prefix: string; name: string; labels: Record<string, string>; signal?: AbortSignal },
   manifest: Manifest,
-  baseline: Baseline | undefined,
+  segments: SegmentUploads,
   stats: TakeStats,
   /** The packs' uploads: the top object, which holds their sizes and hashes, is stored once they are. */
   packed: Promise<void>,
 ): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
-  const { signal } = input;
-  const { segments, takenAtNs, packs } = splitManifest(manifest, baseline?.split ? baseline.manifest : undefined);
-  const stored = new Map<string, SegmentRef>((baseline?.manifest.segments ?? []).map((ref) => [ref[0], ref]));
-  const refs: SegmentRef[] = [];
-  const uploads = new Map<string, Promise<SegmentRef>>();
-  const running = new Set<Promise<SegmentRef>>();
-  try {
-    for (const { ref, json } of segments) {
-      const name = ref[0];
-      if (!stored.has(name) && !uploads.has(name)) {
-        if (json === undefined) throw new Error(`segment ${name} is neither new nor the baseline's`);
-        while (running.size >= SEGMENT_UPLOADS) await Promise.race(running).catch(() => undefined);
-        signal?.throwIfAborted();
-        const upload = (async (): Promise<SegmentRef> => {
-          const body = compressSegment(json);
-          await input.store.putBytes(`${input.prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`, body, {}, signal);
-          stats.segments += 1;
-          stats.segmentBytes += body.length;
-          input.progress.bytes += body.length;
-          return [name, body.length, ref[2], ref[3]];
-        })();
-        upload.catch(() => undefined); // awaited below
-        uploads.set(name, upload);
-        running.add(upload);
-        void upload.finally(() => running.delete(upload)).catch(() => undefined);
-      }
-    }
-    for (const { ref } of segments) refs.push(stored.get(ref[0]) ?? (await uploads.get(ref[0])!));
-    await packed;
-  } finally {
-    // Nothing is still writing once the attempt has failed.
-    await Promise.allSettled(uploads.values());
-  }
-  const checkpoint = await storeTop(input, { format: 'stasis-cas-2', takenAtNs, segments: refs, packs }, stats);
+  packed.catch(() => undefined); // awaited below, once the segments are stored
+  const refs = await segments.finish();
+  await packed;
+  const top: TopManifest = {
+    format: 'stasis-cas-2',
+    takenAtNs: manifest.takenAtNs,
+    segments: refs,
+    packs: manifest.packs,
+  };
+  const checkpoint = await storeTop(input, top, stats);
   return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
 }
 
@@ -376,8 +362,6 @@ async function usableBaseline(
   return own && (await store.exists(baseline.uri)) ? baseline : undefined;
 }
 
-/** Where a chunk is: its pack, offset and length in the pack's decompressed bytes. */
-type ChunkPlace = { pack: PackRef; offset: number; length: number };
 /** The chunks the baseline's checkpoint holds (reused without upload), looked up in its manifest. */
 interface Known {
   has(hash: string): boolean;

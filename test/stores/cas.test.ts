@@ -264,7 +264,9 @@ describe('segmented manifests (stasis-cas-2)', () => {
     const client = testS3();
     const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
     // Well-formed deflate of other JSON, of the declared size at most.
-    const other = compressSegment(Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'));
+    const other = await compressSegment(
+      Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'),
+    );
     expect(other.length).toBeLessThanOrEqual(storedBytes);
     await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: other }));
     const target = await tempDir('cas-seg-target');
