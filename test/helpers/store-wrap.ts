@@ -8,7 +8,7 @@ export function passThrough(inner: CheckpointStore): CheckpointStore {
   return {
     kind: inner.kind,
     put: (key, body, labels, signal) => inner.put(key, body, labels, signal),
-    putBytes: (key, bytes, labels, signal) => inner.putBytes(key, bytes, labels, signal),
+    putBytes: (key, bytes, labels, signal, sha256) => inner.putBytes(key, bytes, labels, signal, sha256),
     download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
     delete: (uri) => inner.delete(uri),
     uriOf: (key) => inner.uriOf(key),
