@@ -39,8 +39,20 @@ test('looks up every entry below the top names and none through a link, in the t
       let expected = 0;
       for (const name of NAMES) expected += (await listNoFollow(path.join(root, name))).length;
       const stop = new Int32Array(new SharedArrayBuffer(4));
-      expect(warmTrees(fsSync, root, [...NAMES, 'missing'], stop)).toBe(expected);
-      expect(await warmMetadata(root, NAMES).looked).toBe(expected);
+      expect(warmTrees(fsSync, root, [...NAMES, 'missing'], stop, 0)).toBe(expected);
+      expect(await warmMetadata(root, NAMES, 0).looked).toBe(expected);
+      // Every lookup taken as cached: each directory is still listed and entered, and only two of its other names looked up.
+      let cached = 0;
+      for (const name of NAMES) {
+        const listed = await listNoFollow(path.join(root, name));
+        const dirs = ['', ...listed.filter((p) => fsSync.lstatSync(path.join(root, name, p)).isDirectory())];
+        cached += dirs.length - 1;
+        for (const dir of dirs) {
+          const others = listed.filter((p) => path.dirname(p) === (dir || '.') && !dirs.includes(p));
+          cached += Math.min(2, others.length);
+        }
+      }
+      expect(warmTrees(fsSync, root, NAMES, stop, Infinity)).toBe(cached);
       await fs.rm(root, { recursive: true, force: true });
       await fs.rm(outside, { recursive: true, force: true });
     }),
@@ -54,9 +66,9 @@ test('a top name that is a link (an active workspace) is followed; told to stop,
   for (let i = 0; i < 10; i += 1) await fs.writeFile(path.join(host, `f${i}`), 'z');
   await fs.symlink(host, path.join(root, 'workspace'));
   const stop = new Int32Array(new SharedArrayBuffer(4));
-  expect(warmTrees(fsSync, root, ['workspace'], stop)).toBe(10);
+  expect(warmTrees(fsSync, root, ['workspace'], stop, 0)).toBe(10);
   Atomics.store(stop, 0, 1);
-  expect(warmTrees(fsSync, root, ['workspace'], stop)).toBe(0);
+  expect(warmTrees(fsSync, root, ['workspace'], stop, 0)).toBe(0);
   const stopped = warmMetadata(root, ['workspace']);
   stopped.stop();
   // Stopped before or while it ran: never more than the tree.
