@@ -15,7 +15,14 @@ import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
 
 export const NAMES = ['workspace', 'home', 'envs'] as const;
 
-export async function take(store: CheckpointStore, root: string, sandboxId: string, baseline?: Baseline) {
+export async function take(
+  store: CheckpointStore,
+  root: string,
+  sandboxId: string,
+  baseline?: Baseline,
+  /** Where its packs are compressed (takeCheckpoint's tempPrefix). */
+  tempPrefix?: string,
+) {
   return takeCheckpoint({
     store,
     rootDir: root,
@@ -26,6 +33,7 @@ export async function take(store: CheckpointStore, root: string, sandboxId: stri
     limits: DEFAULT_ARCHIVE_LIMITS,
     ...(baseline ? { baseline } : {}),
     progress: { bytes: 0 },
+    ...(tempPrefix ? { tempPrefix } : {}),
   });
 }
 

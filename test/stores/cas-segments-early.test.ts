@@ -3,12 +3,10 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import type { CheckpointStore } from '../../stores/api';
-import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import { MANIFEST_SUFFIX, PACK_SUFFIX, SEGMENT_SUFFIX, splitManifest } from '../../stores/cas/manifest';
-import { takeCheckpoint } from '../../stores/cas/upload';
 import { passThrough } from '../helpers/store-wrap';
 import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
-import { bytes, describeTree, NAMES, newSandboxRoot, restoreFresh } from './cas-helpers';
+import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // A checkpoint stores its manifest's segments while its walk goes on (each once its entries' chunks
 // are in sealed packs), against a real MinIO: the top object still comes last, after every pack and
@@ -72,18 +70,9 @@ async function mixedTree(shape: { small: number[]; large: number[]; dup: number 
   return root;
 }
 
-function take(watched: CheckpointStore, root: string, prefix: string, temp: string) {
-  return takeCheckpoint({
-    store: watched,
-    rootDir: root,
-    names: NAMES,
-    prefix,
-    name: uniqueId('t'),
-    labels: {},
-    limits: DEFAULT_ARCHIVE_LIMITS,
-    progress: { bytes: 0 },
-    tempPrefix: path.join(temp, uniqueId('pack')),
-  });
+/** A first checkpoint of `root` into `checkpoints/<sandboxId>/`, its packs compressed in `temp`. */
+function takeInto(watched: CheckpointStore, root: string, sandboxId: string, temp: string) {
+  return take(watched, root, sandboxId, undefined, path.join(temp, uniqueId('pack')));
 }
 
 describe('segments stored during the walk', () => {
@@ -98,10 +87,11 @@ describe('segments stored during the walk', () => {
     await fc.assert(
       fc.asyncProperty(shape, delays, delays, async (tree, packDelays, segmentDelays) => {
         const root = await mixedTree(tree);
-        const prefix = `checkpoints/${uniqueId('cas-early')}/`;
+        const sandboxId = uniqueId('cas-early');
+        const prefix = `checkpoints/${sandboxId}/`;
         const watched = watchedStore({ delays: { pack: packDelays, segment: segmentDelays, top: [0] } });
         try {
-          const taken = await take(watched.store, root, prefix, temp);
+          const taken = await takeInto(watched.store, root, sandboxId, temp);
           const { events } = watched;
           const topStart = events.findIndex((e) => e.kind === 'top' && e.at === 'start');
           // Every other put ended before the top object's began, and none came after it.
@@ -133,10 +123,11 @@ describe('segments stored during the walk', () => {
     // ~30 MB of small compressible files: the first packs are sealed (and their segments complete) long before the walk ends.
     const root = await mixedTree({ small: new Array<number>(6000).fill(5000), large: [], dup: 0 });
     const temp = await tempDir('cas-early-order');
-    const prefix = `checkpoints/${uniqueId('cas-early')}/`;
+    const sandboxId = uniqueId('cas-early');
+    const prefix = `checkpoints/${sandboxId}/`;
     const watched = watchedStore({ delays: { pack: [0], segment: [0], top: [0] } });
     try {
-      await take(watched.store, root, prefix, temp);
+      await takeInto(watched.store, root, sandboxId, temp);
       const starts = watched.events.filter((e) => e.at === 'start');
       const firstSegment = starts.findIndex((e) => e.kind === 'segment');
       const lastPack = starts.map((e) => e.kind).lastIndexOf('pack');
@@ -154,17 +145,18 @@ describe('segments stored during the walk', () => {
     const before = await describeTree(root);
     const temp = await tempDir('cas-early-fail');
     for (const failSegment of [0, 2, 5]) {
-      const prefix = `checkpoints/${uniqueId('cas-early-fail')}/`;
+      const sandboxId = uniqueId('cas-early-fail');
+      const prefix = `checkpoints/${sandboxId}/`;
       try {
         const watched = watchedStore({ delays: { pack: [5, 0], segment: [0, 10], top: [0] }, failSegment });
-        await expect(take(watched.store, root, prefix, temp)).rejects.toThrow(
+        await expect(takeInto(watched.store, root, sandboxId, temp)).rejects.toThrow(
           `injected failure of segment put ${failSegment}`,
         );
         expect(watched.inFlight()).toBe(0);
         expect(watched.events.some((e) => e.kind === 'top')).toBe(false);
         expect((await store.list(prefix)).filter((o) => o.key.endsWith(MANIFEST_SUFFIX))).toEqual([]);
         expect(await fs.readdir(temp)).toEqual([]);
-        const retried = await take(store, root, prefix, temp);
+        const retried = await takeInto(store, root, sandboxId, temp);
         const restored = await restoreFresh(store, retried.checkpoint);
         expect(await describeTree(restored.target)).toEqual(before);
         await fs.rm(restored.target, { recursive: true, force: true });
