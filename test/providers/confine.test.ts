@@ -2,7 +2,7 @@ import { existsSync, readFileSync, rmdirSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import fc from 'fast-check';
-import { killGroup } from '../../providers/cgroups';
+import { hierarchies, killGroup } from '../../providers/cgroups';
 import { confine, joined, resolveLimits, type Limiter } from '../../providers/limits';
 import { startProcess, type SpawnRequest } from '../../providers/spawner';
 import { context, uniqueId, waitFor } from './helpers';
@@ -26,12 +26,17 @@ const start = (command: { file: string; args: string[] }, extra: Partial<SpawnRe
 
 const members = (file: string) => readFileSync(file, 'utf8').split('\n').filter(Boolean).map(Number);
 
-/** Kills what is left in the marker's groups and removes them. */
+/** Kills what is left in the marker's groups and removes them and its host's (empty) groups. */
 async function removeGroups(m: { hostId: string; sandboxId: string }, join: string[]): Promise<void> {
   await killGroup(m, 5000); // which may remove them itself
   for (const file of join.filter((f) => existsSync(f))) {
     await waitFor('the group to empty', async () => members(file).length === 0);
     rmdirSync(path.dirname(file));
+  }
+  const { v2, v1 } = hierarchies();
+  for (const base of [v2, v1.pids, v1.cpu]) {
+    const host = base && path.join(base, `h-${m.hostId}`);
+    if (host && existsSync(host)) rmdirSync(host);
   }
 }
 
