@@ -18,7 +18,7 @@ import { loadDist as load } from './script';
 // child it waited for (and of that child's own waited-for children), so the growth between a
 // foreground process's start and its exit is that process's cost; background ones (inits) are reaped
 // when the sandbox's processes are killed. The starter's own utime+stime is its work per start.
-// Then each layer of an exec's start is measured alone (the starter, sh joining the groups, prlimit,
+// Then each layer of an exec's start is measured alone (the starter, the shell joining the groups, prlimit or ulimit,
 // bwrap's namespaces). Run with `node dist/bench/throughput-procs.js [cycles] [local|bwrap] [starts]`.
 
 /** CPU of the process `pid` itself and of the children it reaped, in ms (bench/cpu.ts reads the stat file). */
@@ -187,7 +187,12 @@ async function main(): Promise<void> {
 
     // Each layer of a start alone: the same request as a sandbox's exec, with the command `true`.
     const local = load('providers/limits') as {
-      confine: (m: unknown, l: unknown, c: { file: string; args: string[] }) => { file: string; args: string[] };
+      confine: (
+        m: unknown,
+        l: unknown,
+        c: { file: string; args: string[] },
+        via?: 'ulimit' | 'prlimit',
+      ) => { file: string; args: string[] };
       resolveLimits: (o: unknown) => unknown;
     };
     const { bubblewrapCommands } = load('providers/bwrap') as {
@@ -206,9 +211,10 @@ async function main(): Promise<void> {
     const layers: Record<string, { file: string; args: string[] }> = {
       true: { file: '/bin/true', args: [] },
       'prlimit true': { file: '/usr/bin/prlimit', args: ['--fsize=1000000', '--', '/bin/true'] },
-      'sh join + prlimit + true': local.confine(marker, limits, { file: '/bin/true', args: [] }),
+      'sh join + prlimit + true': local.confine(marker, limits, { file: '/bin/true', args: [] }, 'prlimit'),
+      'dash join + ulimit + true': local.confine(marker, limits, { file: '/bin/true', args: [] }, 'ulimit'),
       'bwrap true': bw,
-      'sh join + prlimit + bwrap true': local.confine(marker, limits, bw),
+      'dash join + ulimit + bwrap true': local.confine(marker, limits, bw, 'ulimit'),
       'sh -c true': { file: '/bin/sh', args: ['-c', 'true'] },
       'bash --norc -c true': { file: '/bin/bash', args: ['--norc', '-c', 'true'] },
       'bash, command from stdin via $(cat) (main)': {

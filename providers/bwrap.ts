@@ -4,7 +4,8 @@ import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { StasisError } from '../common/errors';
 import type { ProviderDeps, SandboxProvider } from './api';
-import { findExecutable, sandboxEnv, SYSTEM_PATH, type CommandWrapper } from './command';
+import { sandboxEnv, SYSTEM_PATH, type CommandWrapper } from './command';
+import { findExecutable } from './executables';
 import { createLocalProvider, type LocalProviderOptions } from './local';
 import { markerOnly } from './processes';
 

@@ -1,6 +1,4 @@
-import { accessSync, constants as fsConstants } from 'node:fs';
 import { constants } from 'node:os';
-import * as path from 'node:path';
 import { abortReason } from '../stores/abort';
 import type { ExecOutcome } from './api';
 import { confine, joined, type ResolvedLimits } from './limits';
@@ -49,20 +47,6 @@ export function sandboxEnv(home: string, env: Record<string, string>): Record<st
 
 /** The PATH of processes the host starts for itself (launchers), fixed whatever a sandbox sets. */
 export const SYSTEM_PATH = BASE_ENV.PATH;
-
-/** The first executable file `name` in `dirs` (relative ones skipped), or undefined. */
-export function findExecutable(name: string, dirs: string[]): string | undefined {
-  for (const dir of dirs.filter((d) => path.isAbsolute(d))) {
-    const candidate = path.join(dir, name);
-    try {
-      accessSync(candidate, fsConstants.X_OK);
-      return candidate;
-    } catch {
-      // not here
-    }
-  }
-  return undefined;
-}
 
 export interface SpawnOptions {
   /** Whose process it is: it joins that sandbox's control groups and takes its limits. */

@@ -23,11 +23,11 @@ import {
   hostCommands,
   SHELL_FROM_STDIN,
   spawnInSandbox,
-  findExecutable,
   SYSTEM_PATH,
   waitForOutcome,
   type CommandWrapper,
 } from './command';
+import { findExecutable } from './executables';
 import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
 import {
