@@ -97,10 +97,11 @@ async function startCpuProfile(): Promise<((name: string) => Promise<void>) | un
   };
 }
 
-/** When the restore's files were written (its `files written` mark), and the time from then to its return. */
-function tail(marks: Mark[], start: bigint, end: bigint): { written: number; after: number } {
-  const written = marks.find((mark) => mark.stage === 'files written')?.ns ?? end;
-  return { written: ms(start, written), after: ms(written, end) };
+/** When the restore had its manifest read and its files written (its marks), and the time from then to its return. */
+function tail(marks: Mark[], start: bigint, end: bigint): { manifest: number; written: number; after: number } {
+  const at = (stage: string) => marks.find((mark) => mark.stage === stage)?.ns ?? end;
+  const written = at('files written');
+  return { manifest: ms(start, at('manifest read')), written: ms(start, written), after: ms(written, end) };
 }
 
 interface Shape {
@@ -181,8 +182,8 @@ async function main(): Promise<void> {
       // CPU time of this process (all its threads) per restore: under a load that swings wall times, it tells builds apart.
       const oursCpu: number[] = [];
       // When each build's restore had its files written, and what followed (links, swap, racy window, sync).
-      const oursTail: { written: number; after: number }[] = [];
-      const theirsTail: { written: number; after: number }[] = [];
+      const oursTail: ReturnType<typeof tail>[] = [];
+      const theirsTail: ReturnType<typeof tail>[] = [];
       const theirsCpu: number[] = [];
       const baseline: { get: number; volume: number; both: number; untar: number; sync: number }[] = [];
       let shown = false;
@@ -290,7 +291,8 @@ async function main(): Promise<void> {
       const tails = (label: string, values: typeof oursTail) =>
         values.length > 0 &&
         console.log(
-          `  ${label}: files written at median ${median(values.map((v) => v.written)).toFixed(0)} ms, ` +
+          `  ${label}: manifest read at median ${median(values.map((v) => v.manifest)).toFixed(0)} ms, ` +
+            `files written at median ${median(values.map((v) => v.written)).toFixed(0)} ms, ` +
             `then ${median(values.map((v) => v.after)).toFixed(0)} ms to the return`,
         );
       tails('this build', oursTail);

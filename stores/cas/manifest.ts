@@ -201,7 +201,7 @@ export function encodeTop(top: TopManifest): Buffer {
 /**
  * Reads the manifest whose top object's bytes are `data` (downloaded from `uri`, its hash checked):
  * `stasis-cas-1` as it is, `stasis-cas-2` with its segments fetched from `store` and each checked
- * against its name. Then checks it whole (checkManifest) before anything is written.
+ * against its name. Checks it whole (ManifestCheck, each segment's entries as it arrives) before anything is written.
  */
 export async function readManifest(
   store: CheckpointStore,
@@ -218,13 +218,12 @@ export async function readManifest(
   budget.left -= json.length;
   const value = parseJson(json, uri);
   const format = (value as { format?: unknown } | undefined)?.format;
-  let manifest: Manifest;
-  if (format === 'stasis-cas-2') {
-    const top = parseOr(TopManifest, value, uri);
-    onPacks?.(top.packs);
-    manifest = await readSegments(store, top, uri, limits, budget, signal);
-  } else manifest = parseOr(ManifestV1, value, uri);
-  return checkManifest(manifest, uri, packsPrefixOf(uri), limits);
+  if (format !== 'stasis-cas-2') return checkManifest(parseOr(ManifestV1, value, uri), uri, packsPrefixOf(uri), limits);
+  const top = parseOr(TopManifest, value, uri);
+  onPacks?.(top.packs);
+  // Each segment's entries are checked as it arrives, the rest once all are here.
+  const check = new ManifestCheck(uri, limits);
+  return check.finish(await readSegments(store, top, uri, limits, budget, signal, check), packsPrefixOf(uri));
 }
 
 function parseJson(json: Buffer, uri: string): unknown {
@@ -242,7 +241,7 @@ function parseOr<T>(schema: z.ZodType<T>, value: unknown, uri: string): T {
 }
 
 /** Segments fetched at once by a restore. */
-const SEGMENTS_AHEAD = 8;
+const SEGMENTS_AHEAD = 32;
 
 /**
  * The entries of a `stasis-cas-2` manifest, gathered from its segments in order. Each segment is
@@ -258,6 +257,7 @@ async function readSegments(
   limits: ArchiveLimits,
   budget: { left: number },
   signal: AbortSignal | undefined,
+  check: ManifestCheck,
 ): Promise<Manifest> {
   // Refused before anything is fetched: segments are read at most their declared size, and inflated at most their declared JSON.
   const declared = top.segments.reduce((sum, [, , , entries]) => sum + entries, 0);
@@ -343,6 +343,7 @@ async function readSegments(
       }
       for (const entry of listed) {
         if (!isManifestEntry(entry)) throw bad(`has an invalid entry ${JSON.stringify(entry).slice(0, 200)}`);
+        check.entry(entry, chunks);
         entries.push(entry);
       }
       signal?.throwIfAborted();
@@ -367,44 +368,89 @@ async function readSegments(
  * Normalises the entries in place (paths, modes) as the rules admitted them.
  */
 export function checkManifest(parsed: Manifest, uri: string, packsPrefix: string, limits: ArchiveLimits): Manifest {
-  const checker = new CheckpointChecker(limits);
-  const directories = new Set<string>();
-  for (const entry of parsed.entries) {
-    const checked = admitEntry(checker, entry);
+  const check = new ManifestCheck(uri, limits);
+  for (const entry of parsed.entries) check.entry(entry, parsed.chunks);
+  return check.finish(parsed, packsPrefix);
+}
+
+/**
+ * checkManifest in steps: each entry as it is read (in order: a segment's entries are checked while the
+ * next segments download, ~40 ms of a 20,000-file restore that waited for the last one), then `finish`
+ * once the manifest is whole. A file whose chunks are not located yet (a later segment may locate them)
+ * is summed at `finish`; no entry passes before `finish` has run.
+ */
+export class ManifestCheck {
+  private readonly checker: CheckpointChecker;
+  private readonly directories = new Set<string>();
+  /** Files with a chunk not located when they were read: summed by finish. */
+  private readonly unlocated: { entry: ManifestEntry; size: number }[] = [];
+
+  constructor(
+    private readonly uri: string,
+    limits: ArchiveLimits,
+  ) {
+    this.checker = new CheckpointChecker(limits);
+  }
+
+  entry(entry: ManifestEntry, chunks: Manifest['chunks']): void {
+    const { uri } = this;
+    const checked = admitEntry(this.checker, entry);
     // Restore writes what the rules admitted: the normalised path, and never a setuid or setgid bit.
     const raw = entry.p;
     entry.p = checked.path;
     entry.m = checked.mode;
     if (entry.k === 'h') entry.l = checked.linkpath;
-    if (entry.k === 'd') directories.add(entry.p);
+    if (entry.k === 'd') this.directories.add(entry.p);
     const parent = entry.p.slice(0, Math.max(0, entry.p.lastIndexOf('/')));
-    if (parent !== '' && !directories.has(parent)) {
+    if (parent !== '' && !this.directories.has(parent)) {
       throw invalid(uri, `lists ${JSON.stringify(raw)} but not its directory ${JSON.stringify(parent)} before it`);
     }
     if (entry.k !== 'f') {
       if (entry.c !== undefined) throw invalid(uri, `names chunks for ${JSON.stringify(raw)}, which is not a file`);
-      continue;
+      return;
     }
-    let total = 0;
-    for (const hash of entry.c ?? []) {
-      const location = Object.hasOwn(parsed.chunks, hash) ? parsed.chunks[hash] : undefined;
-      if (!location) throw invalid(uri, `names chunk ${hash} of ${JSON.stringify(entry.p)}, which it does not locate`);
-      total += location[2];
-    }
-    if (total !== checked.size) {
+    const total = locatedBytes(entry, chunks);
+    if (total === undefined) this.unlocated.push({ entry, size: checked.size });
+    else if (total !== checked.size) {
       throw invalid(uri, `has chunks of ${total} bytes for ${JSON.stringify(entry.p)} of ${checked.size} bytes`);
     }
   }
-  checker.finish();
-  // Keys in turn, not Object.entries: an array of [key, value] pairs per chunk was garbage at 20,000 chunks.
-  for (const hash in parsed.chunks) {
-    if (!Object.hasOwn(parsed.chunks, hash)) continue;
-    const [pack, offset, length] = parsed.chunks[hash];
-    const ref = parsed.packs[pack];
-    if (!ref || offset + length > ref.size) throw invalid(uri, `locates chunk ${hash} outside its pack`);
+
+  /** The rules that need the whole manifest; returns it, checked. */
+  finish(parsed: Manifest, packsPrefix: string): Manifest {
+    const { uri } = this;
+    for (const { entry, size } of this.unlocated) {
+      const missing = (entry.c ?? []).find((hash) => !Object.hasOwn(parsed.chunks, hash));
+      if (missing !== undefined) {
+        throw invalid(uri, `names chunk ${missing} of ${JSON.stringify(entry.p)}, which it does not locate`);
+      }
+      const total = locatedBytes(entry, parsed.chunks) ?? 0;
+      if (total !== size) {
+        throw invalid(uri, `has chunks of ${total} bytes for ${JSON.stringify(entry.p)} of ${size} bytes`);
+      }
+    }
+    this.checker.finish();
+    // Keys in turn, not Object.entries: an array of [key, value] pairs per chunk was garbage at 20,000 chunks.
+    for (const hash in parsed.chunks) {
+      if (!Object.hasOwn(parsed.chunks, hash)) continue;
+      const [pack, offset, length] = parsed.chunks[hash];
+      const ref = parsed.packs[pack];
+      if (!ref || offset + length > ref.size) throw invalid(uri, `locates chunk ${hash} outside its pack`);
+    }
+    for (const pack of parsed.packs) checkPackRef(pack, uri, packsPrefix);
+    return parsed;
   }
-  for (const pack of parsed.packs) checkPackRef(pack, uri, packsPrefix);
-  return parsed;
+}
+
+/** The bytes of a file's chunks, or undefined if one of them is not located (yet). */
+function locatedBytes(entry: ManifestEntry, chunks: Manifest['chunks']): number | undefined {
+  let total = 0;
+  for (const hash of entry.c ?? []) {
+    const location = Object.hasOwn(chunks, hash) ? chunks[hash] : undefined;
+    if (!location) return undefined;
+    total += location[2];
+  }
+  return total;
 }
 
 /** Refuses a pack of the manifest at `uri` that is too large or outside its sandbox's packs (`packsPrefix`). */

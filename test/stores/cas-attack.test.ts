@@ -60,6 +60,8 @@ async function craft(
   format: Manifest['format'] = 'stasis-cas-1',
   /** The pack as upload stores incompressible chunks (a frame of raw blocks), not compressed by zstd. */
   raw = false,
+  /** `stasis-cas-2`: every chunk located by the last segment alone, none by the segment of its file. */
+  locatedLast = false,
 ) {
   const prefix = `checkpoints/${uniqueId('attack')}/`;
   const chunks: Manifest['chunks'] = {};
@@ -105,17 +107,23 @@ async function craft(
   const [body, suffix] =
     format === 'stasis-cas-1'
       ? [await encodeManifest(manifest), ZSTD_MANIFEST_SUFFIX]
-      : [await segmented(target, prefix, manifest), MANIFEST_SUFFIX];
+      : [await segmented(target, prefix, manifest, locatedLast), MANIFEST_SUFFIX];
   return target.put(`${prefix}${uniqueId('m')}${suffix}`, Readable.from([body]), { run: 'r1' });
 }
 
 /** The top object of `manifest` as `stasis-cas-2`, its segments stored. */
-async function segmented(target: CheckpointStore, prefix: string, manifest: Manifest): Promise<Buffer> {
+async function segmented(
+  target: CheckpointStore,
+  prefix: string,
+  manifest: Manifest,
+  locatedLast = false,
+): Promise<Buffer> {
   const segments: [string, number, number, number][] = [];
   for (let from = 0; from < manifest.entries.length; from += 2) {
     const entries = manifest.entries.slice(from, from + 2);
     const segmentChunks: Record<string, [number, number, number]> = {};
-    for (const entry of entries) {
+    const last = from + 2 >= manifest.entries.length;
+    for (const entry of locatedLast ? (last ? manifest.entries : []) : entries) {
       for (const hash of entry.c ?? []) {
         if (manifest.chunks[hash]) segmentChunks[hash] = manifest.chunks[hash];
       }
@@ -432,6 +440,65 @@ describe('crafted manifests', () => {
         },
       ),
       { numRuns: 100 },
+    );
+  });
+});
+
+describe('a manifest checked while its segments arrive', () => {
+  // Restore checks each segment's entries as it arrives and the rest once all are in: still nothing is
+  // written before the whole manifest passed, wherever in it the fault is.
+  const files = (count: number): Crafted[] => [
+    { p: 'workspace', k: 'd' },
+    ...Array.from({ length: count }, (_, i) => ({
+      p: `workspace/f${i}`,
+      k: 'f' as const,
+      data: Buffer.from(`file ${i}`),
+    })),
+  ];
+
+  test('chunks located only by a later segment than their files restore byte for byte', async () => {
+    const fsStore = new FsCheckpointStore(await tempDir('cas-late-store'));
+    const checkpoint = await craft(fsStore, files(9), undefined, 'stasis-cas-2', false, true);
+    const dir = await tempDir('cas-late');
+    await restoreInto(fsStore, checkpoint, dir);
+    for (let i = 0; i < 9; i += 1)
+      expect(await fs.readFile(path.join(dir, `workspace/f${i}`), 'utf8')).toBe(`file ${i}`);
+  });
+
+  test('property: one bad entry anywhere among many segments is CHECKPOINT_INVALID naming it, and nothing is written', async () => {
+    const fsStore = new FsCheckpointStore(await tempDir('cas-late-store'));
+    const faults: Record<string, (entry: ManifestEntry) => void> = {
+      escape: (entry) => (entry.p = 'workspace/../../victim'),
+      'no parent': (entry) => (entry.p = 'workspace/nowhere/x'),
+      size: (entry) => (entry.s += 1),
+      unlocated: (entry) => (entry.c = ['e'.repeat(64)]),
+    };
+    await fc.assert(
+      fc.asyncProperty(
+        fc.integer({ min: 1, max: 12 }),
+        fc.nat(),
+        fc.constantFrom(...Object.keys(faults)),
+        fc.boolean(),
+        async (count, at, fault, locatedLast) => {
+          const index = 1 + (at % count);
+          const checkpoint = await craft(
+            fsStore,
+            files(count),
+            (manifest) => faults[fault](manifest.entries[index]),
+            'stasis-cas-2',
+            false,
+            locatedLast,
+          );
+          const dir = await tempDir('cas-late');
+          const err = await stasisError(restoreInto(fsStore, checkpoint, dir), 'CHECKPOINT_INVALID');
+          expect(err.message).toContain(
+            fault === 'unlocated' ? 'e'.repeat(64) : fault === 'escape' ? 'victim' : 'workspace/',
+          );
+          expect(await fs.readdir(dir)).toEqual([]);
+          await fs.rm(dir, { recursive: true, force: true });
+        },
+      ),
+      { numRuns: 40 },
     );
   });
 });
