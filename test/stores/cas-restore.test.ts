@@ -48,7 +48,7 @@ function faulty(options: {
 
 const isPack = (call: Call) => call.uri.includes('/packs/');
 
-/** A checkpoint of a few packs (three files of 7 MiB that do not compress, and text) and a few hundred small files in several segments. */
+/** A checkpoint of a few packs (three files of 7 MiB that do not compress, and text) and a thousand small files in several segments (about 470 entries a segment). */
 async function threePacks() {
   const root = await newSandboxRoot();
   const sandboxId = uniqueId('cas-restore');
@@ -56,11 +56,14 @@ async function threePacks() {
   for (let d = 0; d < 10; d++) {
     const dir = path.join(root, 'workspace', 'src', `d${d}`);
     await fs.mkdir(dir, { recursive: true });
-    for (let f = 0; f < 30; f++) await fs.writeFile(path.join(dir, `f${f}.txt`), `file ${d}/${f}\n`.repeat(f + 1));
+    for (let f = 0; f < 100; f++)
+      await fs.writeFile(path.join(dir, `f${f}.txt`), `file ${d}/${f}\n`.repeat((f % 30) + 1));
   }
   await fs.symlink('src/d0/f0.txt', path.join(root, 'workspace', 'link'));
   const { checkpoint } = await take(store, root, sandboxId);
   const top = TopManifest.parse(JSON.parse(gunzipSync(await store.read(checkpoint.uri, 1 << 20)).toString()));
+  // The tests below fail a segment after the first: there must be more than one.
+  expect(top.segments.length).toBeGreaterThanOrEqual(2);
   return { root, sandboxId, checkpoint, packs: top.packs.length, tree: await describeTree(root) };
 }
 
