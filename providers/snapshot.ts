@@ -144,7 +144,7 @@ interface UnchangedStamp {
 async function repeatIfUnchanged(
   paths: SandboxPaths,
   baseline: Baseline | undefined,
-  input: Omit<Parameters<typeof repeatCheckpoint>[0], 'baseline' | 'unchanged' | 'signal'> & {
+  input: Omit<Parameters<typeof repeatCheckpoint>[0], 'baseline' | 'likely' | 'unchanged' | 'signal'> & {
     signal: AbortSignal | undefined;
   },
 ): Promise<Awaited<ReturnType<typeof repeatCheckpoint>>> {
@@ -153,15 +153,19 @@ async function repeatIfUnchanged(
   // Used once: whatever this release takes, the next one starts from a resume of its own.
   await fs.rm(stampFile, { force: true });
   if (!stamp || !baseline || baseline.uri !== stamp.uri) return undefined;
+  // The count only grows: one that moved already needs no sync (which would write back all the sandbox wrote).
+  const likely = writeCount(stamp.writes).then(
+    (kib) => kib === stamp.writes.kib,
+    () => false,
+  );
   const unchanged = (async () => {
-    // The count only grows: one that moved already needs no sync (which would write back all the sandbox wrote).
-    if ((await writeCount(stamp.writes)) !== stamp.writes.kib) return false;
+    if (!(await likely)) return false;
     await syncFilesystem(paths.volume);
     const after = await volumeWrites(paths);
     return after !== undefined && sameWrites(after, stamp.writes);
   })().catch(() => false);
   const { signal, ...rest } = input;
-  return repeatCheckpoint({ ...rest, baseline, unchanged, ...(signal ? { signal } : {}) });
+  return repeatCheckpoint({ ...rest, baseline, likely, unchanged, ...(signal ? { signal } : {}) });
 }
 
 async function readStamp(file: string): Promise<UnchangedStamp | undefined> {
