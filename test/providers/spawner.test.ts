@@ -1,5 +1,6 @@
-import { fork, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import fc from 'fast-check';
+import { fork, spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, mkdtempSync, openSync, readFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { spawnerPid, startProcess, type SpawnRequest } from '../../providers/spawner';
@@ -163,3 +164,48 @@ describe('the starter’s wire protocol, spoken directly', () => {
     expect(await replyTo(100, 'exited')).toMatchObject({ exit: { code: 0, stdout: 'ok\n' } });
   });
 });
+
+test('property: descriptors the worker inherited without close-on-exec never reach a started process', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'spawner-fds-'));
+  await fc.assert(
+    fc.asyncProperty(fc.uniqueArray(fc.integer({ min: 4, max: 300 }), { minLength: 1, maxLength: 3 }), async (fds) => {
+      // Each a file of its own, at its number in the child, as a shell's `exec N>file` would leave it.
+      const stdio: (number | 'ignore' | 'pipe')[] = ['ignore', 'pipe', 'pipe'];
+      const files = fds.map((fd) => {
+        const file = path.join(dir, `inherited-${fd}`);
+        const opened = openSync(file, 'w');
+        stdio[fd] = opened;
+        return { file, opened };
+      });
+      for (let i = 3; i < stdio.length; i++) stdio[i] ??= 'ignore';
+      try {
+        const child = spawn(
+          process.execPath,
+          [
+            '-r',
+            path.resolve(__dirname, '..', '..', 'scripts', 'register-ts.js'),
+            path.join(__dirname, 'fd-leak-child.ts'),
+          ],
+          { stdio },
+        );
+        let out = '';
+        child.stdout!.on('data', (chunk: Buffer) => (out += chunk.toString()));
+        child.stderr!.resume();
+        const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+        expect(code).toBe(0);
+        const [own, started] = out.split('\n');
+        // The worker had them (the test is real), the process it started has none of them.
+        for (const { file } of files) {
+          expect(own.split(' ')).toContain(file);
+          expect(started.split(' ')).not.toContain(file);
+        }
+        expect(started).not.toContain(dir);
+        // Nothing but its stdio (the glob's listing of the directory is closed before the loop reads).
+        expect(started.split(' ').filter(Boolean)).toHaveLength(3);
+      } finally {
+        for (const { opened } of files) closeSync(opened);
+      }
+    }),
+    { numRuns: 4 },
+  );
+}, 120_000);
