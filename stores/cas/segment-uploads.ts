@@ -71,8 +71,17 @@ export class SegmentUploads {
     return refs;
   }
 
-  /** Waits for the uploads under way, so nothing is still writing once the attempt has failed. */
+  /**
+   * Fails the checkpoint's segments with `err` (a pack's upload failed): none waiting for its turn
+   * starts, and finish and add throw. Those already being put end as they will.
+   */
+  stop(err: unknown): void {
+    this.failure ??= err;
+  }
+
+  /** Starts no more, and waits for the uploads under way, so nothing is still writing once the attempt has failed. */
   async abandon(): Promise<void> {
+    this.failure ??= new Error('the checkpoint was abandoned');
     await Promise.allSettled(this.uploads.values());
   }
 
@@ -91,6 +100,7 @@ export class SegmentUploads {
         if (this.failure !== undefined) throw this.failure;
         signal?.throwIfAborted();
         const body = await compressSegment(json);
+        if (this.failure !== undefined) throw this.failure;
         await store.putBytes(`${prefix}${SEGMENTS_DIR}${name}${SEGMENT_SUFFIX}`, body, {}, signal);
         this.uploaded += 1;
         this.uploadedBytes += body.length;

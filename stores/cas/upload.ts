@@ -119,6 +119,8 @@ export async function takeCheckpoint(input: {
   const onChunk: OnChunk = (hash, bytes, slab) => (known.has(hash) ? undefined : packer.add(hash, bytes, slab));
   const locate = (hash: string): ChunkPlace | undefined => packer.located(hash) ?? known.get(hash);
   const segments = new SegmentUploads(input, locate, baseline);
+  // A pack that failed fails the checkpoint: segments still waiting to be put would be named by nothing.
+  packer.onFailure = (err) => segments.stop(err);
   // The entries before `ready` went to the segments; of entries[ready], the chunks before `readyChunks` are located.
   let ready = 0;
   let readyChunks = 0;
@@ -249,9 +251,8 @@ async function storeManifest(
   /** The packs' uploads: the top object, which holds their sizes and hashes, is stored once they are. */
   packed: Promise<void>,
 ): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
-  packed.catch(() => undefined); // awaited below, once the segments are stored
-  const refs = await segments.finish();
-  await packed;
+  // Either failing fails the checkpoint at once (a failed pack has stopped the segments not yet put).
+  const [refs] = await Promise.all([segments.finish(), packed]);
   const top: TopManifest = {
     format: 'stasis-cas-2',
     takenAtNs: manifest.takenAtNs,
@@ -711,6 +712,8 @@ class Packer {
   /** Raw packs' frames, reused: at most UPLOADS_IN_FLIGHT are sealed and not yet stored, and one more being sealed. */
   private readonly frames = new Slabs(RAW_FRAME_BYTES, UPLOADS_IN_FLIGHT + 1);
   private failure: unknown;
+  /** Told of the first pack that failed, when it fails. */
+  onFailure?: (err: unknown) => void;
   uploadedBytes = 0;
   uploadedPacks = 0;
   /** Of uploadedPacks, those stored as raw blocks. */
@@ -814,7 +817,10 @@ class Packer {
         this.rawInFlight.delete(settled);
       },
       (err: unknown) => {
-        this.failure ??= err;
+        if (this.failure === undefined) {
+          this.failure = err;
+          this.onFailure?.(err);
+        }
         this.inFlight.delete(settled);
         this.rawInFlight.delete(settled);
       },

@@ -20,7 +20,7 @@ const kindOf = (key: string): Kind =>
   key.endsWith(PACK_SUFFIX) ? 'pack' : key.endsWith(SEGMENT_SUFFIX) ? 'segment' : 'top';
 
 /** The real store, watched: each put's start and end in order, those still in flight; puts of a kind delayed, one failing. */
-function watchedStore(options: { delays: Record<Kind, number[]>; failSegment?: number }) {
+function watchedStore(options: { delays: Record<Kind, number[]>; failSegment?: number; failPack?: number }) {
   const events: { kind: Kind; at: 'start' | 'end'; key: string }[] = [];
   let inFlight = 0;
   const counts: Record<Kind, number> = { pack: 0, segment: 0, top: 0 };
@@ -34,6 +34,7 @@ function watchedStore(options: { delays: Record<Kind, number[]>; failSegment?: n
       try {
         const wait = options.delays[kind];
         await delay(wait[n % wait.length]);
+        if (kind === 'pack' && n === options.failPack) throw new Error(`injected failure of pack put ${n}`);
         if (kind === 'segment' && n === options.failSegment) {
           // A fault inside the put: its request is cancelled in flight (or, if it won the race, its answer is lost).
           const cut = new AbortController();
@@ -165,5 +166,37 @@ describe('segments stored during the walk', () => {
       }
     }
     await fs.rm(root, { recursive: true, force: true });
+  }, 180_000);
+
+  test('a pack put failing stops the segments waiting their turn: none is put after it failed; the checkpoint fails with its error, nothing still writing', async () => {
+    // ~25 segments, all complete only once the one pack is sealed after the walk; slow segment puts
+    // keep more than the 16 lanes' worth waiting when the pack fails.
+    const root = await mixedTree({ small: new Array<number>(12_000).fill(200), large: [], dup: 1 });
+    const before = await describeTree(root);
+    const temp = await tempDir('cas-early-pack-fail');
+    const sandboxId = uniqueId('cas-early-pack-fail');
+    const prefix = `checkpoints/${sandboxId}/`;
+    try {
+      const watched = watchedStore({ delays: { pack: [100], segment: [150], top: [0] }, failPack: 0 });
+      await expect(takeInto(watched.store, root, sandboxId, temp)).rejects.toThrow('injected failure of pack put 0');
+      expect(watched.inFlight()).toBe(0);
+      const { events } = watched;
+      const failed = events.findIndex((e) => e.kind === 'pack' && e.at === 'end');
+      expect(failed).toBeGreaterThanOrEqual(0);
+      expect(events.slice(failed).filter((e) => e.kind === 'segment' && e.at === 'start')).toEqual([]);
+      expect(events.some((e) => e.kind === 'top')).toBe(false);
+      expect(await fs.readdir(temp)).toEqual([]);
+      // The retry has every segment: more than the failed attempt put, which stopped short.
+      const retried = await takeInto(store, root, sandboxId, temp);
+      const started = events.filter((e) => e.kind === 'segment' && e.at === 'start').length;
+      expect(retried.baseline.manifest.segments!.length).toBeGreaterThan(16);
+      expect(started).toBeLessThan(retried.baseline.manifest.segments!.length);
+      const restored = await restoreFresh(store, retried.checkpoint);
+      expect(await describeTree(restored.target)).toEqual(before);
+      await fs.rm(restored.target, { recursive: true, force: true });
+    } finally {
+      await store.deletePrefix(prefix);
+      await fs.rm(root, { recursive: true, force: true });
+    }
   }, 180_000);
 });
