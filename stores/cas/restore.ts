@@ -125,9 +125,16 @@ export async function restoreCheckpointFiles(
   markStage('top object fetched');
   const downloading = new Lanes(DOWNLOADING);
   const decompressing = new Lanes(DECOMPRESSING);
-  const prefetch = new Prefetch(input.store, checkpoint.uri, input.tempPrefix, signal, downloading, decompressing);
+  // A restore that fails cancels its downloads: those under way and those waiting for a lane (up to
+  // FETCH_AHEAD packs) would otherwise all be fetched before its failure is reported.
+  const stop = new AbortController();
+  const inner = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+  const prefetch = new Prefetch(input.store, checkpoint.uri, input.tempPrefix, inner, downloading, decompressing);
   try {
-    return await writeFiles(input, labels, data, prefetch, downloading, decompressing);
+    return await writeFiles({ ...input, signal: inner }, labels, data, prefetch, downloading, decompressing, stop);
+  } catch (err) {
+    stop.abort(err);
+    throw err;
   } finally {
     await prefetch.close();
   }
@@ -140,6 +147,8 @@ async function writeFiles(
   prefetch: Prefetch,
   downloading: Lanes,
   decompressing: Lanes,
+  /** Aborted (cancelling the downloads) once the restore has failed. */
+  stop: AbortController,
 ): Promise<{ labels: Record<string, string>; baseline: Promise<Baseline>; flushed: Promise<void> }> {
   const { checkpoint, signal } = input;
   // The first packs download while the segments are fetched and the manifest checked, and the volume is made.
@@ -201,6 +210,7 @@ async function writeFiles(
       }
     }
   } catch (err) {
+    stop.abort(err);
     // No sync of this restore outlives it.
     await flusher.idle().catch(() => undefined);
     throw err;

@@ -171,6 +171,44 @@ describe('packs fetched while the manifest is read and the target made', () => {
     expect(await leftovers(tempPrefix)).toEqual([]);
   }, 120_000);
 
+  test('a restore failing while its pack downloads hang cancels them: it reports its error at once, with no download left', async () => {
+    const calls: Call[] = [];
+    const started: { settled: boolean }[] = [];
+    const hanging = faulty({
+      calls,
+      fail: (call) =>
+        call.uri.includes('/segments/') && calls.filter((c) => c.uri.includes('/segments/'))[1]?.uri === call.uri
+          ? new StasisError('NOT_FOUND', `no object ${call.uri}`)
+          : undefined,
+    });
+    // A pack download that never ends unless cancelled (a store that stopped answering).
+    hanging.download = (checkpoint, file, signal) => {
+      if (!isPack({ kind: 'download', uri: checkpoint.uri })) return store.download(checkpoint, file, signal);
+      calls.push({ kind: 'download', uri: checkpoint.uri });
+      const download = { settled: false };
+      started.push(download);
+      return new Promise((_resolve, reject) => {
+        const cancelled = () => {
+          download.settled = true;
+          reject(signal!.reason instanceof Error ? signal!.reason : new Error('aborted'));
+        };
+        // As the SDK does: a request made with a signal already aborted fails at once.
+        if (signal?.aborted) cancelled();
+        else signal?.addEventListener('abort', cancelled, { once: true });
+      });
+    };
+    const { target, tempPrefix, outcome } = await restoreWith(hanging, source.checkpoint, async () => undefined);
+    expect('err' in outcome).toBe(true);
+    const err = (outcome as { err: unknown }).err as StasisError;
+    expect(err.code).toBe('CHECKPOINT_INVALID');
+    expect(err.message).toMatch(/needs segment .*, which is missing/);
+    // Downloads were under way (the test hung them), and each was cancelled.
+    expect(started.length).toBeGreaterThan(0);
+    expect(started.every((download) => download.settled)).toBe(true);
+    expect(await fs.readdir(target)).toEqual([]);
+    expect(await leftovers(tempPrefix)).toEqual([]);
+  }, 60_000);
+
   test('a top object naming a pack outside its sandbox is CHECKPOINT_INVALID, and that pack is never fetched', async () => {
     const top = TopManifest.parse(JSON.parse(gunzipSync(await store.read(source.checkpoint.uri, 1 << 20)).toString()));
     const other = await threePacks();
