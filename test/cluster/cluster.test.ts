@@ -2,6 +2,7 @@ import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync 
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Connection } from '@temporalio/client';
+import { temporal as proto } from '@temporalio/proto';
 import { ensureBinary, ensureClusterBinaries } from '../../platform/binaries';
 import { workflowBundle } from '../../workers/worker';
 import { startMinio, type MinioServer } from '../../platform/minio-server';
@@ -287,9 +288,34 @@ test('the frontend serves mTLS only: no certificate, or one from another CA, is 
 const waiting = new Map<string, string>(); // runId → host holding its checkpointed sandbox
 let victim: string;
 
+/** The hosts whose workers poll the shared task queue for activities (where a Run is provisioned). */
+async function pollingHosts(): Promise<Set<string>> {
+  const connection = await Connection.connect(mtlsOptions(temporal!.address, certs));
+  try {
+    const { pollers } = await connection.workflowService.describeTaskQueue({
+      namespace: temporal!.namespace,
+      taskQueue: { name: 'stasis' },
+      taskQueueType: proto.api.enums.v1.TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    });
+    return new Set((pollers ?? []).map((p) => (p.identity ?? '').replace(/^stasis@/, '')));
+  } finally {
+    await connection.close();
+  }
+}
+
 test('Runs spread across the three hosts, each released to a checkpoint while it waits', async () => {
-  // Whichever host polls first provisions a Run: start them until every host holds some.
-  for (let round = 0; round < 5 && new Set(waiting.values()).size < HOSTS.length; round++) {
+  // Whichever host's poller the server matches provisions a Run: every host must be
+  // polling first, then Runs start until every host holds some (the server's task
+  // queue partitions do not spread tasks evenly over a few Runs).
+  await eventually(
+    async () => {
+      const polling = await pollingHosts();
+      return HOSTS.every((host) => polling.has(host));
+    },
+    60_000,
+    'every host polling the shared task queue',
+  );
+  for (let round = 0; round < 20 && new Set(waiting.values()).size < HOSTS.length; round++) {
     const ids = await Promise.all(HOSTS.map(() => startRun('spread')));
     for (const runId of ids) waiting.set(runId, await suspended(runId));
   }
