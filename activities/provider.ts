@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type {
@@ -104,6 +105,9 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
    */
   async function call<T>(owner: Owner, fn: (p: SandboxProvider, ctx: RequestContext) => Promise<T>): Promise<T> {
     const activity = Context.current();
+    // Every store request of the call (a checkpoint's parallel uploads and downloads) listens to
+    // it and removes its listener when done: more than Node's leak warning threshold of 10 is expected.
+    setMaxListeners(0, activity.cancellationSignal);
     deps.metrics.recordAttempt(activity.info.attempt);
     const startedAt = Date.now();
     const ctx: RequestContext = {

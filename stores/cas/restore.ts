@@ -1,4 +1,5 @@
 import { channel } from 'node:diagnostics_channel';
+import { setMaxListeners } from 'node:events';
 import * as fsSync from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -129,6 +130,9 @@ export async function restoreCheckpointFiles(
   // FETCH_AHEAD packs) would otherwise all be fetched before its failure is reported.
   const stop = new AbortController();
   const inner = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+  // Every request in flight listens to it (the lanes bound them, each removes its listener when
+  // done): more than Node's leak warning threshold of 10 is expected.
+  setMaxListeners(0, inner);
   const prefetch = new Prefetch(input.store, checkpoint.uri, input.tempPrefix, inner, downloading, decompressing);
   try {
     return await writeFiles({ ...input, signal: inner }, labels, data, prefetch, downloading, decompressing, stop);
