@@ -382,6 +382,7 @@ function lookAtOrphans(): PidCursor | undefined {
           key = undefined;
         }
         const marker = key === undefined ? markerOfProcess(pid, stat) : undefined;
+        if (marker === UNREAD) continue; // looked at again next time, not remembered as no sandbox's
         if (marker && seededHosts.has(marker.hostId)) key = keyOf(marker);
         if (key !== undefined) adopt(key, pid, stat);
       }
@@ -535,11 +536,24 @@ function forget(key: string, pid: number): void {
   if (owners.get(pid)?.key === key) owners.delete(pid);
 }
 
-/** A process's marker, read once per process (pid and start time) as the full scan does. */
-function markerOfProcess(pid: number, stat: NonNullable<ReturnType<typeof processStat>>): SandboxMarker | undefined {
+/** What `markerOfProcess` returns for a process whose environment reads empty. */
+const UNREAD = Symbol('unread');
+
+/**
+ * A process's marker, read once per process (pid and start time) as the full scan does. An
+ * environment that reads empty is UNREAD and not remembered: during execve it reads empty, and
+ * the same process (same pid and start time) then shows its marker; remembered as none, it
+ * escaped every later look and kill. One cleared on purpose (`env -i`) is read again each time.
+ */
+function markerOfProcess(
+  pid: number,
+  stat: NonNullable<ReturnType<typeof processStat>>,
+): SandboxMarker | undefined | typeof UNREAD {
   const cached = known.get(pid);
   if (cached?.startTime === stat.startTime) return cached.marker;
-  const marker = markerIn(readEnviron(pid));
+  const environ = readEnviron(pid);
+  if (environ === '') return UNREAD;
+  const marker = markerIn(environ);
   // A child of this worker or of its starter may be between fork and exec, with its parent's environment.
   if (marker || (stat.ppid !== process.pid && stat.ppid !== spawnerPid()))
     known.set(pid, { startTime: stat.startTime, marker });

@@ -59,6 +59,30 @@ test('killed sandboxes leave nothing in the index', async () => {
   expect(byIndex.size()).toBe(before);
 });
 
+test('an orphan in a session of its own, first seen with its environment unreadable (as during execve), is killed once it shows its marker', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-exec-window') };
+  const assignments = Object.entries(markerEnv(marker))
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' ');
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // Its environment reads empty until the gate opens, then it execs (same pid, same start time) with its marker.
+  const gated = `while [ ! -e ${gate} ]; do sleep 0.05; done; exec env ${assignments} sleep ${sleeper(61)}`;
+  const script = `(setsid env -i bash -c '${gated}' &)`;
+  await startIn(marker, script);
+  // Orphaned before the worker first looks, and past `setsid` and `env` (which still carry the
+  // marker): the command and its subshell are gone, the gated bash runs with no environment.
+  await waitFor(
+    'the orphan alone',
+    async () => ofScript(script).length === 0 && pidsRunning(['bash', '-c', gated]).length === 1,
+  );
+  // Looked at while it reads as no sandbox's: no marker, no lineage, no session of the sandbox.
+  expect(await byIndex.processes(marker)).toEqual([]);
+  writeFileSync(gate, '');
+  await waitFor('the orphan with its marker', async () => running(61).length === 1);
+  await byIndex.kill(marker);
+  expect(running(61)).toEqual([]);
+});
+
 test('a sandbox’s forks, double forks and daemons are found and killed whatever they change; a neighbour’s never', async () => {
   const mine = { hostId, sandboxId: uniqueId('sbx') };
   const neighbour = { hostId, sandboxId: uniqueId('sbx-neighbour') };
