@@ -76,6 +76,23 @@ function takeInto(watched: CheckpointStore, root: string, sandboxId: string, tem
   return take(watched, root, sandboxId, undefined, path.join(temp, uniqueId('pack')));
 }
 
+/** What a failed take leaves: nothing still writing, no top object stored, no temporary file. */
+async function expectNothingLeft(watched: ReturnType<typeof watchedStore>, prefix: string, temp: string) {
+  expect(watched.inFlight()).toBe(0);
+  expect(watched.events.some((e) => e.kind === 'top')).toBe(false);
+  expect((await store.list(prefix)).filter((o) => o.key.endsWith(MANIFEST_SUFFIX))).toEqual([]);
+  expect(await fs.readdir(temp)).toEqual([]);
+}
+
+/** A retry of a failed take, restored from the store: the tree as it was (`before`). Returns the retry. */
+async function retryRestores(root: string, sandboxId: string, temp: string, before: unknown) {
+  const retried = await takeInto(store, root, sandboxId, temp);
+  const restored = await restoreFresh(store, retried.checkpoint);
+  expect(await describeTree(restored.target)).toEqual(before);
+  await fs.rm(restored.target, { recursive: true, force: true });
+  return retried;
+}
+
 describe('segments stored during the walk', () => {
   test('the top object comes after every pack and segment; the segments are the whole manifest split; it restores byte for byte', async () => {
     const temp = await tempDir('cas-early');
@@ -153,14 +170,8 @@ describe('segments stored during the walk', () => {
         await expect(takeInto(watched.store, root, sandboxId, temp)).rejects.toThrow(
           `injected failure of segment put ${failSegment}`,
         );
-        expect(watched.inFlight()).toBe(0);
-        expect(watched.events.some((e) => e.kind === 'top')).toBe(false);
-        expect((await store.list(prefix)).filter((o) => o.key.endsWith(MANIFEST_SUFFIX))).toEqual([]);
-        expect(await fs.readdir(temp)).toEqual([]);
-        const retried = await takeInto(store, root, sandboxId, temp);
-        const restored = await restoreFresh(store, retried.checkpoint);
-        expect(await describeTree(restored.target)).toEqual(before);
-        await fs.rm(restored.target, { recursive: true, force: true });
+        await expectNothingLeft(watched, prefix, temp);
+        await retryRestores(root, sandboxId, temp, before);
       } finally {
         await store.deletePrefix(prefix);
       }
@@ -179,21 +190,16 @@ describe('segments stored during the walk', () => {
     try {
       const watched = watchedStore({ delays: { pack: [100], segment: [150], top: [0] }, failPack: 0 });
       await expect(takeInto(watched.store, root, sandboxId, temp)).rejects.toThrow('injected failure of pack put 0');
-      expect(watched.inFlight()).toBe(0);
       const { events } = watched;
       const failed = events.findIndex((e) => e.kind === 'pack' && e.at === 'end');
       expect(failed).toBeGreaterThanOrEqual(0);
       expect(events.slice(failed).filter((e) => e.kind === 'segment' && e.at === 'start')).toEqual([]);
-      expect(events.some((e) => e.kind === 'top')).toBe(false);
-      expect(await fs.readdir(temp)).toEqual([]);
+      await expectNothingLeft(watched, prefix, temp);
       // The retry has every segment: more than the failed attempt put, which stopped short.
-      const retried = await takeInto(store, root, sandboxId, temp);
+      const retried = await retryRestores(root, sandboxId, temp, before);
       const started = events.filter((e) => e.kind === 'segment' && e.at === 'start').length;
       expect(retried.baseline.manifest.segments!.length).toBeGreaterThan(16);
       expect(started).toBeLessThan(retried.baseline.manifest.segments!.length);
-      const restored = await restoreFresh(store, retried.checkpoint);
-      expect(await describeTree(restored.target)).toEqual(before);
-      await fs.rm(restored.target, { recursive: true, force: true });
     } finally {
       await store.deletePrefix(prefix);
       await fs.rm(root, { recursive: true, force: true });
