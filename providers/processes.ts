@@ -784,7 +784,31 @@ function markerIn(environ: string | undefined): SandboxMarker | undefined {
 
 /** The environ of `pid`, or undefined when it is gone or not ours to read. */
 function readEnviron(pid: number): string | undefined {
-  return readProcFile(`/proc/${pid}/environ`);
+  const environ = readProcFile(`/proc/${pid}/environ`);
+  if (environ !== undefined) return environ;
+  // A process whose main thread exited has no environ at its pid; its live threads share the memory it is read from.
+  const thread = liveThread(pid);
+  return thread === undefined ? undefined : readProcFile(`/proc/${pid}/task/${thread.tid}/environ`);
+}
+
+/**
+ * A thread of `pid` other than its main one that has not exited, with its state. The main thread can
+ * exit alone (SYS_exit, pthread_exit): /proc/<pid>/stat then shows a zombie while the process runs on.
+ */
+function liveThread(pid: number): { tid: string; state: string } | undefined {
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return undefined;
+  }
+  for (const tid of tids) {
+    if (tid === String(pid)) continue;
+    const stat = readProcFile(`/proc/${pid}/task/${tid}/stat`);
+    const state = stat?.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+    if (state !== undefined && state !== 'Z' && state !== 'X') return { tid, state };
+  }
+  return undefined;
 }
 
 /** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
@@ -809,7 +833,8 @@ function processStat(pid: number):
   // From there: state (field 3 of proc(5)), ppid (4), process group (5), session (6), flags (9), starttime (22).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   return {
-    state: fields[0],
+    // A zombie main thread with live threads is a running process, to be found, frozen and killed.
+    state: fields[0] === 'Z' ? (liveThread(pid)?.state ?? 'Z') : fields[0],
     ppid: Number(fields[1]),
     group: Number(fields[2]),
     session: Number(fields[3]),

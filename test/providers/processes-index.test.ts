@@ -457,3 +457,65 @@ test('a frozen sandbox is killed without a thaw; one with nothing left running f
   await byIndex.kill(ended);
   expect(await byIndex.processes(ended)).toEqual([]);
 });
+
+// A process whose main thread exits while another thread runs shows as a zombie in /proc/<pid>/stat
+// (the thread group leader's state) and has no environ or cmdline there, yet runs and forks on.
+const LEADER_EXITS = [
+  'import ctypes, os, sys, threading, time',
+  'if sys.argv[2] == "group": os.setpgid(0, 0)',
+  'open(sys.argv[1], "w").write(str(os.getpid()))',
+  'threading.Thread(target=lambda: time.sleep(600)).start()',
+  // SYS_exit, not exit_group: only the calling (main) thread exits.
+  'ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)',
+].join('\n');
+
+/** The states of the threads of `pid` that have not exited. */
+function liveThreads(pid: number): string[] {
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  return tids
+    .map((tid) => {
+      try {
+        const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+        return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+      } catch {
+        return 'X';
+      }
+    })
+    .filter((state) => state !== 'Z' && state !== 'X');
+}
+
+test('a process whose main thread exited while another runs (its pid shows a zombie) is frozen and killed', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-leader-exits') };
+  const script = path.join(dataDir, uniqueId('leader-exits.py'));
+  writeFileSync(script, LEADER_EXITS);
+  const child = path.join(dataDir, uniqueId('pid'));
+  const orphan = path.join(dataDir, uniqueId('pid'));
+  // A child in a group of its own (the session's group signal misses it), and an orphan in a session
+  // of its own that keeps its marker; the command waits for its child.
+  await startIn(marker, `(setsid python3 ${script} ${orphan} session &); python3 ${script} ${child} group & wait`);
+  const pidIn = (file: string) => Number(readFileSync(file, 'utf8'));
+  await waitFor('both leaders to exit', async () =>
+    [child, orphan].every((file) => {
+      try {
+        return /^\S+ \(.*\) Z/.test(readStat(pidIn(file))) && liveThreads(pidIn(file)).length === 1;
+      } catch {
+        return false;
+      }
+    }),
+  );
+  const pids = [pidIn(child), pidIn(orphan)];
+  try {
+    await byIndex.freeze(marker);
+    for (const pid of pids) expect(liveThreads(pid)).toEqual(['T']);
+    await byIndex.thaw(marker);
+    await byIndex.kill(marker);
+    for (const pid of pids) expect(liveThreads(pid)).toEqual([]);
+  } finally {
+    for (const pid of pids) signal(pid, 'SIGKILL');
+  }
+});
