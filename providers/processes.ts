@@ -240,10 +240,31 @@ const sessionOwners = new Map<number, { key: string; confirmed: PidCursor | unde
 function sessionOwner(session: number, now: PidCursor | undefined): string | undefined {
   const owner = sessionOwners.get(session);
   if (owner && mayBeReused(owner.confirmed, now)(session)) {
+    // Its leader, the sandbox's process that made it, still in it: the id names no other session.
+    if (leads(owner.key, session)) {
+      confirmSession(session, owner.key, now);
+      return owner.key;
+    }
     forgetSession(session);
     return undefined;
   }
   return owner?.key;
+}
+
+/**
+ * Whether the process with pid `session` is the one sandbox `key` has indexed (same start time)
+ * and still in session `session`: a session's id is its maker's pid, so that process made it.
+ */
+function leads(key: string, session: number): boolean {
+  const owner = owners.get(session);
+  const stat = processStat(session);
+  return (
+    owner?.key === key &&
+    stat?.startTime === owner.startTime &&
+    stat.session === session &&
+    stat.state !== 'Z' &&
+    stat.state !== 'X'
+  );
 }
 
 function confirmSession(session: number, key: string, cursor: PidCursor | undefined): void {

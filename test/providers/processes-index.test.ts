@@ -519,3 +519,27 @@ test('a process whose main thread exited while another runs (its pid shows a zom
     for (const pid of pids) signal(pid, 'SIGKILL');
   }
 });
+
+test('an orphan that stays in the session of a live command is killed after the sandbox forked round the pid space', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-round') };
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // The command forks an orphan that clears its marker and stays in the session, then clears its own.
+  const session = await startIn(
+    marker,
+    `while [ ! -e ${gate} ]; do sleep 0.05; done; (env -i X=1 sleep ${sleeper(81)} &); exec env -i sleep ${sleeper(82)}`,
+  );
+  const pidMax = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'));
+  const ahead = Math.min(session + 10_000, pidMax - 50);
+  expect(ahead).toBeGreaterThan(session + 100);
+  // Looked at (the session confirmed) 10,000 pids later, before the orphan exists.
+  writeFileSync('/proc/sys/kernel/ns_last_pid', String(ahead));
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toContain(session);
+  writeFileSync(gate, '');
+  await waitFor('the orphan and the command', async () => running(81).length === 1 && running(82).length === 1);
+  // Forks round the pid space since (the test's shortcut: the kernel's cursor set back to the session's id)
+  // before the worker looks again: the id may name another session by now, by the count alone.
+  writeFileSync('/proc/sys/kernel/ns_last_pid', String(session));
+  await byIndex.kill(marker);
+  expect(running(82)).toEqual([]);
+  expect(running(81)).toEqual([]);
+});
