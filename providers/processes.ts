@@ -303,8 +303,10 @@ function provesReused(key: string, pid: number, stat: { ppid: number; startTime:
 
 /** Whether `pid` is known to be outside the sandbox's pids group: an exiting process shows the root group. */
 function outsideGroup(marker: SandboxMarker, pid: number): boolean {
-  if (inPidsGroup(marker, pid) !== false) return false;
-  const stat = processStat(pid); // after: its exit began before the group was read, if it did
+  // A main thread that exited shows the root group too: a live thread of its process is read instead.
+  const task = processStat(pid)?.thread ?? pid;
+  if (inPidsGroup(marker, task) !== false) return false;
+  const stat = processStat(task); // after: its exit began before the group was read, if it did
   return stat !== undefined && !stat.exiting && stat.state !== 'Z' && stat.state !== 'X';
 }
 
@@ -813,10 +815,10 @@ function readEnviron(pid: number): string | undefined {
 }
 
 /**
- * A thread of `pid` other than its main one that has not exited, with its state. The main thread can
+ * A thread of `pid` other than its main one that has not exited, with its stat fields. The main thread can
  * exit alone (SYS_exit, pthread_exit): /proc/<pid>/stat then shows a zombie while the process runs on.
  */
-function liveThread(pid: number): { tid: string; state: string } | undefined {
+function liveThread(pid: number): { tid: string; fields: string[] } | undefined {
   let tids: string[];
   try {
     tids = readdirSync(`/proc/${pid}/task`);
@@ -826,8 +828,8 @@ function liveThread(pid: number): { tid: string; state: string } | undefined {
   for (const tid of tids) {
     if (tid === String(pid)) continue;
     const stat = readProcFile(`/proc/${pid}/task/${tid}/stat`);
-    const state = stat?.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
-    if (state !== undefined && state !== 'Z' && state !== 'X') return { tid, state };
+    const fields = stat?.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (fields && fields[0] !== 'Z' && fields[0] !== 'X') return { tid, fields };
   }
   return undefined;
 }
@@ -846,6 +848,8 @@ function processStat(pid: number):
       startTime: string;
       kernelThread: boolean;
       exiting: boolean;
+      /** Where the main thread exited and another runs on: that thread, whose state and flags these are. */
+      thread?: number;
     }
   | undefined {
   const stat = readProcFile(`/proc/${pid}/stat`);
@@ -853,15 +857,18 @@ function processStat(pid: number):
   // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
   // From there: state (field 3 of proc(5)), ppid (4), process group (5), session (6), flags (9), starttime (22).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // A zombie main thread with live threads is a running process, to be found, frozen and killed.
+  const thread = fields[0] === 'Z' ? liveThread(pid) : undefined;
+  const flags = Number(thread?.fields[6] ?? fields[6]);
   return {
-    // A zombie main thread with live threads is a running process, to be found, frozen and killed.
-    state: fields[0] === 'Z' ? (liveThread(pid)?.state ?? 'Z') : fields[0],
+    state: thread?.fields[0] ?? fields[0],
     ppid: Number(fields[1]),
     group: Number(fields[2]),
     session: Number(fields[3]),
     startTime: fields[19],
-    kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,
-    exiting: (Number(fields[6]) & PF_EXITING) !== 0,
+    kernelThread: (flags & PF_KTHREAD) !== 0,
+    exiting: (flags & PF_EXITING) !== 0,
+    thread: thread && Number(thread.tid),
   };
 }
 

@@ -469,6 +469,13 @@ const LEADER_EXITS = [
   'ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)',
 ].join('\n');
 
+/** The file of LEADER_EXITS (python3 <file> <pid file> group|session). */
+function leaderExits(): string {
+  const script = path.join(dataDir, 'leader-exits.py');
+  writeFileSync(script, LEADER_EXITS);
+  return script;
+}
+
 /** The states of the threads of `pid` that have not exited. */
 function liveThreads(pid: number): string[] {
   let tids: string[];
@@ -491,8 +498,7 @@ function liveThreads(pid: number): string[] {
 
 test('a process whose main thread exited while another runs (its pid shows a zombie) is frozen and killed', async () => {
   const marker = { hostId, sandboxId: uniqueId('sbx-leader-exits') };
-  const script = path.join(dataDir, uniqueId('leader-exits.py'));
-  writeFileSync(script, LEADER_EXITS);
+  const script = leaderExits();
   const child = path.join(dataDir, uniqueId('pid'));
   const orphan = path.join(dataDir, uniqueId('pid'));
   // A child in a group of its own (the session's group signal misses it), and an orphan in a session
@@ -542,4 +548,35 @@ test('an orphan that stays in the session of a live command is killed after the 
   await byIndex.kill(marker);
   expect(running(82)).toEqual([]);
   expect(running(81)).toEqual([]);
+});
+
+test('a host process whose main thread exited, that gets the pid of our ended session, is never signalled', async () => {
+  const script = leaderExits();
+  let session: number | undefined;
+  try {
+    // Started by the host, leading its own session, as in the test above; its main thread exits.
+    const ended = await reusedSession(async () => {
+      const child = spawn('python3', [script, path.join(dataDir, uniqueId('pid')), 'session'], {
+        detached: true,
+        stdio: 'ignore',
+      });
+      child.unref();
+      await waitFor('the host process', async () => child.pid !== undefined);
+      return child.pid!;
+    });
+    session = ended.session;
+    await waitFor(
+      'its main thread to exit',
+      async () => /^\S+ \(.*\) Z/.test(readStat(session!)) && liveThreads(session!).length === 1,
+    );
+    // No fork counted since the sandbox's last look (see the test above).
+    writeFileSync('/proc/sys/kernel/ns_last_pid', String(ended.lookedAt));
+    await byIndex.freeze(ended.marker);
+    expect(liveThreads(session)).toEqual(['S']);
+    await byIndex.thaw(ended.marker);
+    await byIndex.kill(ended.marker);
+    expect(liveThreads(session)).toEqual(['S']);
+  } finally {
+    if (session !== undefined) signal(session, 'SIGKILL');
+  }
 });
