@@ -240,10 +240,31 @@ const sessionOwners = new Map<number, { key: string; confirmed: PidCursor | unde
 function sessionOwner(session: number, now: PidCursor | undefined): string | undefined {
   const owner = sessionOwners.get(session);
   if (owner && mayBeReused(owner.confirmed, now)(session)) {
+    // Its leader, the sandbox's process that made it, still in it: the id names no other session.
+    if (leads(owner.key, session)) {
+      confirmSession(session, owner.key, now);
+      return owner.key;
+    }
     forgetSession(session);
     return undefined;
   }
   return owner?.key;
+}
+
+/**
+ * Whether the process with pid `session` is the one sandbox `key` has indexed (same start time)
+ * and still in session `session`: a session's id is its maker's pid, so that process made it.
+ */
+function leads(key: string, session: number): boolean {
+  const owner = owners.get(session);
+  const stat = processStat(session);
+  return (
+    owner?.key === key &&
+    stat?.startTime === owner.startTime &&
+    stat.session === session &&
+    stat.state !== 'Z' &&
+    stat.state !== 'X'
+  );
 }
 
 function confirmSession(session: number, key: string, cursor: PidCursor | undefined): void {
@@ -282,8 +303,10 @@ function provesReused(key: string, pid: number, stat: { ppid: number; startTime:
 
 /** Whether `pid` is known to be outside the sandbox's pids group: an exiting process shows the root group. */
 function outsideGroup(marker: SandboxMarker, pid: number): boolean {
-  if (inPidsGroup(marker, pid) !== false) return false;
-  const stat = processStat(pid); // after: its exit began before the group was read, if it did
+  // A main thread that exited shows the root group too: a live thread of its process is read instead.
+  const task = processStat(pid)?.thread ?? pid;
+  if (inPidsGroup(marker, task) !== false) return false;
+  const stat = processStat(task); // after: its exit began before the group was read, if it did
   return stat !== undefined && !stat.exiting && stat.state !== 'Z' && stat.state !== 'X';
 }
 
@@ -784,7 +807,31 @@ function markerIn(environ: string | undefined): SandboxMarker | undefined {
 
 /** The environ of `pid`, or undefined when it is gone or not ours to read. */
 function readEnviron(pid: number): string | undefined {
-  return readProcFile(`/proc/${pid}/environ`);
+  const environ = readProcFile(`/proc/${pid}/environ`);
+  if (environ !== undefined) return environ;
+  // A process whose main thread exited has no environ at its pid; its live threads share the memory it is read from.
+  const thread = liveThread(pid);
+  return thread === undefined ? undefined : readProcFile(`/proc/${pid}/task/${thread.tid}/environ`);
+}
+
+/**
+ * A thread of `pid` other than its main one that has not exited, with its stat fields. The main thread can
+ * exit alone (SYS_exit, pthread_exit): /proc/<pid>/stat then shows a zombie while the process runs on.
+ */
+function liveThread(pid: number): { tid: string; fields: string[] } | undefined {
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return undefined;
+  }
+  for (const tid of tids) {
+    if (tid === String(pid)) continue;
+    const stat = readProcFile(`/proc/${pid}/task/${tid}/stat`);
+    const fields = stat?.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (fields && fields[0] !== 'Z' && fields[0] !== 'X') return { tid, fields };
+  }
+  return undefined;
 }
 
 /** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
@@ -801,6 +848,8 @@ function processStat(pid: number):
       startTime: string;
       kernelThread: boolean;
       exiting: boolean;
+      /** Where the main thread exited and another runs on: that thread, whose state and flags these are. */
+      thread?: number;
     }
   | undefined {
   const stat = readProcFile(`/proc/${pid}/stat`);
@@ -808,14 +857,18 @@ function processStat(pid: number):
   // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
   // From there: state (field 3 of proc(5)), ppid (4), process group (5), session (6), flags (9), starttime (22).
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // A zombie main thread with live threads is a running process, to be found, frozen and killed.
+  const thread = fields[0] === 'Z' ? liveThread(pid) : undefined;
+  const flags = Number(thread?.fields[6] ?? fields[6]);
   return {
-    state: fields[0],
+    state: thread?.fields[0] ?? fields[0],
     ppid: Number(fields[1]),
     group: Number(fields[2]),
     session: Number(fields[3]),
     startTime: fields[19],
-    kernelThread: (Number(fields[6]) & PF_KTHREAD) !== 0,
-    exiting: (Number(fields[6]) & PF_EXITING) !== 0,
+    kernelThread: (flags & PF_KTHREAD) !== 0,
+    exiting: (flags & PF_EXITING) !== 0,
+    thread: thread && Number(thread.tid),
   };
 }
 

@@ -457,3 +457,126 @@ test('a frozen sandbox is killed without a thaw; one with nothing left running f
   await byIndex.kill(ended);
   expect(await byIndex.processes(ended)).toEqual([]);
 });
+
+// A process whose main thread exits while another thread runs shows as a zombie in /proc/<pid>/stat
+// (the thread group leader's state) and has no environ or cmdline there, yet runs and forks on.
+const LEADER_EXITS = [
+  'import ctypes, os, sys, threading, time',
+  'if sys.argv[2] == "group": os.setpgid(0, 0)',
+  'open(sys.argv[1], "w").write(str(os.getpid()))',
+  'threading.Thread(target=lambda: time.sleep(600)).start()',
+  // SYS_exit, not exit_group: only the calling (main) thread exits.
+  'ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)',
+].join('\n');
+
+/** The file of LEADER_EXITS (python3 <file> <pid file> group|session). */
+function leaderExits(): string {
+  const script = path.join(dataDir, 'leader-exits.py');
+  writeFileSync(script, LEADER_EXITS);
+  return script;
+}
+
+/** The states of the threads of `pid` that have not exited. */
+function liveThreads(pid: number): string[] {
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  return tids
+    .map((tid) => {
+      try {
+        const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+        return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+      } catch {
+        return 'X';
+      }
+    })
+    .filter((state) => state !== 'Z' && state !== 'X');
+}
+
+test('a process whose main thread exited while another runs (its pid shows a zombie) is frozen and killed', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-leader-exits') };
+  const script = leaderExits();
+  const child = path.join(dataDir, uniqueId('pid'));
+  const orphan = path.join(dataDir, uniqueId('pid'));
+  // A child in a group of its own (the session's group signal misses it), and an orphan in a session
+  // of its own that keeps its marker; the command waits for its child.
+  await startIn(marker, `(setsid python3 ${script} ${orphan} session &); python3 ${script} ${child} group & wait`);
+  const pidIn = (file: string) => Number(readFileSync(file, 'utf8'));
+  await waitFor('both leaders to exit', async () =>
+    [child, orphan].every((file) => {
+      try {
+        return /^\S+ \(.*\) Z/.test(readStat(pidIn(file))) && liveThreads(pidIn(file)).length === 1;
+      } catch {
+        return false;
+      }
+    }),
+  );
+  const pids = [pidIn(child), pidIn(orphan)];
+  try {
+    await byIndex.freeze(marker);
+    for (const pid of pids) expect(liveThreads(pid)).toEqual(['T']);
+    await byIndex.thaw(marker);
+    await byIndex.kill(marker);
+    for (const pid of pids) expect(liveThreads(pid)).toEqual([]);
+  } finally {
+    for (const pid of pids) signal(pid, 'SIGKILL');
+  }
+});
+
+test('an orphan that stays in the session of a live command is killed after the sandbox forked round the pid space', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-round') };
+  const gate = path.join(dataDir, uniqueId('gate'));
+  // The command forks an orphan that clears its marker and stays in the session, then clears its own.
+  const session = await startIn(
+    marker,
+    `while [ ! -e ${gate} ]; do sleep 0.05; done; (env -i X=1 sleep ${sleeper(81)} &); exec env -i sleep ${sleeper(82)}`,
+  );
+  const pidMax = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'));
+  const ahead = Math.min(session + 10_000, pidMax - 50);
+  expect(ahead).toBeGreaterThan(session + 100);
+  // Looked at (the session confirmed) 10,000 pids later, before the orphan exists.
+  writeFileSync('/proc/sys/kernel/ns_last_pid', String(ahead));
+  expect((await byIndex.processes(marker)).map((p) => p.pid)).toContain(session);
+  writeFileSync(gate, '');
+  await waitFor('the orphan and the command', async () => running(81).length === 1 && running(82).length === 1);
+  // Forks round the pid space since (the test's shortcut: the kernel's cursor set back to the session's id)
+  // before the worker looks again: the id may name another session by now, by the count alone.
+  writeFileSync('/proc/sys/kernel/ns_last_pid', String(session));
+  await byIndex.kill(marker);
+  expect(running(82)).toEqual([]);
+  expect(running(81)).toEqual([]);
+});
+
+test('a host process whose main thread exited, that gets the pid of our ended session, is never signalled', async () => {
+  const script = leaderExits();
+  let session: number | undefined;
+  try {
+    // Started by the host, leading its own session, as in the test above; its main thread exits.
+    const ended = await reusedSession(async () => {
+      const child = spawn('python3', [script, path.join(dataDir, uniqueId('pid')), 'session'], {
+        detached: true,
+        stdio: 'ignore',
+      });
+      child.unref();
+      await waitFor('the host process', async () => child.pid !== undefined);
+      return child.pid!;
+    });
+    session = ended.session;
+    await waitFor(
+      'its main thread to exit',
+      async () => /^\S+ \(.*\) Z/.test(readStat(session!)) && liveThreads(session!).length === 1,
+    );
+    // No fork counted since the sandbox's last look (see the test above).
+    writeFileSync('/proc/sys/kernel/ns_last_pid', String(ended.lookedAt));
+    await byIndex.freeze(ended.marker);
+    expect(liveThreads(session)).toEqual(['S']);
+    await byIndex.thaw(ended.marker);
+    await byIndex.kill(ended.marker);
+    expect(liveThreads(session)).toEqual(['S']);
+  } finally {
+    if (session !== undefined) signal(session, 'SIGKILL');
+  }
+});
