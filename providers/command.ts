@@ -97,7 +97,7 @@ export async function spawnInSandbox(
     maxOutputBytes: options.maxOutputBytes ?? 0,
     ...(options.stdin === undefined ? {} : { stdin: options.stdin }),
   });
-  trackStarted(options.sandbox.marker, started.pid);
+  trackStarted(options.sandbox.marker, started.pid, started.startTime);
   await joined(started.pid, join);
   return started;
 }

@@ -1,7 +1,8 @@
-import { closeSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
+import { readdirSync, readlinkSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 import { cgroupTracking, freezeGroup, groupPids, hostGroupPids, inPidsGroup, killGroup, thawGroup } from './cgroups';
+import { liveThread, processStat, readProcFile } from './proc-files';
 import { spawnerPid } from './spawner';
 
 // A sandbox's processes, found to be counted, frozen, thawed and killed together,
@@ -61,10 +62,9 @@ interface KnownMarker {
 const known = new Map<number, KnownMarker>();
 
 /**
- * Live (non-zombie) processes of every sandbox of `hostId`, by sandbox id.
- * /proc files are read synchronously, into one reused buffer: they are generated in
- * memory and never block, a few hundred of them through the libuv thread pool take
- * 20x longer, and a fresh buffer per read made allocation the cost of a scan.
+ * Live (non-zombie) processes of every sandbox of `hostId`, by sandbox id. /proc files are
+ * read synchronously (proc-files.ts): a few hundred of them through the libuv thread pool
+ * take 20x longer.
  */
 async function scanByEnvironment(hostId: string): Promise<Map<string, ProcessInfo[]>> {
   const found: { pid: number; ppid: number; state: string; marker: SandboxMarker | undefined }[] = [];
@@ -356,12 +356,17 @@ function seeded(
 }
 
 /**
- * Tells the index about a process the starter started for a sandbox, with the session it leads.
- * Called as soon as its pid is known; what it forked before that is found below it, or as an orphan.
+ * Tells the index about a process the starter started for a sandbox (`startTime` as the starter read
+ * it), with the session it leads. Called as soon as its pid is known; what it forked before that is
+ * found below it, or as an orphan.
  */
-export function trackStarted(marker: SandboxMarker, pid: number): void {
+export function trackStarted(marker: SandboxMarker, pid: number, startTime: string | undefined): void {
   // Kept with cgroups too (one /proc read per start): the tests of the index run on such hosts.
   const stat = processStat(pid);
+  // Another process holds the pid now: ours ended and was reaped before the worker heard of it (a
+  // stalled worker), and its session with it, as a pid is handed out again only once no process is
+  // in the session it names. Nothing of the sandbox is left to index, and the pid is another's.
+  if (stat && stat.startTime !== startTime) return;
   const key = keyOf(marker);
   // The starter makes each process the leader of a new session (its id is the pid), even one
   // that has already exited: its orphans are still in that session.
@@ -812,91 +817,4 @@ function readEnviron(pid: number): string | undefined {
   // A process whose main thread exited has no environ at its pid; its live threads share the memory it is read from.
   const thread = liveThread(pid);
   return thread === undefined ? undefined : readProcFile(`/proc/${pid}/task/${thread.tid}/environ`);
-}
-
-/**
- * A thread of `pid` other than its main one that has not exited, with its stat fields. The main thread can
- * exit alone (SYS_exit, pthread_exit): /proc/<pid>/stat then shows a zombie while the process runs on.
- */
-function liveThread(pid: number): { tid: string; fields: string[] } | undefined {
-  let tids: string[];
-  try {
-    tids = readdirSync(`/proc/${pid}/task`);
-  } catch {
-    return undefined;
-  }
-  for (const tid of tids) {
-    if (tid === String(pid)) continue;
-    const stat = readProcFile(`/proc/${pid}/task/${tid}/stat`);
-    const fields = stat?.slice(stat.lastIndexOf(')') + 2).split(' ');
-    if (fields && fields[0] !== 'Z' && fields[0] !== 'X') return { tid, fields };
-  }
-  return undefined;
-}
-
-/** PF_KTHREAD in the flags of /proc/<pid>/stat: kernel threads have no environment to read. */
-const PF_KTHREAD = 0x00200000;
-/** PF_EXITING: set when a process begins to exit, before it leaves its control groups. */
-const PF_EXITING = 0x00000004;
-
-function processStat(pid: number):
-  | {
-      state: string;
-      ppid: number;
-      group: number;
-      session: number;
-      startTime: string;
-      kernelThread: boolean;
-      exiting: boolean;
-      /** Where the main thread exited and another runs on: that thread, whose state and flags these are. */
-      thread?: number;
-    }
-  | undefined {
-  const stat = readProcFile(`/proc/${pid}/stat`);
-  if (stat === undefined) return undefined;
-  // The command name may contain spaces and parentheses; the fields after it start at the last ')'.
-  // From there: state (field 3 of proc(5)), ppid (4), process group (5), session (6), flags (9), starttime (22).
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  // A zombie main thread with live threads is a running process, to be found, frozen and killed.
-  const thread = fields[0] === 'Z' ? liveThread(pid) : undefined;
-  const flags = Number(thread?.fields[6] ?? fields[6]);
-  return {
-    state: thread?.fields[0] ?? fields[0],
-    ppid: Number(fields[1]),
-    group: Number(fields[2]),
-    session: Number(fields[3]),
-    startTime: fields[19],
-    kernelThread: (flags & PF_KTHREAD) !== 0,
-    exiting: (flags & PF_EXITING) !== 0,
-    thread: thread && Number(thread.tid),
-  };
-}
-
-let buffer = Buffer.allocUnsafe(64 * 1024);
-
-/** A /proc file's content (their size is unknown until read), or undefined when it cannot be read. */
-function readProcFile(file: string): string | undefined {
-  let fd: number;
-  try {
-    fd = openSync(file, 'r');
-  } catch {
-    return undefined;
-  }
-  try {
-    let length = 0;
-    for (;;) {
-      if (length === buffer.length) {
-        const bigger = Buffer.allocUnsafe(buffer.length * 2);
-        buffer.copy(bigger);
-        buffer = bigger;
-      }
-      const n = readSync(fd, buffer, length, buffer.length - length, null);
-      if (n === 0) return buffer.toString('latin1', 0, length);
-      length += n;
-    }
-  } catch {
-    return undefined; // gone meanwhile, or not ours to read
-  } finally {
-    closeSync(fd);
-  }
 }

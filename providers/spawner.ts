@@ -1,6 +1,7 @@
 import { fork, spawn, type ChildProcess } from 'node:child_process';
 import * as path from 'node:path';
 import { StasisError } from '../common/errors';
+import { processStat } from './proc-files';
 
 // Sandbox processes are started by a small helper process, not by the worker.
 // Node's spawn forks the calling process synchronously, and the cost of a fork
@@ -36,18 +37,24 @@ export interface ProcessExit {
 
 type ToHelper = SpawnRequest & { id: number };
 type FromHelper =
-  | { id: number; kind: 'spawned'; pid: number }
+  | { id: number; kind: 'spawned'; pid: number; startTime: string | undefined }
   | { id: number; kind: 'failed'; code: 'INVALID_ARGUMENT' | 'INTERNAL'; message: string }
   | { id: number; kind: 'exited'; exit: ProcessExit };
 
 export interface StartedProcess {
   pid: number;
+  /**
+   * Its start time as /proc/<pid>/stat gives it, read by the starter before it could reap the process
+   * (undefined where /proc cannot be read): by the time the worker hears of the pid, the process may
+   * have ended and the pid been handed to another.
+   */
+  startTime: string | undefined;
   /** Resolves when a foreground process has ended and its output is in; never for a background one. */
   exited: Promise<ProcessExit>;
 }
 
 interface Pending {
-  spawned: (pid: number) => void;
+  spawned: (pid: number, startTime: string | undefined) => void;
   failed: (err: Error) => void;
   exited: (exit: ProcessExit) => void;
   lost: (err: Error) => void;
@@ -78,9 +85,9 @@ class Spawner {
       exited.catch(() => undefined); // a caller that never waits (background) must not see it as unhandled
       this.pending.set(id, {
         helper,
-        spawned: (pid) => {
+        spawned: (pid, startTime) => {
           if (request.background) this.pending.delete(id);
-          resolveStart({ pid, exited });
+          resolveStart({ pid, startTime, exited });
         },
         failed: (err) => {
           this.pending.delete(id);
@@ -129,7 +136,7 @@ class Spawner {
   private receive(message: FromHelper): void {
     const pending = this.pending.get(message.id);
     if (!pending) return;
-    if (message.kind === 'spawned') pending.spawned(message.pid);
+    if (message.kind === 'spawned') pending.spawned(message.pid, message.startTime);
     else if (message.kind === 'failed') pending.failed(new StasisError(message.code, message.message));
     else pending.exited(message.exit);
   }
@@ -196,6 +203,9 @@ function start(request: ToHelper, reply: (message: FromHelper) => void): void {
       request.background ? 'ignore' : 'pipe',
     ],
   });
+  // Read now, before this helper's event loop can reap the child (a zombie's stat is still there): its
+  // pid cannot have been handed to another process yet.
+  const startTime = child.pid === undefined ? undefined : processStat(child.pid)?.startTime;
   child.once('error', (err) =>
     reply({
       id: request.id,
@@ -209,7 +219,7 @@ function start(request: ToHelper, reply: (message: FromHelper) => void): void {
   child.stdin?.end(request.stdin);
   child.once('spawn', () => {
     if (child.pid === undefined) return; // not started: 'error' reports it
-    reply({ id: request.id, kind: 'spawned', pid: child.pid });
+    reply({ id: request.id, kind: 'spawned', pid: child.pid, startTime });
     if (request.background) child.unref();
     else collect(child, request.maxOutputBytes, (exit) => reply({ id: request.id, kind: 'exited', exit }));
   });

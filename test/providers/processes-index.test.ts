@@ -3,8 +3,9 @@ import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { hostCommands, spawnInSandbox } from '../../providers/command';
 import { DEFAULT_LIMITS } from '../../providers/limits';
-import { byIndex, markerEnv, sandboxProcesses, type SandboxMarker } from '../../providers/processes';
+import { byIndex, markerEnv, sandboxProcesses, trackStarted, type SandboxMarker } from '../../providers/processes';
 import { sandboxPaths } from '../../providers/sandbox-state';
+import { startProcess } from '../../providers/spawner';
 import { pidsRunning, tempDir, uniqueId, waitFor } from './helpers';
 
 // Where the host offers no cgroup, a worker finds a sandbox's processes through its index: what
@@ -398,6 +399,49 @@ test('a host process that gets the pid of our ended session is never signalled, 
     expect(alive(session)).toBe(true);
   } finally {
     for (const pid of running(42)) signal(pid, 'SIGKILL');
+  }
+});
+
+test('a pid the starter reported that a host process holds by the time the worker hears of it is never the sandbox’s', async () => {
+  const marker = { hostId, sandboxId: uniqueId('sbx-late') };
+  started.push(marker);
+  let host: number | undefined;
+  try {
+    for (let attempt = 0; attempt < 20 && host === undefined; attempt += 1) {
+      // The command ends and the starter reaps it before the worker tracks it (a stalled worker)...
+      const command = await startProcess({
+        file: '/bin/true',
+        args: [],
+        cwd: dataDir,
+        env: markerEnv(marker),
+        background: false,
+        maxOutputBytes: 0,
+      });
+      await command.exited;
+      expect(command.startTime).toMatch(/^[0-9]+$/);
+      // Start times count clock ticks (10 ms): a pid handed out again takes the pid space round,
+      // which takes longer than that; here ns_last_pid skips the round, so the host waits a tick.
+      await new Promise((resolve) => setTimeout(resolve, 25));
+      // ...and a process of the host, leading a session of its own, gets its pid meanwhile.
+      const got = await startWithPid(command.pid, async () => {
+        const child = spawn('sleep', [sleeper(71)], { detached: true, stdio: 'ignore' });
+        child.unref();
+        await waitFor('the host process', async () => child.pid !== undefined);
+        return child.pid!;
+      });
+      if (!got) continue;
+      host = command.pid;
+      trackStarted(marker, command.pid, command.startTime);
+    }
+    if (host === undefined) throw new Error('could not start a host process with the pid of an ended command');
+    expect(await byIndex.processes(marker)).toEqual([]);
+    await byIndex.freeze(marker);
+    expect(stateOf(host)).not.toMatch(/^[Tt]$/);
+    await byIndex.thaw(marker);
+    await byIndex.kill(marker);
+    expect(alive(host)).toBe(true);
+  } finally {
+    for (const pid of running(71)) signal(pid, 'SIGKILL');
   }
 });
 

@@ -66,9 +66,12 @@ test('when the helper dies, waiting callers fail with why and the next start use
   expect((await again.exited).stdout).toBe('again\n');
 });
 
-test('a background process is reported started and left running', async () => {
+test('a background process is reported started and left running, with its start time', async () => {
   const started = await startProcess(request(['sleep 30'], { background: true }));
   expect(parentOf(started.pid)).toBe(spawnerPid());
+  // Field 22 of its stat: what tells this process from a later one given the same pid.
+  const stat = readFileSync(`/proc/${started.pid}/stat`, 'utf8');
+  expect(started.startTime).toBe(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
   process.kill(-started.pid, 'SIGKILL');
 });
 
