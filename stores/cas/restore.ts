@@ -11,7 +11,7 @@ import type { CheckpointStore } from '../index';
 import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
 import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
-import { hashSpans } from './hasher';
+import { chunkHash, hashSpans } from './hasher';
 import { Lanes } from './lanes';
 import {
   checkPackRef,
@@ -438,6 +438,13 @@ interface LoadedPack {
   corrupt: Map<string, string>;
 }
 
+/** A pack held on disk instead of in memory (see dropFarthest): its decompressed bytes, checked, in a file of ours. */
+interface SpilledPack {
+  fd: number;
+  file: string;
+  corrupt: Map<string, string>;
+}
+
 /**
  * The chunks of a manifest, in the order the files need them: packs are fetched
  * a few ahead, held decompressed only until their last chunk is taken, and
@@ -467,6 +474,8 @@ class PackReader {
   private readonly early = new Map<number, Promise<Buffer>>();
   /** Packs loaded (decompressed and verified): the writer takes their chunks without waiting. */
   private readonly loaded = new Map<number, LoadedPack>();
+  /** Packs dropped a second time before their last use: read from their files until then (dropFarthest). */
+  private readonly spilled = new Map<number, SpilledPack>();
 
   constructor(
     private readonly store: CheckpointStore,
@@ -502,8 +511,8 @@ class PackReader {
   chunkNow(hash: string, entryPath: string): Buffer | undefined {
     const pack = this.manifest.chunks[hash][0];
     this.fetchAhead(pack);
-    const loaded = this.loaded.get(pack);
-    return loaded && this.take(hash, entryPath, loaded);
+    const held = this.loaded.get(pack) ?? this.spilled.get(pack);
+    return held && this.take(hash, entryPath, held);
   }
 
   async chunk(hash: string, entryPath: string): Promise<Buffer> {
@@ -520,21 +529,23 @@ class PackReader {
     return this.take(hash, entryPath, await loading);
   }
 
-  /** The chunk's bytes from its loaded pack, unless they do not hash to its name; counts the read. */
-  private take(hash: string, entryPath: string, { bytes, corrupt }: LoadedPack): Buffer {
+  /** The chunk's bytes from its loaded (or spilled) pack, unless they do not hash to its name; counts the read. */
+  private take(hash: string, entryPath: string, held: LoadedPack | SpilledPack): Buffer {
     const [pack, offset, length] = this.manifest.chunks[hash];
-    const bad = corrupt.get(hash);
+    const bad = held.corrupt.get(hash);
     if (bad !== undefined) {
       throw invalid(
         this.uri,
         `has a corrupt chunk ${hash} of ${JSON.stringify(entryPath)} in pack ${this.manifest.packs[pack].uri} (its bytes hash to ${bad})`,
       );
     }
+    const bytes =
+      'bytes' in held ? held.bytes.subarray(offset, offset + length) : readSpilled(held, hash, offset, length);
     const left = (this.uses.get(pack) ?? 1) - 1;
     this.uses.set(pack, left);
     if (left === 0) this.drop(pack);
     this.dropFarthest();
-    return bytes.subarray(offset, offset + length);
+    return bytes;
   }
 
   /**
@@ -542,17 +553,20 @@ class PackReader {
    * loaded beyond them), the loaded pack read again farthest from now is dropped, and downloaded
    * again when it is needed. Files that share chunks far apart (a tree and its copy) would otherwise
    * hold every pack from its first use to its last: the whole checkpoint in memory. A pack is
-   * dropped once at most, then held to its last use: a file whose chunks cycle through more packs
-   * than are held (one a sandbox can make) would otherwise download a pack again for nearly every
-   * chunk, so a restore downloads each pack twice at most.
+   * downloaded again once at most: dropped a second time, it is spilled to a file of its own and its
+   * chunks read from there to its last use. A file whose chunks cycle through more packs than are held
+   * (one a sandbox can make) would otherwise download a pack again for nearly every chunk, or, when
+   * such packs were held to their last use, hold every pack it cycles through in memory (a sandbox's
+   * crafted file could fill the worker's memory with its whole checkpoint). So a restore downloads
+   * each pack twice at most and holds at most PACKS_AHEAD (and the one the writer needs) in memory.
    */
   private dropFarthest(): void {
     while (this.loading.size > PACKS_AHEAD) {
       let farthest: number | undefined;
       let farthestAt = -1;
       for (const pack of this.loading.keys()) {
-        // Only a loaded one (one still loading has its download's file in use), dropped never before.
-        if (!this.loaded.has(pack) || this.reloads.has(pack)) continue;
+        // Only a loaded one: one still loading has its download's file in use.
+        if (!this.loaded.has(pack)) continue;
         const reads = this.readsOf.get(pack) ?? [];
         const at = reads[reads.length - (this.uses.get(pack) ?? 0)] ?? Infinity;
         if (at > farthestAt) {
@@ -561,16 +575,40 @@ class PackReader {
         }
       }
       if (farthest === undefined) return;
+      if (this.reloads.has(farthest)) {
+        this.spill(farthest);
+        continue;
+      }
       this.drop(farthest);
       this.fetching.delete(farthest);
       this.reloads.add(farthest);
     }
   }
 
-  /** Lets go of a pack held decompressed. */
+  /** Moves a loaded pack's bytes from memory to a new file of its own, read from there to its last use. */
+  private spill(pack: number): void {
+    const { bytes, corrupt } = this.loaded.get(pack)!;
+    const file = `${this.tempPrefix}.pack-${pack}.spilled`;
+    const fd = fsSync.openSync(file, SPILL_FILE, 0o600);
+    try {
+      for (let at = 0; at < bytes.length;) at += fsSync.writeSync(fd, bytes, at);
+    } catch (err) {
+      fsSync.closeSync(fd);
+      fsSync.rmSync(file, { force: true });
+      throw err;
+    }
+    this.loading.delete(pack);
+    this.loaded.delete(pack);
+    this.spilled.set(pack, { fd, file, corrupt });
+    markStage(`pack ${pack} spilled`);
+  }
+
+  /** Lets go of a pack held decompressed, or spilled. */
   private drop(pack: number): void {
     this.loading.delete(pack);
     this.loaded.delete(pack);
+    const spilled = this.spilled.get(pack);
+    if (spilled) unspill(this.spilled, pack, spilled);
     markStage(`pack ${pack} dropped`);
   }
 
@@ -586,12 +624,17 @@ class PackReader {
       this.fetch(this.order[this.fetched]);
       this.fetched += 1;
     }
-    if (!this.loading.has(needed) && (this.uses.get(needed) ?? 0) > 0) this.load(needed);
+    if (this.wanted(needed)) this.load(needed);
     while (this.next < this.order.length && this.loading.size < PACKS_AHEAD) {
       const pack = this.order[this.next];
       this.next += 1;
-      if (!this.loading.has(pack) && (this.uses.get(pack) ?? 0) > 0) this.load(pack);
+      if (this.wanted(pack)) this.load(pack);
     }
+  }
+
+  /** Whether `pack` is still read and neither loading, loaded nor spilled. */
+  private wanted(pack: number): boolean {
+    return !this.loading.has(pack) && !this.spilled.has(pack) && (this.uses.get(pack) ?? 0) > 0;
   }
 
   /** The pack's download to its temporary file, started once (the soonest needed first). */
@@ -672,6 +715,7 @@ class PackReader {
     this.closed = true;
     this.loading.clear();
     this.loaded.clear();
+    for (const [pack, spilled] of this.spilled) unspill(this.spilled, pack, spilled);
     await Promise.allSettled(this.started);
     // Taken from the prefetch, never loaded (a restore that failed first): its decompression ends first.
     await Promise.allSettled(this.early.values());
@@ -683,6 +727,32 @@ class PackReader {
       await fs.rm(this.fileOf(pack), { force: true });
     }
   }
+}
+
+/** A spilled pack's file: new (never one already there, nor through a link), ours alone, read back. */
+const SPILL_FILE =
+  fsSync.constants.O_RDWR | fsSync.constants.O_CREAT | fsSync.constants.O_EXCL | fsSync.constants.O_NOFOLLOW;
+
+/**
+ * A chunk of a spilled pack, read from its file. Its bytes were checked before the pack was spilled;
+ * they are checked again, as the disk may have changed them (an error to retry: the store's pack is fine).
+ */
+function readSpilled({ fd, file }: SpilledPack, hash: string, offset: number, length: number): Buffer {
+  const bytes = Buffer.allocUnsafe(length);
+  for (let at = 0; at < length;) {
+    const n = fsSync.readSync(fd, bytes, at, length - at, offset + at);
+    if (n === 0) throw new Error(`${file} ended before chunk ${hash}`);
+    at += n;
+  }
+  if (chunkHash(bytes) !== hash) throw new Error(`chunk ${hash} read back from ${file} does not match its hash`);
+  return bytes;
+}
+
+/** Closes and removes a spilled pack's file. */
+function unspill(spilled: Map<number, SpilledPack>, pack: number, { fd, file }: SpilledPack): void {
+  spilled.delete(pack);
+  fsSync.closeSync(fd);
+  fsSync.rmSync(file, { force: true });
 }
 
 /** Packs decompressed as soon as the prefetch has them (the first ones the files need). */

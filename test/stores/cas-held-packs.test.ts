@@ -3,6 +3,8 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
+import { StasisError } from '../../common/errors';
+import type { Checkpoint } from '../../common/schemas';
 import type { CheckpointStore } from '../../stores/api';
 import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import {
@@ -117,13 +119,15 @@ test('a pack downloaded again (dropped, needed again by the copy) that fails: th
   expect((await fs.readdir(dir)).sort()).toEqual(['target']);
 }, 300_000);
 
-test('a file whose chunks cycle through more packs than are held: each pack downloaded at most twice, the file restores byte for byte', async () => {
-  // Crafted (a sandbox can make such a file of chunks it already has): 10 packs of 16 chunks, one
-  // file reading chunk j of pack 0, 1, ... 9, then chunk j + 1 of each. Dropping the pack needed
-  // farthest from now would download a pack again for nearly every chunk: 8 MiB packs for 64 KiB chunks.
+/**
+ * A crafted checkpoint (a sandbox can make such a file of chunks it already has): PACKS packs of 16
+ * chunks, and one file reading chunk j of pack 0, 1, ... PACKS - 1, then chunk j + 1 of each. With
+ * `corruptLast`, a second file after it reads 4 KiB of pack 0 under a name those bytes do not hash to.
+ */
+async function cycleCheckpoint(corruptLast: boolean) {
   const prefix = `checkpoints/${uniqueId('cas-cycle')}/`;
   const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
-  const PACKS = 10;
+  const PACKS = 20;
   const CHUNKS = 16;
   const chunks: Manifest['chunks'] = {};
   const packs: Manifest['packs'] = [];
@@ -151,41 +155,84 @@ test('a file whose chunks cycle through more packs than are held: each pack down
     }
   }
   const ns = '1700000000000000000';
-  const manifest: Manifest = {
-    format: 'stasis-cas-1',
-    takenAtNs: ns,
-    entries: [
-      { p: 'workspace', k: 'd', m: 0o755, s: 0, mt: ns, ct: ns },
-      { p: 'workspace/cycle.bin', k: 'f', m: 0o644, s: PACKS * CHUNKS * 4096, mt: ns, ct: ns, c },
-    ],
-    chunks,
-    packs,
-  };
+  const entries: Manifest['entries'] = [
+    { p: 'workspace', k: 'd', m: 0o755, s: 0, mt: ns, ct: ns },
+    { p: 'workspace/cycle.bin', k: 'f', m: 0o644, s: PACKS * CHUNKS * 4096, mt: ns, ct: ns, c },
+  ];
+  const forged = sha256(Buffer.from('not these bytes'));
+  if (corruptLast) {
+    chunks[forged] = [0, 4096, 4096];
+    entries.push({ p: 'workspace/z-forged.bin', k: 'f', m: 0o644, s: 4096, mt: ns, ct: ns, c: [forged] });
+  }
+  const manifest: Manifest = { format: 'stasis-cas-1', takenAtNs: ns, entries, chunks, packs };
   const checkpoint = await store.put(
     `${prefix}${uniqueId('m')}${ZSTD_MANIFEST_SUFFIX}`,
     Readable.from([await encodeManifest(manifest)]),
     { run: 'r1' },
   );
+  return { checkpoint, packs, content: Buffer.concat(content), forged };
+}
+
+/** Restores `checkpoint` into a new directory, counting downloads by pack and packs held in memory (stage marks). */
+async function restoreCounting(checkpoint: Checkpoint) {
   const asked = new Map<string, number>();
   const counting = Object.create(store) as CheckpointStore;
   counting.download = async (ref, file, signal) => {
     asked.set(ref.uri, (asked.get(ref.uri) ?? 0) + 1);
     return store.download(ref, file, signal);
   };
+  const held = new Set<string>();
+  const marks = { most: 0, spilled: 0 };
+  const onStage = (message: unknown) => {
+    const { stage } = message as { stage: string };
+    const [, pack, what] = /^pack (\d+) (decompressed and verified|dropped|spilled)$/.exec(stage) ?? [];
+    if (what === 'decompressed and verified') held.add(pack);
+    else if (what) held.delete(pack);
+    if (what === 'spilled') marks.spilled += 1;
+    marks.most = Math.max(marks.most, held.size);
+  };
   const dir = await tempDir('cas-cycle');
   const target = path.join(dir, 'target');
   await fs.mkdir(target);
-  await restoreCheckpoint({
-    store: counting,
-    checkpoint,
-    targetDir: target,
-    tempPrefix: path.join(dir, 'download'),
-    limits: DEFAULT_ARCHIVE_LIMITS,
-    progress: { bytes: 0 },
-  });
-  expect(await fs.readFile(path.join(target, 'workspace', 'cycle.bin'))).toEqual(Buffer.concat(content));
+  restoreStages.subscribe(onStage);
+  try {
+    const outcome = await restoreCheckpoint({
+      store: counting,
+      checkpoint,
+      targetDir: target,
+      tempPrefix: path.join(dir, 'download'),
+      limits: DEFAULT_ARCHIVE_LIMITS,
+      progress: { bytes: 0 },
+    }).catch((err: unknown) => err);
+    return { outcome, asked, marks, dir, target };
+  } finally {
+    restoreStages.unsubscribe(onStage);
+  }
+}
+
+test('a file whose chunks cycle through more packs than are held: each pack downloaded at most twice, no more packs in memory than the window, the file restores byte for byte', async () => {
+  // Dropping the pack needed farthest from now would download a pack again for nearly every chunk (8 MiB
+  // packs for 64 KiB chunks); holding every pack dropped once to its last use held them all in memory (a
+  // sandbox's crafted file could so fill the worker's memory): dropped twice, a pack is spilled to disk.
+  const { checkpoint, packs, content } = await cycleCheckpoint(false);
+  const { outcome, asked, marks, dir, target } = await restoreCounting(checkpoint);
+  expect(outcome).not.toBeInstanceOf(Error);
+  expect(await fs.readFile(path.join(target, 'workspace', 'cycle.bin'))).toEqual(content);
   const downloads = packs.map((pack) => asked.get(pack.uri) ?? 0);
   expect(Math.min(...downloads)).toBeGreaterThanOrEqual(1);
   expect(Math.max(...downloads)).toBeLessThanOrEqual(2);
+  expect(marks.most).toBeLessThanOrEqual(HELD_AT_MOST);
+  expect(marks.spilled).toBeGreaterThan(0);
+  expect((await fs.readdir(dir)).sort()).toEqual(['target']);
+}, 300_000);
+
+test('a corrupt chunk read after packs were spilled: CHECKPOINT_INVALID naming it, and no spilled file left', async () => {
+  const { checkpoint, forged } = await cycleCheckpoint(true);
+  const { outcome, marks, dir } = await restoreCounting(checkpoint);
+  expect(marks.spilled).toBeGreaterThan(0);
+  expect(outcome).toBeInstanceOf(StasisError);
+  expect((outcome as StasisError).code).toBe('CHECKPOINT_INVALID');
+  expect((outcome as StasisError).message).toContain(forged);
+  expect((outcome as StasisError).message).toContain('workspace/z-forged.bin');
   expect((await fs.readdir(dir)).sort()).toEqual(['target']);
 }, 300_000);
