@@ -1,5 +1,6 @@
 import { canonicalJson, sha256Hex } from './hashes';
 import { ANSWER_KINDS, interactionSpecProblem, type AnswerKind } from './interactions';
+import { runSpecIssues } from './run-spec-checks';
 import { isObject } from './wire-checks';
 import { findJsonProblem } from './wire-json';
 
@@ -128,9 +129,8 @@ const FIELDS: Record<ActionType, Record<string, [Check, boolean]>> = {
     options: [list(str(1, ACTION_LIMITS.option), ACTION_LIMITS.options), false],
     accepts: [list(oneOf(ANSWER_KINDS), ANSWER_KINDS.length), false],
   },
-  spawn: {
-    spec: [object({ runId: anything, agent: anything, sandbox: anything, policy: anything, labels: anything }), true],
-  },
+  // The spec is checked in full below (runSpecIssues): the child Run is started from it.
+  spawn: { spec: [(v) => (isObject(v) ? undefined : 'must be an object'), true] },
   complete: { output: [anything, false] },
   fail: { code: [str(1, 128), false], message: [str(0, ACTION_LIMITS.message), true] },
 };
@@ -151,7 +151,9 @@ const REVIEWED: Record<string, Check> = {
 /**
  * What is wrong with an action request `{actionId, action}`, naming the field, or
  * undefined. The workflow's own check: the client and the API also apply the
- * wire schema, which knows more (workspace paths, a spawned RunSpec in full).
+ * wire schema, which knows more (workspace paths of files, which the provider
+ * checks again). A spawned RunSpec is checked in full (run-spec-checks.ts): the
+ * child Run is started from it, and one missing a field it reads never started.
  */
 export function actionRequestProblem(input: unknown): FieldProblem | undefined {
   if (!isObject(input)) return { path: '(root)', message: 'must be an object {actionId, action}' };
@@ -193,6 +195,10 @@ export function actionRequestProblem(input: unknown): FieldProblem | undefined {
     }
     const rule = askProblem(action as { kind?: string; options?: string[]; accepts?: string[] });
     if (rule) return { path: `action.${rule.path}`, message: rule.message };
+  }
+  if (type === 'spawn') {
+    const [issue] = runSpecIssues(action.spec);
+    if (issue) return { path: ['action', 'spec', ...issue.path].join('.'), message: issue.message };
   }
   const json = findJsonProblem(action);
   if (json) return { path: ['action', ...json.path].join('.'), message: json.message };

@@ -66,15 +66,21 @@ export function workspacePathProblem(p: string): string | undefined {
 
 // ---------------------------------------------------------------- building blocks
 
-type Path = (string | number)[];
+export type Path = (string | number)[];
 /** Checks a value at a path, adding what is wrong to issues. */
-type Check = (value: unknown, path: Path, issues: WireIssue[]) => void;
+export type Check = (value: unknown, path: Path, issues: WireIssue[]) => void;
 
 /** A JSON object: not null, not an array. */
 export const isObject = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
-function text(opts: { min?: number; max?: number; noNul?: boolean; pattern?: RegExp; patternMessage?: string }): Check {
+export function text(opts: {
+  min?: number;
+  max?: number;
+  noNul?: boolean;
+  pattern?: RegExp;
+  patternMessage?: string;
+}): Check {
   return (v, path, issues) => {
     if (typeof v !== 'string') return void issues.push({ path, message: 'must be a string' });
     if (opts.min !== undefined && v.length < opts.min)
@@ -87,19 +93,19 @@ function text(opts: { min?: number; max?: number; noNul?: boolean; pattern?: Reg
   };
 }
 
-function oneOf(values: readonly string[]): Check {
+export function oneOf(values: readonly string[]): Check {
   return (v, path, issues) => {
     if (typeof v !== 'string' || !values.includes(v))
       issues.push({ path, message: `must be one of ${values.join(', ')}` });
   };
 }
 
-const bool: Check = (v, path, issues) => {
+export const bool: Check = (v, path, issues) => {
   if (typeof v !== 'boolean') issues.push({ path, message: 'must be a boolean' });
 };
 
 /** An object with exactly these keys (those named in `optional` may be left out or undefined). */
-function strictObject(shape: Record<string, Check>, optional: readonly string[] = []): Check {
+export function strictObject(shape: Record<string, Check>, optional: readonly string[] = []): Check {
   return (v, path, issues) => {
     if (!isObject(v)) return void issues.push({ path, message: 'must be an object' });
     for (const [key, check] of Object.entries(shape)) {
@@ -114,7 +120,7 @@ function strictObject(shape: Record<string, Check>, optional: readonly string[] 
   };
 }
 
-function firstOf(...checks: Check[]): Check {
+export function firstOf(...checks: Check[]): Check {
   return (v, path, issues) => {
     const tries = checks.map((check) => {
       const found: WireIssue[] = [];
@@ -130,7 +136,7 @@ function firstOf(...checks: Check[]): Check {
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Environment variables for a process: names of letters, digits and `_`, values without NUL. */
-const envMap: Check = (v, path, issues) => {
+export const envMap: Check = (v, path, issues) => {
   if (!isObject(v) || !isPlainObject(v)) return void issues.push({ path, message: 'must be an object of variables' });
   for (const key of Object.keys(v)) {
     // zod's record skips the key `__proto__` (it would replace the prototype of its copy).
@@ -149,7 +155,7 @@ function isPlainObject(v: object): boolean {
   return isObject(proto) && Object.prototype.hasOwnProperty.call(proto, 'isPrototypeOf');
 }
 
-const workspacePath: Check = (v, path, issues) => {
+export const workspacePath: Check = (v, path, issues) => {
   if (typeof v !== 'string') return void issues.push({ path, message: 'must be a string' });
   const problem = workspacePathProblem(v);
   if (problem) issues.push({ path, message: problem });
@@ -177,7 +183,7 @@ const approvalResponse = strictObject({ decision: oneOf(['approve', 'deny']), co
 ]);
 const inputResponse = strictObject({ input: text({ max: 1_000_000 }) });
 /** A list of at most `max` items, each checked. */
-function listOf(item: Check, max: number): Check {
+export function listOf(item: Check, max: number): Check {
   return (v, path, issues) => {
     if (!Array.isArray(v)) return void issues.push({ path, message: 'must be an array' });
     if (v.length > max) issues.push({ path, message: `must have at most ${max} items` });
@@ -185,7 +191,7 @@ function listOf(item: Check, max: number): Check {
   };
 }
 /** The action under review, as an approver edited it (ReviewedAction); at least one field. */
-const reviewedAction = strictObject(
+export const reviewedAction = strictObject(
   {
     command: text({ max: 1_000_000, noNul: true }),
     files: listOf(text({ min: 1, max: 4096 }), 1000),
