@@ -1,9 +1,9 @@
-import type { FastifyInstance } from 'fastify';
 import fc from 'fast-check';
-import { buildApi } from '../../api/server';
 import type { InteractionRequest } from '../../common/schemas';
-import { errorCode, listenOnLoopback, type CallOptions, type HttpResult } from './http';
-import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
+import { apiOnStack } from './api-stack';
+import { errorCode, type HttpResult } from './http';
+import { releasedView } from '../helpers/runs';
+import { eventually, saw } from '../helpers/stack';
 
 // A hostile caller against the REST API: spellings of a route that a lower role may not
 // call, and several people answering one interaction at once. Real API, worker and Temporal.
@@ -16,27 +16,11 @@ const APPROVERS = ['ana', 'ben', 'cy', 'dee'].map((name) => ({
 const AGENT = { name: 'bot', secret: 'agent-secret-0123456789', role: 'agent' } as const;
 const OPERATOR = { name: 'ops', secret: 'operator-secret-0123456789', role: 'operator' } as const;
 
-let stack: TestStack;
-let app: FastifyInstance;
-let http: (method: string, path: string, options?: CallOptions) => Promise<HttpResult>;
-
-beforeAll(async () => {
-  stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: [...APPROVERS, AGENT, OPERATOR], logger: false });
-  http = await listenOnLoopback(app);
-});
-afterAll(async () => {
-  await app?.close();
-  await stack?.stop();
-});
-
-const as =
-  (token: { secret: string }) =>
-  (method: string, path: string, options: CallOptions = {}) =>
-    http(method, path, { token: token.secret, ...options });
+const api = apiOnStack([...APPROVERS, AGENT, OPERATOR]);
+const as = api.as;
 
 async function waitingRun(): Promise<string> {
-  const { runId } = await stack.client.runs.start({
+  const { runId } = await api.stack.client.runs.start({
     agent: {
       driver: 'scripted',
       steps: [
@@ -46,21 +30,21 @@ async function waitingRun(): Promise<string> {
     },
     sandbox: { provider: 'local' },
   });
-  await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'WAITING', 90_000, 'waiting');
+  await eventually(async () => saw(await api.stack.client.runs.get(runId)).status === 'WAITING', 90_000, 'waiting');
+  // Its sandbox released too: the release writes history after the Run shows WAITING.
+  await releasedView(api.stack.client, runId);
   return runId;
 }
 
-/** The API's base URL, for requests the JSON helper cannot make. */
-const base = () => `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
 const head = (token: { secret: string }, path: string) =>
-  fetch(`${base()}${path}`, { method: 'HEAD', headers: { authorization: `Bearer ${token.secret}` } });
+  fetch(`${api.base()}${path}`, { method: 'HEAD', headers: { authorization: `Bearer ${token.secret}` } });
 
 const historyLength = async (runId: string): Promise<number> =>
-  ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).length;
+  ((await api.stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).length;
 
 test('property: no spelling of a route (method, slashes, case, encoding, dot segments) lets an approver or agent token past its role; nothing changes', async () => {
   const runId = await waitingRun();
-  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  const { sandboxId } = await api.stack.client.sandboxes.create({ provider: 'local' });
   // Routes the token's role may not use, with a body each would take.
   const refused: { token: { name: string; secret: string }; method: string; path: string; body?: unknown }[] = [
     { token: AGENT, method: 'POST', path: `/api/v1/runs/${runId}/interactions/int-1`, body: { decision: 'approve' } },
@@ -96,7 +80,7 @@ test('property: no spelling of a route (method, slashes, case, encoding, dot seg
     (p: string) => `${p}#frag`,
   );
   const method = (m: string) => fc.constantFrom(m, m.toLowerCase(), m === 'GET' ? 'HEAD' : m);
-  const before = { run: await historyLength(runId), sandbox: await stack.client.sandboxes.get(sandboxId) };
+  const before = { run: await historyLength(runId), sandbox: await api.stack.client.sandboxes.get(sandboxId) };
   await fc.assert(
     fc.asyncProperty(
       fc.constantFrom(...refused).chain((r) => fc.tuple(fc.constant(r), spell, method(r.method))),
@@ -124,13 +108,13 @@ test('property: no spelling of a route (method, slashes, case, encoding, dot seg
     { numRuns: 150 },
   );
   expect(await historyLength(runId)).toBe(before.run);
-  expect(await stack.client.runs.get(runId)).toMatchObject({
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({
     status: 'WAITING',
     interactions: [{ id: 'int-1', status: 'pending' }],
   });
-  expect(await stack.client.sandboxes.get(sandboxId)).toEqual(before.sandbox);
-  await stack.client.runs.cancel(runId);
-  await stack.client.sandboxes.destroy(sandboxId);
+  expect(await api.stack.client.sandboxes.get(sandboxId)).toEqual(before.sandbox);
+  await api.stack.client.runs.cancel(runId);
+  await api.stack.client.sandboxes.destroy(sandboxId);
 }, 300_000);
 
 test('property: people answering one interaction at once, over REST and by signal: exactly one answer is taken, and it is the one recorded', async () => {
@@ -151,7 +135,7 @@ test('property: people answering one interaction at once, over REST and by signa
           Promise.all(APPROVERS.map((token, i) => as(token)('POST', path, { body: rest[i] }))),
           Promise.all(
             signals.map((response) =>
-              stack.client.runs.respondBySignal(runId, 'int-1', response, { respondedBy: 'signaller' }),
+              api.stack.client.runs.respondBySignal(runId, 'int-1', response, { respondedBy: 'signaller' }),
             ),
           ),
         ]);
@@ -161,7 +145,7 @@ test('property: people answering one interaction at once, over REST and by signa
         }
         const final = await eventually(
           async () => {
-            const run = saw(await stack.client.runs.get(runId));
+            const run = saw(await api.stack.client.runs.get(runId));
             return run.status === 'COMPLETED' ? run : undefined;
           },
           120_000,

@@ -1,13 +1,12 @@
 import { spawn } from 'node:child_process';
 import * as path from 'node:path';
-import type { FastifyInstance } from 'fastify';
-import { buildApi } from '../../api/server';
 import type { ActionView } from '../../common/schemas';
 import { actUpdate } from '../../workflows/definitions';
 import { CLI } from '../cli/spawn';
-import { errorCode, errorMessage, listenOnLoopback, type CallOptions, type HttpResult } from '../api/http';
+import { apiOnStack } from '../api/api-stack';
+import { errorCode, errorMessage } from '../api/http';
 import { releasedView } from '../helpers/runs';
-import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
+import { eventually, saw } from '../helpers/stack';
 
 // The external driver: the agent is a program outside the worker that sends its
 // Run one action at a time over REST (or the typed client). Real worker, real
@@ -16,24 +15,8 @@ import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 const OPERATOR = { name: 'agent-1', secret: 'operator-secret-0123456789', role: 'operator' } as const;
 const APPROVER = { name: 'alice', secret: 'approver-secret-0123456789', role: 'approver' } as const;
 
-let stack: TestStack;
-let app: FastifyInstance;
-let http: (method: string, path: string, options?: CallOptions) => Promise<HttpResult>;
-
-beforeAll(async () => {
-  stack = await startStack();
-  app = buildApi({ client: stack.client, tokens: [OPERATOR, APPROVER], logger: false });
-  http = await listenOnLoopback(app);
-});
-afterAll(async () => {
-  await app?.close();
-  await stack?.stop();
-});
-
-const as =
-  (token: { secret: string }) =>
-  (method: string, path: string, options: CallOptions = {}) =>
-    http(method, path, { token: token.secret, ...options });
+const api = apiOnStack([OPERATOR, APPROVER]);
+const as = api.as;
 const operator = as(OPERATOR);
 
 async function startExternalRun(policy?: Record<string, unknown>): Promise<string> {
@@ -87,8 +70,8 @@ test('an external agent drives a Run to completion over REST, across a worker re
   ).toEqual({ exitCode: 3, stdout: 'plan\n', stderr: 'oops\n' });
 
   // The agent thinks while the worker goes away and a new one takes over.
-  await stack.stopWorker('host-a');
-  await stack.startWorker('host-a');
+  await api.stack.stopWorker('host-a');
+  await api.stack.startWorker('host-a');
 
   expect(resultOf(await act(runId, 'a3', { type: 'exec', command: 'echo more >> notes/plan.txt' }))).toMatchObject({
     exitCode: 0,
@@ -100,8 +83,8 @@ test('an external agent drives a Run to completion over REST, across a worker re
   expect(resultOf(await act(runId, 'a5', { type: 'complete', output: { done: true } }))).toEqual({
     output: { done: true },
   });
-  expect(await stack.temporal.workflow.getHandle(runId).result()).toEqual({ done: true });
-  expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'COMPLETED', output: { done: true } });
+  expect(await api.stack.temporal.workflow.getHandle(runId).result()).toEqual({ done: true });
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({ status: 'COMPLETED', output: { done: true } });
 
   // A retried complete still gets its outcome; a new action on the ended Run is a clear 409.
   const again = await operator('POST', `/api/v1/runs/${runId}/actions`, {
@@ -144,7 +127,7 @@ test('a retried action with the same actionId runs once; another body under it i
   expect(retried.status).toBe(200);
   expect(retried.json).toEqual(first);
   // Through the typed client too.
-  expect(await stack.client.runs.act(runId, { actionId: 'count-1', action: append })).toEqual(first);
+  expect(await api.stack.client.runs.act(runId, { actionId: 'count-1', action: append })).toEqual(first);
 
   const conflict = await operator('POST', `/api/v1/runs/${runId}/actions`, {
     body: { actionId: 'count-1', action: { type: 'exec', command: 'echo ran >> count.txt; echo again' } },
@@ -171,11 +154,11 @@ test('an ask suspends and releases the sandbox; the answer resumes it and is the
   const sent = await operator('POST', `/api/v1/runs/${runId}/actions`, { body: { actionId: 'q1', action: ask } });
   expect(sent.status).toBe(202);
   expect(sent.json).toMatchObject({ actionId: 'q1', type: 'ask', status: 'waiting', interactionId: 'int-1' });
-  const view = await releasedView(stack.client, runId, 120_000);
+  const view = await releasedView(api.stack.client, runId, 120_000);
   expect(view.suspension).toMatchObject({ reason: 'INTERACTION', interactionIds: ['int-1'] });
-  const provider = stack.workers.get('host-a')!.registry.get('local');
+  const provider = api.stack.workers.get('host-a')!.registry.get('local');
   expect(await provider.processCount(view.record.sandboxId)).toBe(0);
-  expect(await stack.client.runs.get(runId)).toMatchObject({
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({
     status: 'WAITING',
     interactions: [expect.objectContaining({ id: 'int-1', status: 'pending', prompt: 'Deploy to production?' })],
   });
@@ -203,9 +186,9 @@ test('an ask suspends and releases the sandbox; the answer resumes it and is the
   expect(resultOf(await act(runId, 'r', { type: 'exec', command: 'cat kept.txt' }))).toMatchObject({
     stdout: 'before the question\n',
   });
-  expect((await stack.client.runs.resource(runId)).record.state).toBe('ACTIVE');
+  expect((await api.stack.client.runs.resource(runId)).record.state).toBe('ACTIVE');
   await act(runId, 'end', { type: 'fail', code: 'AGENT_GAVE_UP', message: 'enough' });
-  expect(await stack.client.runs.get(runId)).toMatchObject({
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({
     status: 'FAILED',
     error: { code: 'AGENT_GAVE_UP', message: 'enough' },
   });
@@ -233,9 +216,9 @@ test("a failed action is the agent's to handle: it fails, the Run goes on (a pla
     }),
   );
   expect(spawned).toEqual({ runId: `${runId}.child-1` });
-  expect(await stack.temporal.workflow.getHandle(`${runId}.child-1`).result()).toBe('child done');
+  expect(await api.stack.temporal.workflow.getHandle(`${runId}.child-1`).result()).toBe('child done');
   await act(runId, 'end', { type: 'complete', output: 'parent done' });
-  expect(await stack.temporal.workflow.getHandle(runId).result()).toBe('parent done');
+  expect(await api.stack.temporal.workflow.getHandle(runId).result()).toBe('parent done');
 }, 300_000);
 
 test('bad action bodies are 400 naming the field, and change nothing', async () => {
@@ -275,7 +258,7 @@ test('bad action bodies are 400 naming the field, and change nothing', async () 
   expect(errorCode(await operator('GET', `/api/v1/runs/${runId}/actions/b`))).toBe('NOT_FOUND');
 
   // The workflow's own check refuses what a client talking to Temporal directly might send.
-  const handle = stack.temporal.workflow.getHandle(runId);
+  const handle = api.stack.temporal.workflow.getHandle(runId);
   const direct: [unknown, string][] = [
     [{ actionId: 'd', action: { type: 'exec', command: '' } }, 'action.command'],
     [{ actionId: 'd', action: { type: 'ask', ask: 'q', accepts: ['option'] } }, 'action.accepts'],
@@ -288,7 +271,7 @@ test('bad action bodies are 400 naming the field, and change nothing', async () 
       cause: { type: 'INVALID_ARGUMENT', message: expect.stringContaining(field) },
     });
   }
-  expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'RUNNING', interactions: [] });
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({ status: 'RUNNING', interactions: [] });
   // The Run still takes a good action.
   expect(resultOf(await act(runId, 'good', { type: 'exec', command: 'echo fine' }))).toMatchObject({
     stdout: 'fine\n',
@@ -297,11 +280,11 @@ test('bad action bodies are 400 naming the field, and change nothing', async () 
 }, 300_000);
 
 test('a Run whose agent is not external takes no actions (409), an unknown Run is 404', async () => {
-  const { runId } = await stack.client.runs.start({
+  const { runId } = await api.stack.client.runs.start({
     agent: { driver: 'scripted', steps: [{ ask: 'hold on' }] },
     sandbox: { provider: 'local' },
   });
-  await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'WAITING', 60_000, 'waiting');
+  await eventually(async () => saw(await api.stack.client.runs.get(runId)).status === 'WAITING', 60_000, 'waiting');
   expect(await refusal(runId, 'a', { type: 'complete' })).toEqual({
     status: 409,
     code: 'INVALID_STATE_TRANSITION',
@@ -319,17 +302,16 @@ test('a Run whose agent is not external takes no actions (409), an unknown Run i
       })
     ).status,
   ).toBe(403);
-  await stack.client.runs.cancel(runId);
+  await api.stack.client.runs.cancel(runId);
 }, 120_000);
 
 test('examples/external-agent drives its Run to completion over REST, with a person approving its ask', async () => {
-  const address = app.server.address() as { port: number };
   const agent = spawn(
     CLI.command,
     ['-r', path.join(CLI.cwd, 'scripts', 'register-ts.js'), 'examples/external-agent/agent.ts'],
     {
       cwd: CLI.cwd,
-      env: { ...process.env, STASIS_API_URL: `http://127.0.0.1:${address.port}`, STASIS_API_TOKEN: OPERATOR.secret },
+      env: { ...process.env, STASIS_API_URL: api.base(), STASIS_API_TOKEN: OPERATOR.secret },
     },
   );
   let output = '';
@@ -339,18 +321,18 @@ test('examples/external-agent drives its Run to completion over REST, with a per
   try {
     const runId = await eventually(async () => /run (run-\S+)/.exec(output)?.[1], 60_000, 'the agent started its Run');
     await eventually(
-      async () => saw(await stack.client.runs.get(runId)).status === 'WAITING',
+      async () => saw(await api.stack.client.runs.get(runId)).status === 'WAITING',
       120_000,
       'the agent asks',
     );
-    const [question] = (await stack.client.runs.get(runId)).interactions;
+    const [question] = (await api.stack.client.runs.get(runId)).interactions;
     expect(question).toMatchObject({ id: 'int-1', status: 'pending', prompt: 'Publish the greeting?' });
-    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'alice' });
+    await api.stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'alice' });
     expect({ code: await exited, output }).toEqual({
       code: 0,
       output: expect.stringContaining(`run ${runId} COMPLETED`),
     });
-    const done = await stack.client.runs.get(runId);
+    const done = await api.stack.client.runs.get(runId);
     expect(done).toMatchObject({
       status: 'COMPLETED',
       output: { greeting: expect.stringMatching(/^hello from \S+\n$/) },
@@ -383,5 +365,5 @@ test('a Run suspended by hand takes no action until resumed; an action under way
   expect((await operator('POST', `/api/v1/runs/${runId}/cancel`)).status).toBe(200);
   const ended = await settled(runId, 'slow');
   expect(ended).toMatchObject({ status: 'failed', error: { message: expect.stringContaining('CANCELLED') } });
-  expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'CANCELLED' });
+  expect(await api.stack.client.runs.get(runId)).toMatchObject({ status: 'CANCELLED' });
 }, 300_000);
