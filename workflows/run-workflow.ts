@@ -1,6 +1,15 @@
-import { CancellationScope, ContinueAsNew, isCancellation, sleep, workflowInfo } from '@temporalio/workflow';
+import {
+  ApplicationFailure,
+  CancellationScope,
+  ContinueAsNew,
+  isCancellation,
+  patched,
+  sleep,
+  workflowInfo,
+} from '@temporalio/workflow';
 import { durationMs } from '../common/duration';
 import { END_REASON } from '../common/errors';
+import { runSpecIssues } from '../common/run-spec-checks';
 import { failureCode, failureMessage } from './failures';
 import type { RunWorkflowInput } from './definitions';
 import { nowMs } from './clock';
@@ -12,8 +21,14 @@ import { isTerminal } from './run-state';
 import { undoPendingResume } from './run-suspension';
 import { drainWebhooks, notifyEnded } from './run-webhooks';
 
+/**
+ * Asked for by a Run whose spec the wire schema refuses, and only by such a Run: see refuseBadSpec.
+ */
+export const PATCH_SPEC_CHECKED = 'stasis-run-spec-checked';
+
 /** A Run: one agent execution whose sandbox is released while it waits. */
 export async function runWorkflow(input: RunWorkflowInput): Promise<unknown> {
+  refuseBadSpec(input);
   const c = new RunController(input, workflowInfo().workflowId);
   setRunHandlers(c);
   c.changed();
@@ -46,6 +61,25 @@ export async function runWorkflow(input: RunWorkflowInput): Promise<unknown> {
     }
   }
   return finalResult(c);
+}
+
+/**
+ * A Run started straight through Temporal (past the client's and the API's wire schema; a `spawn`
+ * action's spec is checked by its Update's validator) with a spec the wire schema refuses fails at
+ * once, naming the field: one without a field the Run reads failed its first workflow task again and
+ * again, RUNNING for good. A valid spec asks for no patch, so every valid Run's history is as before;
+ * a Run started before the check with a spec it refuses (and that ran: it read no missing field)
+ * finds no marker on replay and goes on as it did.
+ */
+function refuseBadSpec(input: RunWorkflowInput): void {
+  if (input.carried) return; // checked when the Run started
+  const [issue] = runSpecIssues(input.spec);
+  if (!issue || !patched(PATCH_SPEC_CHECKED)) return;
+  throw ApplicationFailure.create({
+    type: 'INVALID_ARGUMENT',
+    message: `${['spec', ...issue.path].join('.')}: ${issue.message}`,
+    nonRetryable: true,
+  });
 }
 
 /** policy.ttl ends the Run whatever its state: the timer cancels the main scope. */

@@ -1,6 +1,10 @@
+import { WorkflowFailedError, type WorkflowHandle } from '@temporalio/client';
 import fc from 'fast-check';
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { RunSpec } from '../../common/schemas';
 import { actUpdate } from '../../workflows/definitions';
+import { PATCH_SPEC_CHECKED } from '../../workflows/run-workflow';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
 
 // An external agent that talks to Temporal directly, past the client's and the API's
@@ -95,4 +99,56 @@ test('a spawn whose spec the wire schema refuses, sent straight through Temporal
   );
   await handle.executeUpdate(actUpdate, { args: [{ actionId: 'end', action: { type: 'complete', output: 'ok' } }] });
   await eventually(async () => saw(await stack.client.runs.get(runId)).status === 'COMPLETED', 120_000, 'completed');
+}, 240_000);
+
+test('a Run started straight through Temporal with a spec the wire schema refuses fails at once, naming the field; a valid one runs', async () => {
+  // Before the check each of these failed its first workflow task again and again (reading a
+  // field of nothing): RUNNING for good, with no history a cancel or a person could act on.
+  const refused: [unknown, RegExp][] = [
+    [{}, /^spec\.(agent|sandbox)\b/],
+    [{ sandbox: { provider: 'local' } }, /^spec\.agent\b/],
+    [{ agent: { driver: 'external' } }, /^spec\.sandbox\b/],
+    [
+      { agent: { driver: 'external' }, sandbox: { provider: 'local' }, policy: { ttl: 'soon' } },
+      /^spec\.policy\.ttl\b/,
+    ],
+    [{ agent: { driver: 'scripted', steps: 'ask' }, sandbox: { provider: 'local' } }, /^spec\.agent\.steps\b/],
+  ];
+  const start = (spec: unknown) =>
+    stack.temporal.workflow.start('runWorkflow', {
+      taskQueue: stack.config.STASIS_TASK_QUEUE,
+      workflowId: `run-raw-${randomUUID()}`,
+      args: [{ spec }],
+    });
+  const outcome = async (handle: WorkflowHandle) =>
+    Promise.race([
+      handle.result().then(
+        () => 'completed',
+        (err: unknown) => err,
+      ),
+      sleep(30_000).then(() => 'still running after 30 s'),
+    ]);
+  for (const [spec, field] of refused) {
+    const handle = await start(spec);
+    const err = await outcome(handle);
+    expect(err).toBeInstanceOf(WorkflowFailedError);
+    expect((err as WorkflowFailedError).cause).toMatchObject({
+      type: 'INVALID_ARGUMENT',
+      nonRetryable: true,
+      message: expect.stringMatching(field),
+    });
+  }
+  // A valid spec started the same way runs, and asks for no patch on the way (its history is as before).
+  const valid = await start({
+    agent: { driver: 'scripted', steps: [{ complete: 'ok' }] },
+    sandbox: { provider: 'local' },
+  });
+  expect(await outcome(valid)).toBe('completed');
+  const patches = ((await valid.fetchHistory()).events ?? []).flatMap((e) => {
+    const marker = e.markerRecordedEventAttributes;
+    if (marker?.markerName !== 'core_patch') return [];
+    return (marker.details?.['patch-data']?.payloads ?? []).map((p) => Buffer.from(p.data ?? []).toString());
+  });
+  expect(patches.length).toBeGreaterThan(0); // the Run's baseline marker, read as the check reads it
+  expect(patches.join()).not.toContain(PATCH_SPEC_CHECKED);
 }, 240_000);

@@ -153,7 +153,7 @@ const junk = fc.oneof(
   fc.record({ unknownField: fc.constant(1) }),
 );
 
-test('property: a RunSpec the wire schema accepts, the hand check accepts, and no other', () => {
+test('property: a RunSpec the wire schema accepts, the hand check accepts, and no other; it accepts what the schema makes of it too', () => {
   let valid = 0;
   let broken = 0;
   fc.assert(
@@ -163,13 +163,16 @@ test('property: a RunSpec the wire schema accepts, the hand check accepts, and n
         const paths = pathsOf(good);
         input = replaced(good, paths[pick % paths.length], value);
       }
-      const zod = RunSpec.safeParse(input).success;
-      if (zod) valid += 1;
+      const parsed = RunSpec.safeParse(input);
+      if (parsed.success) valid += 1;
       else broken += 1;
       expect({ input, hand: runSpecIssues(input) }).toEqual({
         input,
-        hand: zod ? [] : expect.arrayContaining([expect.anything()]),
+        hand: parsed.success ? [] : expect.arrayContaining([expect.anything()]),
       });
+      // What the client starts a Run with (runWorkflow checks it again) is the schema's output.
+      if (parsed.success)
+        expect({ output: parsed.data, hand: runSpecIssues(parsed.data) }).toEqual({ output: parsed.data, hand: [] });
     }),
     { numRuns: 3000 },
   );
