@@ -7,6 +7,8 @@ import {
   isObject,
   oneOf,
   reviewedAction,
+  RUN_ID_PREFIX_PROBLEM,
+  SANDBOX_WORKFLOW_PREFIX,
   strictObject,
   text,
   workspacePath,
@@ -204,12 +206,17 @@ const agent: Check = (v, path, issues) => {
   strictObject({ driver: text({ min: 1 }), input: shallowValue }, ['input'])(v, path, issues);
 };
 
+/** An identifier that is not a standalone sandbox's workflow id. */
+const runId = refined(identifier, (v) =>
+  String(v).startsWith(SANDBOX_WORKFLOW_PREFIX) ? { path: [], message: RUN_ID_PREFIX_PROBLEM } : undefined,
+);
+
 function runSpec(v: unknown, path: (string | number)[], issues: WireIssue[]): void {
-  strictObject({ runId: identifier, agent, sandbox: sandboxSpec, policy, labels: stringRecord }, [
-    'runId',
-    'policy',
-    'labels',
-  ])(v, path, issues);
+  strictObject({ runId, agent, sandbox: sandboxSpec, policy, labels: stringRecord }, ['runId', 'policy', 'labels'])(
+    v,
+    path,
+    issues,
+  );
 }
 
 /** What is wrong with a RunSpec (each issue with its path), or nothing. */

@@ -1,6 +1,12 @@
 import { z } from 'zod';
 import { DURATION_RE } from './duration';
-import { RESOURCE_STATES, RUN_STATUSES, workspacePathProblem } from './wire-checks';
+import {
+  RESOURCE_STATES,
+  RUN_ID_PREFIX_PROBLEM,
+  RUN_STATUSES,
+  SANDBOX_WORKFLOW_PREFIX,
+  workspacePathProblem,
+} from './wire-checks';
 import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
 import { ACTION_LIMITS, askProblem, EXTERNAL_DRIVER } from './external-actions';
@@ -240,7 +246,7 @@ const OtherAgent = z
 export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
   z
     .object({
-      runId: Identifier.optional(),
+      runId: Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM).optional(),
       agent: z.union([ScriptedAgent, ExternalAgent, OtherAgent]),
       sandbox: SandboxSpec,
       policy: RunPolicy.optional(),

@@ -13,6 +13,13 @@ export interface WireIssue {
   message: string;
 }
 
+/**
+ * Standalone sandboxes' workflow ids are `sandbox-<sandboxId>`; Runs and sandboxes share the namespace's
+ * ids, so no Run id may start so (a Run `sandbox-x` would take sandbox x's id, and its routes the Run's).
+ */
+export const SANDBOX_WORKFLOW_PREFIX = 'sandbox-';
+export const RUN_ID_PREFIX_PROBLEM = `must not start with "${SANDBOX_WORKFLOW_PREFIX}" (the workflow ids of standalone sandboxes)`;
+
 /** The states of an execution-resource record. */
 export const RESOURCE_STATES = [
   'PROVISIONING',

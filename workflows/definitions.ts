@@ -1,4 +1,5 @@
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
+import { SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
 import type {
   ActionRequest,
   ActionView,
@@ -72,4 +73,4 @@ export const sandboxReadyUpdate = defineUpdate<SandboxView, []>('ready');
 /** The host's worker, after a restart, reports whether the sandbox's processes survived. */
 export const reconcileSignal = defineSignal<[ReconcileInput]>('reconcile');
 
-export const sandboxWorkflowId = (sandboxId: string): string => `sandbox-${sandboxId}`;
+export const sandboxWorkflowId = (sandboxId: string): string => `${SANDBOX_WORKFLOW_PREFIX}${sandboxId}`;

@@ -171,3 +171,17 @@ test('property: people answering one interaction at once, over REST and by signa
     { numRuns: 4 },
   );
 }, 600_000);
+
+test('a Run may not take a standalone sandbox’s workflow id: 400 naming runId, nothing started', async () => {
+  const { sandboxId } = await api.stack.client.sandboxes.create({ provider: 'local' });
+  for (const runId of [`sandbox-${sandboxId}`, 'sandbox-not-yet-made']) {
+    const started = await as(OPERATOR)('POST', '/api/v1/runs', {
+      body: { runId, agent: { driver: 'external' }, sandbox: { provider: 'local' } },
+    });
+    expect({ status: started.status, code: errorCode(started) }).toEqual({ status: 400, code: 'INVALID_ARGUMENT' });
+    expect(JSON.stringify(started.json)).toContain('runId');
+  }
+  await expect(api.stack.temporal.workflow.getHandle('sandbox-not-yet-made').describe()).rejects.toThrow(/not found/i);
+  expect(await api.stack.client.sandboxes.get(sandboxId)).toMatchObject({ sandboxId });
+  await api.stack.client.sandboxes.destroy(sandboxId);
+}, 120_000);

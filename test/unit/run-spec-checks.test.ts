@@ -221,7 +221,22 @@ test('each bounded field, just inside and just outside its bounds, is judged ali
     [(v) => ({ ...base, policy: { ttl: v } }), ['0s', '1s', '999999999d', '1000000000d', '1w']],
     [(v) => ({ ...base, sandbox: { provider: v } }), ['', 'p', 'p'.repeat(128), 'p'.repeat(129)]],
     [(v) => ({ ...base, sandbox: { provider: 'local', template: v } }), ['', 't'.repeat(256), 't'.repeat(257)]],
-    [(v) => ({ ...base, runId: v }), ['', 'a', '-a', 'a'.repeat(128), 'a'.repeat(129), 'a/b']],
+    [
+      (v) => ({ ...base, runId: v }),
+      [
+        '',
+        'a',
+        '-a',
+        'a'.repeat(128),
+        'a'.repeat(129),
+        'a/b',
+        'sandbox-x',
+        'sandbox-',
+        'sandboxes',
+        'Sandbox-x',
+        'run-sandbox-x',
+      ],
+    ],
     [(v) => ({ ...base, agent: v }), [{ driver: 'external', input: 1 }, { driver: 'x', input: 1 }, { driver: '' }]],
     [
       (v) => ({ ...base, sandbox: { provider: 'local', workspace: v } }),
