@@ -1,7 +1,7 @@
 import { canonicalJson, sha256Hex } from './hashes';
 import { ANSWER_KINDS, interactionSpecProblem, type AnswerKind } from './interactions';
 import { runSpecIssues } from './run-spec-checks';
-import { isObject } from './wire-checks';
+import { IDENTIFIER_RE, isObject } from './wire-checks';
 import { findJsonProblem } from './wire-json';
 
 // The actions of an external agent (README, "Bring your own agent"), as plain
@@ -12,8 +12,8 @@ import { findJsonProblem } from './wire-json';
 export const ACTION_TYPES = ['exec', 'writeFile', 'readFile', 'ask', 'spawn', 'complete', 'fail'] as const;
 export type ActionType = (typeof ACTION_TYPES)[number];
 
-/** The name of the driver whose actions come from outside the worker. */
-export const EXTERNAL_DRIVER = 'external';
+// Its home is wire-checks.ts (run-spec-checks.ts reads it too, and this module reads that one).
+export { EXTERNAL_DRIVER } from './wire-checks';
 
 /** How long sending an action waits for it to finish before answering with it still under way. */
 export const ACTION_WAIT_MS = 20_000;
@@ -34,9 +34,6 @@ export const ACTION_LIMITS = {
   timeoutMs: 86_400_000,
   message: 10_000,
 } as const;
-
-/** An actionId has an Identifier's spelling. */
-const ACTION_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 
 /** The sha-256 of an action's canonical JSON: the same key with another body is a conflict. */
 export const actionBodyHash = (action: unknown): string => sha256Hex(canonicalJson(action));
@@ -160,7 +157,7 @@ export function actionRequestProblem(input: unknown): FieldProblem | undefined {
   const extra = Object.keys(input).find((k) => k !== 'actionId' && k !== 'action');
   if (extra) return { path: extra, message: 'is not a field of an action request' };
   const id = input.actionId;
-  if (typeof id !== 'string' || id.length < 1 || id.length > 128 || !ACTION_ID.test(id)) {
+  if (typeof id !== 'string' || id.length < 1 || id.length > 128 || !IDENTIFIER_RE.test(id)) {
     return {
       path: 'actionId',
       message: 'must be 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',

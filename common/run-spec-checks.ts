@@ -1,8 +1,11 @@
-import { DURATION_RE } from './duration';
+import { DURATION_PROBLEM, DURATION_RE } from './duration';
 import { ANSWER_KINDS, interactionSpecProblem, type AnswerKind } from './interactions';
 import {
   bool,
   envMap,
+  EXTERNAL_DRIVER,
+  IDENTIFIER_PROBLEM,
+  IDENTIFIER_RE,
   firstOf,
   isObject,
   oneOf,
@@ -24,16 +27,8 @@ import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 // a Run stuck RUNNING that no cancel reaches, and a parent that never completes.
 // It accepts exactly what RunSpec in common/schemas.ts does (test/unit/run-spec-checks.test.ts).
 
-const EXTERNAL = 'external';
-
-const IDENTIFIER = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-const identifier = text({
-  min: 1,
-  max: 128,
-  pattern: IDENTIFIER,
-  patternMessage: 'must be letters, digits, ".", "_" or "-"',
-});
-const duration = text({ pattern: DURATION_RE, patternMessage: 'must be a duration such as 30s, 5m, 2h or 1d' });
+const identifier = text({ min: 1, max: 128, pattern: IDENTIFIER_RE, patternMessage: IDENTIFIER_PROBLEM });
+const duration = text({ pattern: DURATION_RE, patternMessage: DURATION_PROBLEM });
 
 function num(opts: { int?: boolean; min: number; max: number }): Check {
   return (v, path, issues) => {
@@ -202,7 +197,7 @@ const agent: Check = (v, path, issues) => {
       },
     })(v, path, issues);
   }
-  if (v.driver === EXTERNAL) return strictObject({ driver: oneOf([EXTERNAL]) })(v, path, issues);
+  if (v.driver === EXTERNAL_DRIVER) return strictObject({ driver: oneOf([EXTERNAL_DRIVER]) })(v, path, issues);
   strictObject({ driver: text({ min: 1 }), input: shallowValue }, ['input'])(v, path, issues);
 };
 

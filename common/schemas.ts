@@ -1,6 +1,9 @@
 import { z } from 'zod';
-import { DURATION_RE } from './duration';
+import { DURATION_PROBLEM, DURATION_RE } from './duration';
 import {
+  EXTERNAL_DRIVER,
+  IDENTIFIER_PROBLEM,
+  IDENTIFIER_RE,
   RESOURCE_STATES,
   RUN_ID_PREFIX_PROBLEM,
   RUN_STATUSES,
@@ -9,19 +12,15 @@ import {
 } from './wire-checks';
 import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
-import { ACTION_LIMITS, askProblem, EXTERNAL_DRIVER } from './external-actions';
+import { ACTION_LIMITS, askProblem } from './external-actions';
 import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 
 // The wire types (docs/DESIGN.md). Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
 
-export const Identifier = z
-  .string()
-  .min(1)
-  .max(128)
-  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, 'must be letters, digits, ".", "_" or "-"');
+export const Identifier = z.string().min(1).max(128).regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM);
 
-export const Duration = z.string().regex(DURATION_RE, 'must be a duration such as 30s, 5m, 2h or 1d');
+export const Duration = z.string().regex(DURATION_RE, DURATION_PROBLEM);
 
 export const PauseMode = z.enum(['DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE']);
 export type PauseMode = z.infer<typeof PauseMode>;

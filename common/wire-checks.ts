@@ -20,6 +20,13 @@ export interface WireIssue {
 export const SANDBOX_WORKFLOW_PREFIX = 'sandbox-';
 export const RUN_ID_PREFIX_PROBLEM = `must not start with "${SANDBOX_WORKFLOW_PREFIX}" (the workflow ids of standalone sandboxes)`;
 
+/** An id a caller may choose (a Run's, an action's): up to 128 of these, starting with a letter or digit. */
+export const IDENTIFIER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+export const IDENTIFIER_PROBLEM = 'must be letters, digits, ".", "_" or "-"';
+
+/** The driver whose agent is a program outside the worker, acting through the `act` Update. */
+export const EXTERNAL_DRIVER = 'external';
+
 /** The states of an execution-resource record. */
 export const RESOURCE_STATES = [
   'PROVISIONING',

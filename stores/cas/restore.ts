@@ -591,7 +591,7 @@ class PackReader {
     const file = `${this.tempPrefix}.pack-${pack}.spilled`;
     const fd = fsSync.openSync(file, SPILL_FILE, 0o600);
     try {
-      for (let at = 0; at < bytes.length;) at += fsSync.writeSync(fd, bytes, at);
+      writeAll(fd, bytes);
     } catch (err) {
       fsSync.closeSync(fd);
       fsSync.rmSync(file, { force: true });
@@ -607,9 +607,17 @@ class PackReader {
   private drop(pack: number): void {
     this.loading.delete(pack);
     this.loaded.delete(pack);
-    const spilled = this.spilled.get(pack);
-    if (spilled) unspill(this.spilled, pack, spilled);
+    this.unspill(pack);
     markStage(`pack ${pack} dropped`);
+  }
+
+  /** Closes and removes a spilled pack's file, if it has one. */
+  private unspill(pack: number): void {
+    const spilled = this.spilled.get(pack);
+    if (!spilled) return;
+    this.spilled.delete(pack);
+    fsSync.closeSync(spilled.fd);
+    fsSync.rmSync(spilled.file, { force: true });
   }
 
   /** Starts loading the first packs the files need. */
@@ -715,7 +723,7 @@ class PackReader {
     this.closed = true;
     this.loading.clear();
     this.loaded.clear();
-    for (const [pack, spilled] of this.spilled) unspill(this.spilled, pack, spilled);
+    for (const pack of this.spilled.keys()) this.unspill(pack);
     await Promise.allSettled(this.started);
     // Taken from the prefetch, never loaded (a restore that failed first): its decompression ends first.
     await Promise.allSettled(this.early.values());
@@ -746,13 +754,6 @@ function readSpilled({ fd, file }: SpilledPack, hash: string, offset: number, le
   }
   if (chunkHash(bytes) !== hash) throw new Error(`chunk ${hash} read back from ${file} does not match its hash`);
   return bytes;
-}
-
-/** Closes and removes a spilled pack's file. */
-function unspill(spilled: Map<number, SpilledPack>, pack: number, { fd, file }: SpilledPack): void {
-  spilled.delete(pack);
-  fsSync.closeSync(fd);
-  fsSync.rmSync(file, { force: true });
 }
 
 /** Packs decompressed as soon as the prefetch has them (the first ones the files need). */

@@ -322,22 +322,18 @@ export async function repeatCheckpoint(input: {
   // Restore's own rules, as a walk applies them (the limits are the worker's, which may have changed since).
   // A refusal counts only if the files are the baseline's: otherwise the walk decides on the files as they are.
   let refused: unknown;
-  let files = 0;
-  if (admittedUnder(manifest, input.limits)) {
-    for (const entry of manifest.entries) if (entry.k === 'f') files += 1;
-  } else {
+  if (!admittedUnder(manifest, input.limits)) {
     const checker = new CheckpointChecker(input.limits);
     try {
-      for (const entry of manifest.entries) {
-        admitEntry(checker, entry);
-        if (entry.k === 'f') files += 1;
-      }
+      for (const entry of manifest.entries) admitEntry(checker, entry);
       checker.finish();
       admitted.set(manifest, input.limits);
     } catch (err) {
       refused = err;
     }
   }
+  let files = 0;
+  for (const entry of manifest.entries) if (entry.k === 'f') files += 1;
   const stats = noStats(files);
   const top = {
     format: 'stasis-cas-2' as const,

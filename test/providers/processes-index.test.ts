@@ -298,6 +298,23 @@ function pidsMentioning(text: string): number[] {
 // after ~32,000 forks here; the test takes the shortcut a checkpoint/restore tool uses (root:
 // /proc/sys/kernel/ns_last_pid) to have the kernel hand out the pid it wants next.
 
+/** Freezes, thaws and kills the sandbox `marker`: `pid`, not the sandbox's, is never stopped and still alive after. */
+async function expectNeverSignalled(marker: SandboxMarker, pid: number): Promise<void> {
+  await byIndex.freeze(marker);
+  expect(stateOf(pid)).not.toMatch(/^[Tt]$/);
+  await byIndex.thaw(marker);
+  await byIndex.kill(marker);
+  expect(alive(pid)).toBe(true);
+}
+
+/** Starts `command` as a process of the host (not through the process starter), leading a session of its own; its pid. */
+async function hostProcess(command: string, args: string[]): Promise<number> {
+  const child = spawn(command, args, { detached: true, stdio: 'ignore' });
+  child.unref();
+  await waitFor('the host process', async () => child.pid !== undefined);
+  return child.pid!;
+}
+
 /** Makes `pid` the next pid the kernel hands out, if it is free. */
 function nextPidIs(pid: number): void {
   writeFileSync('/proc/sys/kernel/ns_last_pid', String(pid - 1));
@@ -363,11 +380,7 @@ test('a neighbour’s command that gets the pid of our ended session is not ours
   try {
     await waitFor('the neighbour’s command', async () => running(41).length > 0);
     expect(running(41)).toEqual([session]);
-    await byIndex.freeze(mine);
-    expect(stateOf(session)).not.toMatch(/^[Tt]$/);
-    await byIndex.thaw(mine);
-    await byIndex.kill(mine);
-    expect(alive(session)).toBe(true);
+    await expectNeverSignalled(mine, session);
     expect((await byIndex.processes(neighbour)).map((p) => p.pid)).toContain(session);
   } finally {
     for (const pid of running(41)) signal(pid, 'SIGKILL');
@@ -377,26 +390,13 @@ test('a neighbour’s command that gets the pid of our ended session is not ours
 test('a host process that gets the pid of our ended session is never signalled, even if no fork counted it', async () => {
   try {
     // A process the host starts (not through the process starter), leading its own session.
-    const {
-      marker: mine,
-      session,
-      lookedAt,
-    } = await reusedSession(async () => {
-      const child = spawn('sleep', [sleeper(42)], { detached: true, stdio: 'ignore' });
-      child.unref();
-      await waitFor('the host process', async () => child.pid !== undefined);
-      return child.pid!;
-    });
+    const { marker: mine, session, lookedAt } = await reusedSession(() => hostProcess('sleep', [sleeper(42)]));
     // Forks that fail at a process limit (a v1 pids cgroup's pids.max, the `processes` limit of a
     // sandbox on a host without cgroup v2) take a pid each but are not counted in /proc/stat: a
     // sandbox forking at its limit goes round the whole pid space in ~3 s (40,000 failed forks,
     // measured) and the pid cursor ends near where it was when the worker last looked, as here.
     writeFileSync('/proc/sys/kernel/ns_last_pid', String(lookedAt));
-    await byIndex.freeze(mine);
-    expect(stateOf(session)).not.toMatch(/^[Tt]$/);
-    await byIndex.thaw(mine);
-    await byIndex.kill(mine);
-    expect(alive(session)).toBe(true);
+    await expectNeverSignalled(mine, session);
   } finally {
     for (const pid of running(42)) signal(pid, 'SIGKILL');
   }
@@ -423,23 +423,14 @@ test('a pid the starter reported that a host process holds by the time the worke
       // which takes longer than that; here ns_last_pid skips the round, so the host waits a tick.
       await new Promise((resolve) => setTimeout(resolve, 25));
       // ...and a process of the host, leading a session of its own, gets its pid meanwhile.
-      const got = await startWithPid(command.pid, async () => {
-        const child = spawn('sleep', [sleeper(71)], { detached: true, stdio: 'ignore' });
-        child.unref();
-        await waitFor('the host process', async () => child.pid !== undefined);
-        return child.pid!;
-      });
+      const got = await startWithPid(command.pid, () => hostProcess('sleep', [sleeper(71)]));
       if (!got) continue;
       host = command.pid;
       trackStarted(marker, command.pid, command.startTime);
     }
     if (host === undefined) throw new Error('could not start a host process with the pid of an ended command');
     expect(await byIndex.processes(marker)).toEqual([]);
-    await byIndex.freeze(marker);
-    expect(stateOf(host)).not.toMatch(/^[Tt]$/);
-    await byIndex.thaw(marker);
-    await byIndex.kill(marker);
-    expect(alive(host)).toBe(true);
+    await expectNeverSignalled(marker, host);
   } finally {
     for (const pid of running(71)) signal(pid, 'SIGKILL');
   }
@@ -599,15 +590,9 @@ test('a host process whose main thread exited, that gets the pid of our ended se
   let session: number | undefined;
   try {
     // Started by the host, leading its own session, as in the test above; its main thread exits.
-    const ended = await reusedSession(async () => {
-      const child = spawn('python3', [script, path.join(dataDir, uniqueId('pid')), 'session'], {
-        detached: true,
-        stdio: 'ignore',
-      });
-      child.unref();
-      await waitFor('the host process', async () => child.pid !== undefined);
-      return child.pid!;
-    });
+    const ended = await reusedSession(() =>
+      hostProcess('python3', [script, path.join(dataDir, uniqueId('pid')), 'session']),
+    );
     session = ended.session;
     await waitFor(
       'its main thread to exit',
