@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
-import { findCause } from '../common/errors';
+import { findCause, GRPC_STATUS } from '../common/errors';
 import { grpcErrorOf, isTransientGrpc } from './errors';
 
 // Updates sent again while Temporal is unavailable or too slow to answer (under
@@ -27,9 +27,21 @@ export async function sendUpdate<T>(
   }
 }
 
-/** DEADLINE_EXCEEDED or UNAVAILABLE in the chain, or the SDK's own Update RPC timeout. */
+/**
+ * The server's answer for an Update it had handed to the worker when that workflow task failed on
+ * completion (its WorkflowNotReady, FAILED_PRECONDITION): the Update was never accepted, and the server
+ * leaves the retry to the caller. Seen when an answer reached a Run whose task was ending it (expiry):
+ * the server refused that task's completion for the new message, and the answer came back as this.
+ */
+const TASK_FAILED_UNDER_UPDATE = /unexpected workflow task failure/i;
+
+/** DEADLINE_EXCEEDED or UNAVAILABLE in the chain, the SDK's own Update RPC timeout, or an Update its task failed under. */
 function isTransient(err: unknown): boolean {
   if (findCause(err, (e) => e instanceof WorkflowUpdateRPCTimeoutOrCancelledError)) return true;
-  const code = grpcErrorOf(err)?.code;
-  return code !== undefined && isTransientGrpc(code);
+  const grpc = grpcErrorOf(err);
+  if (grpc === undefined) return false;
+  return (
+    isTransientGrpc(grpc.code) ||
+    (grpc.code === GRPC_STATUS.FAILED_PRECONDITION && TASK_FAILED_UNDER_UPDATE.test(grpc.message))
+  );
 }

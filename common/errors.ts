@@ -81,6 +81,7 @@ export type EndReason = (typeof END_REASON)[keyof typeof END_REASON];
 export const GRPC_STATUS = {
   DEADLINE_EXCEEDED: 4,
   NOT_FOUND: 5,
+  FAILED_PRECONDITION: 9,
   UNAVAILABLE: 14,
 } as const;
 

@@ -5,11 +5,13 @@ import { sendUpdate } from '../../client/updates';
 
 const grpcError = (code: number, message: string) => Object.assign(new Error(message), { code });
 
-it('retries DEADLINE_EXCEEDED and UNAVAILABLE under one update id, then returns the outcome', async () => {
+it('retries DEADLINE_EXCEEDED, UNAVAILABLE and an Update its workflow task failed under, under one update id, then returns the outcome', async () => {
   const ids: string[] = [];
   const failures = [
     grpcError(4, 'context deadline exceeded'),
     new Error('wrapped', { cause: grpcError(14, 'unavailable') }),
+    // The server's WorkflowNotReady for an Update handed to a workflow task that then failed.
+    grpcError(9, 'Unable to perform workflow execution update due to unexpected workflow task failure.'),
   ];
   const outcome = await sendUpdate(async (updateId) => {
     ids.push(updateId);
@@ -18,7 +20,19 @@ it('retries DEADLINE_EXCEEDED and UNAVAILABLE under one update id, then returns 
     return 'answered';
   }, 'update-1');
   expect(outcome).toBe('answered');
-  expect(ids).toEqual(['update-1', 'update-1', 'update-1']);
+  expect(ids).toEqual(['update-1', 'update-1', 'update-1', 'update-1']);
+});
+
+it('passes another FAILED_PRECONDITION through at once', async () => {
+  let calls = 0;
+  const other = grpcError(9, 'namespace is not active');
+  await expect(
+    sendUpdate(async () => {
+      calls += 1;
+      throw other;
+    }),
+  ).rejects.toBe(other);
+  expect(calls).toBe(1);
 });
 
 it('passes any other error through at once', async () => {
