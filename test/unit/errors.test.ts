@@ -163,6 +163,6 @@ describe('the cause-chain walker', () => {
     const wrapped = new ServiceError('Failed to query Workflow', { cause: status });
     expect(grpcErrorOf(wrapped)).toEqual({ code: 14, message: '14 UNAVAILABLE: down' });
     expect(toStasisError(wrapped, 'run r1')).toMatchObject({ code: 'UNAVAILABLE', httpStatus: 503 });
-    expect(GRPC_STATUS).toEqual({ DEADLINE_EXCEEDED: 4, NOT_FOUND: 5, UNAVAILABLE: 14 });
+    expect(GRPC_STATUS).toEqual({ DEADLINE_EXCEEDED: 4, NOT_FOUND: 5, FAILED_PRECONDITION: 9, UNAVAILABLE: 14 });
   });
 });
