@@ -132,7 +132,7 @@ function countingStore(store: CheckpointStore): { store: CheckpointStore; sent: 
       else sent.other += bytes.length;
       return store.putBytes(key, bytes, labels, signal, sha256);
     },
-    download: (c, file, signal) => store.download(c, file, signal),
+    download: (c, file, signal, verify) => store.download(c, file, signal, verify),
     delete: (uri) => store.delete(uri),
     uriOf: (key) => store.uriOf(key),
     exists: (uri) => store.exists(uri),

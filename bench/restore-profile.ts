@@ -60,9 +60,9 @@ interface Mark {
 function recording(store: CheckpointStore, marks: Mark[]): CheckpointStore {
   const name = (uri: string) => uri.split('/').slice(-2).join('/').slice(0, 40);
   const wrapped = Object.create(store) as CheckpointStore;
-  wrapped.download = async (checkpoint, file, signal) => {
+  wrapped.download = async (checkpoint, file, signal, verify) => {
     marks.push({ stage: `  GET ${name(checkpoint.uri)} start`, ns: process.hrtime.bigint() });
-    const value = await store.download(checkpoint, file, signal);
+    const value = await store.download(checkpoint, file, signal, verify);
     marks.push({ stage: `  GET ${name(checkpoint.uri)} end`, ns: process.hrtime.bigint() });
     return value;
   };

@@ -367,7 +367,8 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     const { checkpoint } = request;
     let result: RestoreResult;
     let baseline: (() => Promise<void>) | undefined;
-    let synced: Promise<void> = Promise.resolve();
+    /** A restore from the checkpoint: its files on disk and past their racy window (see restoreSnapshot). */
+    let ready: Promise<void> = Promise.resolve();
     if (!checkpoint) {
       if (!state) {
         throw new StasisError(
@@ -424,7 +425,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           }),
         );
         const { labels } = restored;
-        synced = restored.synced;
+        ready = restored.ready;
         restoring.restoredFrom = { sha256: checkpoint.sha256, labels };
         result = { source: 'checkpoint', labels };
       } catch (err) {
@@ -439,8 +440,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     if (request.env) state.env = request.env;
     if (request.limits) state.limits = request.limits;
     markStage('files in place');
-    // The sandbox starts while the restored files are synced; the state records the restore only once they are on disk.
-    const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), synced]);
+    // The sandbox starts while the restored files are synced and their racy window passes (it runs nothing on them
+    // before this returns); the state records the restore only once they are on disk.
+    const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), ready]);
     if (onDisk.status === 'rejected') {
       // Nothing records this restore, so the compute started meanwhile must not outlive it: a retry of a new
       // sandbox has no state to terminate it by and would adopt it, running on the tree the retry swaps out.
@@ -448,7 +450,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       throw onDisk.reason;
     }
     if (started.status === 'rejected') throw started.reason;
-    markStage('sandbox started and files synced');
+    markStage('sandbox started and files ready');
     // A resume from the local copy wrote it already, before the start.
     await saveIfChanged(paths, state, started.value ?? '');
     markStage('state written');

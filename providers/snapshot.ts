@@ -230,7 +230,9 @@ export function checkpointPrefix(sandboxId: string): string {
 /**
  * Downloads and verifies `checkpoint`, unpacks it into a staging directory
  * on the sandbox's volume, then swaps the directories into place and syncs
- * them. Returns the checkpoint's labels. An active workspace is host-persistent: its host path is
+ * them. Returns the checkpoint's labels, and `ready`: settles once the files are on disk and past their
+ * racy window (the baseline handed over); the caller may start compute before, and runs nothing in it
+ * until then. An active workspace is host-persistent: its host path is
  * only filled from the checkpoint when it is empty (a restore on another host).
  * A restore interrupted anywhere (a full disk, a killed worker) can simply be
  * run again: it first removes what an earlier attempt left, and only complete
@@ -253,7 +255,7 @@ export async function restoreSnapshot(input: {
   /** As uploadSnapshot's: given, the baseline is handed over as `write`, for after the caller's answer. */
   deferBaseline?: (write: () => Promise<void>) => void;
   signal?: AbortSignal;
-}): Promise<{ labels: Record<string, string>; synced: Promise<void> }> {
+}): Promise<{ labels: Record<string, string>; ready: Promise<void> }> {
   const { paths } = input;
   // Restores of one sandbox never overlap (they run under its lifecycle lock): whatever matches is an earlier attempt's.
   // Durably, as layOut makes it (meanwhile, on a new host): whichever of the two creates it syncs its entry.
@@ -326,23 +328,28 @@ export async function restoreSnapshot(input: {
       if (workspace.kind !== 'isolated') await syncFilesystem(workspace.hostPath);
       markStage('synced');
     })();
-    synced.catch(() => undefined); // the caller's to wait for
-    let written: Baseline | undefined;
-    try {
-      // Nothing may change the files before the racy window of the last one written has passed.
-      written = await baseline;
-    } catch (err) {
-      await synced.catch(() => undefined);
-      throw err;
-    }
-    // The files as just written are the next suspend's baseline: a resume does not make everything dirty.
-    if (written && input.deferBaseline) {
-      // Deferred is after the answer only past a turn of the event loop: the caller's lock hands over in
-      // microtasks, ahead of the answer's way out, and this serializes the whole manifest (~50-140 ms at 20,000 files).
-      input.deferBaseline(() => setImmediatePromise().then(() => writeBaseline(baselineFile, written)));
-    } else if (written) await writeBaseline(baselineFile, written);
-    markStage('baseline written');
-    return { labels, synced };
+    synced.catch(() => undefined); // awaited by `ready`
+    // Nothing may change the files before the racy window of the last one written has passed: the caller
+    // starts the sandbox meanwhile (its start writes none of them) and runs nothing in it before `ready`.
+    // Awaited here before the return, the window held the start back (~35 ms of a 64 MiB restore).
+    const ready = (async () => {
+      let written: Baseline | undefined;
+      try {
+        written = await baseline;
+      } finally {
+        await synced.catch(() => undefined);
+      }
+      // The files as just written are the next suspend's baseline: a resume does not make everything dirty.
+      if (written && input.deferBaseline) {
+        // Deferred is after the answer only past a turn of the event loop: the caller's lock hands over in
+        // microtasks, ahead of the answer's way out, and this serializes the whole manifest (~50-140 ms at 20,000 files).
+        input.deferBaseline(() => setImmediatePromise().then(() => writeBaseline(baselineFile, written)));
+      } else if (written) await writeBaseline(baselineFile, written);
+      markStage('baseline written');
+      await synced;
+    })();
+    ready.catch(() => undefined); // the caller's to wait for
+    return { labels, ready };
   } catch (err) {
     // No sync of the writer's outlives a failed restore (it is awaited by `synced` otherwise).
     await flushed.catch(() => undefined);

@@ -27,8 +27,17 @@ export interface CheckpointStore {
     signal?: AbortSignal,
     sha256?: string,
   ): Promise<Checkpoint>;
-  /** Downloads into `file`, verifying the sha-256 and size recorded in `checkpoint`. */
-  download(checkpoint: Checkpoint, file: string, signal?: AbortSignal): Promise<{ labels: Record<string, string> }>;
+  /**
+   * Downloads into `file`, verifying the size recorded in `checkpoint` and, unless `verify` is
+   * 'size', its sha-256. 'size' is for an object whose reader checks every byte it uses against
+   * hashes of its own (a pack: restore hashes each chunk it takes from it).
+   */
+  download(
+    checkpoint: Checkpoint,
+    file: string,
+    signal?: AbortSignal,
+    verify?: DownloadCheck,
+  ): Promise<{ labels: Record<string, string> }>;
   delete(uri: string): Promise<void>;
   /** The uri an object stored under `key` has (what put and putBytes return as `uri`). */
   uriOf(key: string): string;
@@ -47,6 +56,9 @@ export interface CheckpointStore {
   /** The objects under `prefix` (`checkpoints/<name>/`), each with its uri and when it was written. */
   list(prefix: string): Promise<StoredObject[]>;
 }
+
+/** What a download checks against the record it is given: its sha-256 and size, or its size only. */
+export type DownloadCheck = 'sha256' | 'size';
 
 export interface StoredObject {
   /** The key, as given to put. */

@@ -8,10 +8,10 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
-import type { CheckpointStore, StoredObject } from './api';
+import type { CheckpointStore, DownloadCheck, StoredObject } from './api';
 import { abortReason } from './abort';
 import { hasErrorCode, isTempFile, makeDirDurable, removeStaleTemps, writeFileAtomic } from './atomic-file';
-import { HashingStream, verifyDownload } from './hashing';
+import { HashingStream } from './hashing';
 import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // A checkpoint store in a local (or shared, e.g. NFS) directory: the embedded
@@ -95,14 +95,15 @@ export class FsCheckpointStore implements CheckpointStore {
     checkpoint: Checkpoint,
     file: string,
     signal?: AbortSignal,
+    verify?: DownloadCheck,
   ): Promise<{ labels: Record<string, string> }> {
     const source = this.fileOf(checkpoint.uri);
     const sidecar = await this.readSidecar(source, checkpoint.uri);
-    const hasher = new HashingStream(checkpoint);
+    const hasher = new HashingStream(checkpoint, verify);
     const out = createWriteStream(file, { mode: 0o600 });
     try {
       await pipeline(createReadStream(source), hasher, out, signal ? { signal } : {});
-      verifyDownload(checkpoint, hasher.digest(), hasher.bytes);
+      hasher.check();
     } catch (err) {
       await removeAfterClose(out, file);
       if (hasErrorCode(err, 'ENOENT')) throw notFound(checkpoint.uri);

@@ -2,15 +2,23 @@ import { createHash, type Hash } from 'node:crypto';
 import { Transform, type TransformCallback } from 'node:stream';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
+import type { DownloadCheck } from './api';
 
-/** A pass-through that hashes (sha-256) and counts what flows through it, so a store hashes while it streams. */
+/**
+ * A pass-through that hashes (sha-256) and counts what flows through it, so a store hashes while it
+ * streams; with `verify` 'size', it only counts.
+ */
 export class HashingStream extends Transform {
-  private readonly hash: Hash = createHash('sha256');
+  private readonly hash: Hash | undefined;
   bytes = 0;
 
   /** Given a checkpoint, a download of it: more bytes than its record declares fail the stream at once (not written whole first). */
-  constructor(private readonly expected?: Checkpoint) {
+  constructor(
+    private readonly expected?: Checkpoint,
+    verify: DownloadCheck = 'sha256',
+  ) {
     super();
+    this.hash = verify === 'sha256' ? createHash('sha256') : undefined;
   }
 
   override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
@@ -19,19 +27,33 @@ export class HashingStream extends Transform {
       callback(new StasisError('CHECKPOINT_INVALID', `checkpoint ${uri} is corrupt: more than its ${bytes} bytes`));
       return;
     }
-    this.hash.update(chunk);
+    this.hash?.update(chunk);
     this.bytes += chunk.length;
     callback(null, chunk);
   }
 
   /** The hex digest; call once, after the stream has ended. */
   digest(): string {
+    if (!this.hash) throw new Error('a stream that only counts has no digest');
     return this.hash.digest('hex');
+  }
+
+  /** Refuses what streamed through if it differs from the checkpoint it was given (see verifyDownload). */
+  check(): void {
+    const { expected } = this;
+    if (!expected) throw new Error('no checkpoint to check the download against');
+    if (this.hash) verifyDownload(expected, this.digest(), this.bytes);
+    else if (this.bytes !== expected.bytes) {
+      throw new StasisError(
+        'CHECKPOINT_INVALID',
+        `checkpoint ${expected.uri} is corrupt: expected ${expected.bytes} bytes, got ${this.bytes}`,
+      );
+    }
   }
 }
 
 /** Refuses a download whose bytes differ from what the checkpoint record says. */
-export function verifyDownload(checkpoint: Checkpoint, sha256: string, bytes: number): void {
+function verifyDownload(checkpoint: Checkpoint, sha256: string, bytes: number): void {
   if (sha256 !== checkpoint.sha256 || bytes !== checkpoint.bytes) {
     throw new StasisError(
       'CHECKPOINT_INVALID',

@@ -4,7 +4,7 @@ import type { CheckpointStore } from './api';
 import { FsCheckpointStore } from './fs';
 import { S3CheckpointStore } from './s3';
 
-export type { CheckpointStore, StoredObject } from './api';
+export type { CheckpointStore, DownloadCheck, StoredObject } from './api';
 export { FsCheckpointStore } from './fs';
 export { S3CheckpointStore, type S3StoreOptions } from './s3';
 

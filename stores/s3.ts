@@ -19,9 +19,9 @@ import { pipeline } from 'node:stream/promises';
 import { z } from 'zod';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
-import type { CheckpointStore, StoredObject } from './api';
+import type { CheckpointStore, DownloadCheck, StoredObject } from './api';
 import { abortReason } from './abort';
-import { HashingStream, verifyDownload } from './hashing';
+import { HashingStream } from './hashing';
 import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // Checkpoints in any S3-compatible store (MinIO locally, AWS S3 in production).
@@ -172,9 +172,10 @@ export class S3CheckpointStore implements CheckpointStore {
     checkpoint: Checkpoint,
     file: string,
     signal?: AbortSignal,
+    verify?: DownloadCheck,
   ): Promise<{ labels: Record<string, string> }> {
     const { bucket, key } = parseUri(checkpoint.uri);
-    const hasher = new HashingStream(checkpoint);
+    const hasher = new HashingStream(checkpoint, verify);
     try {
       const response = await this.client.send(
         new GetObjectCommand({ Bucket: bucket, Key: key }),
@@ -182,7 +183,7 @@ export class S3CheckpointStore implements CheckpointStore {
       );
       if (!(response.Body instanceof Readable)) throw new Error(`GetObject for ${checkpoint.uri} returned no stream`);
       await pipeline(response.Body, hasher, createWriteStream(file, { mode: 0o600 }), signal ? { signal } : {});
-      verifyDownload(checkpoint, hasher.digest(), hasher.bytes);
+      hasher.check();
       return { labels: decodeLabels(response.Metadata?.[LABELS_METADATA], checkpoint.uri) };
     } catch (err) {
       await fs.rm(file, { force: true });

@@ -97,7 +97,7 @@ if (point === 'resume:after-start') {
   // The sandbox's compute has started; the restore has not returned (its state may not record it yet).
   // The channel the restore marks its stages on (stores/cas/restore.ts), by name: the module is loaded later.
   diagnostics.subscribe('stasis:restore-stages', (message) => {
-    if ((message as { stage: string }).stage === 'sandbox started and files synced') freeze();
+    if ((message as { stage: string }).stage === 'sandbox started and files ready') freeze();
   });
 }
 

@@ -9,7 +9,7 @@ export function passThrough(inner: CheckpointStore): CheckpointStore {
     kind: inner.kind,
     put: (key, body, labels, signal) => inner.put(key, body, labels, signal),
     putBytes: (key, bytes, labels, signal, sha256) => inner.putBytes(key, bytes, labels, signal, sha256),
-    download: (checkpoint, file, signal) => inner.download(checkpoint, file, signal),
+    download: (checkpoint, file, signal, verify) => inner.download(checkpoint, file, signal, verify),
     delete: (uri) => inner.delete(uri),
     uriOf: (key) => inner.uriOf(key),
     exists: (uri) => inner.exists(uri),

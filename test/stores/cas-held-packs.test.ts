@@ -97,11 +97,11 @@ test('a pack downloaded again (dropped, needed again by the copy) that fails: th
   const asked = new Map<string, number>();
   const broken = new Error('store down: injected');
   const failing = Object.create(store) as CheckpointStore;
-  failing.download = async (checkpoint, file, signal) => {
+  failing.download = async (checkpoint, file, signal, verify) => {
     const times = (asked.get(checkpoint.uri) ?? 0) + 1;
     asked.set(checkpoint.uri, times);
     if (source.packs.includes(checkpoint.uri) && times === 2) throw broken;
-    return store.download(checkpoint, file, signal);
+    return store.download(checkpoint, file, signal, verify);
   };
   const dir = await tempDir('cas-held');
   const target = path.join(dir, 'target');
@@ -177,9 +177,9 @@ async function cycleCheckpoint(corruptLast: boolean) {
 async function restoreCounting(checkpoint: Checkpoint) {
   const asked = new Map<string, number>();
   const counting = Object.create(store) as CheckpointStore;
-  counting.download = async (ref, file, signal) => {
+  counting.download = async (ref, file, signal, verify) => {
     asked.set(ref.uri, (asked.get(ref.uri) ?? 0) + 1);
-    return store.download(ref, file, signal);
+    return store.download(ref, file, signal, verify);
   };
   const held = new Set<string>();
   const marks = { most: 0, spilled: 0 };

@@ -7,7 +7,8 @@ import { killSandbox, sandboxProcesses } from '../../providers/processes';
 import type * as Spawner from '../../providers/spawner';
 import { restoreStages } from '../../stores/cas/restore';
 import { context, s3StoreFromEnv, uniqueId, tempDir } from '../providers/helpers';
-import { newSandboxRoot, take } from './cas-helpers';
+import { RACY_MARGIN_NS, nowNs } from '../../stores/cas/baseline';
+import { newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // A cross-host restore starts the sandbox while its files are synced (issue 16). A sync that fails
 // fails the restore, which records nothing; the compute started meanwhile must not outlive it: a
@@ -117,4 +118,59 @@ test('a flush that fails while the files are written fails the restore, though t
   expect((await fs.readdir(workspace)).length).toBe(3000);
   expect(await fs.readFile(path.join(workspace, 'f2999.txt'), 'utf8')).toBe('file 2999\n');
   await killSandbox(marker);
+}, 120_000);
+
+test("a restore returns only past its files' racy window (the sandbox started meanwhile); a same-size change by the first command is in the next checkpoint", async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('racy-start');
+  for (let i = 0; i < 300; i += 1) await fs.writeFile(path.join(root, 'workspace', `f${i}.txt`), `before ${i}\n`);
+  const { checkpoint } = await take(store, root, sandboxId);
+
+  const dataDir = await tempDir('cas-restore-racy');
+  const hostId = uniqueId('host');
+  const provider = createLocalProvider({ hostId, dataDir, store });
+  const ctx = context({ hostId, ownerId: sandboxId });
+  const stages: string[] = [];
+  const onStage = (message: unknown) => stages.push((message as { stage: string }).stage);
+  subscribe(restoreStages.name, onStage);
+  // The worker's clock behind the filesystem's by 150 ms (within what a restore waits for): its racy window
+  // then lasts ~200 ms, far longer than the sync and the start, so a return that did not wait for it shows.
+  const realNow = Date.now.bind(Date);
+  const behind = jest.spyOn(Date, 'now').mockImplementation(() => realNow() - 150);
+  let returnedNs: bigint;
+  try {
+    await provider.restore({ sandboxId, fence: 2, checkpoint }, ctx);
+    returnedNs = nowNs();
+  } finally {
+    behind.mockRestore();
+    unsubscribe(restoreStages.name, onStage);
+  }
+  expect(stages.indexOf('racy window passed')).toBeGreaterThan(-1);
+  expect(stages.indexOf('racy window passed')).toBeLessThan(stages.indexOf('sandbox started and files ready'));
+  // Every restored file's last change is older than the margin: a change from now on gives it another ctime.
+  const workspace = sandboxPaths(dataDir, sandboxId).workspace;
+  let latest = 0n;
+  for (const name of await fs.readdir(workspace)) {
+    const { ctimeNs } = await fs.lstat(path.join(workspace, name), { bigint: true });
+    if (ctimeNs > latest) latest = ctimeNs;
+  }
+  expect(latest + RACY_MARGIN_NS).toBeLessThanOrEqual(returnedNs);
+
+  // At once: same sizes, so only the stat's times can tell the files changed.
+  const changed = await provider.exec(
+    { sandboxId, fence: 2, jobId: 'edit', command: 'for i in 7 299; do printf "after! $i\\n" > f$i.txt; done' },
+    ctx,
+  );
+  expect(changed.exitCode).toBe(0);
+  const receipt = await provider.release(
+    { sandboxId, idempotencyKey: 'racy', mode: 'SNAPSHOT_AND_TERMINATE', fence: 3, reason: 'test' },
+    ctx,
+  );
+  if (!receipt.checkpoint) throw new Error('no checkpoint');
+  const elsewhere = await restoreFresh(store, receipt.checkpoint);
+  for (const i of [7, 299]) {
+    expect(await fs.readFile(path.join(elsewhere.target, 'workspace', `f${i}.txt`), 'utf8')).toBe(`after! ${i}\n`);
+  }
+  expect(await fs.readFile(path.join(elsewhere.target, 'workspace', 'f8.txt'), 'utf8')).toBe('before 8\n');
+  await store.deletePrefix(`checkpoints/${sandboxId}/`);
 }, 120_000);

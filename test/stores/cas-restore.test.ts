@@ -40,8 +40,8 @@ function faulty(options: {
     if (error) throw error;
     return run();
   };
-  wrapped.download = (checkpoint, file, signal) =>
-    around({ kind: 'download', uri: checkpoint.uri }, () => store.download(checkpoint, file, signal));
+  wrapped.download = (checkpoint, file, signal, verify) =>
+    around({ kind: 'download', uri: checkpoint.uri }, () => store.download(checkpoint, file, signal, verify));
   wrapped.read = (uri, maxBytes, signal) => around({ kind: 'read', uri }, () => store.read(uri, maxBytes, signal));
   return wrapped;
 }
@@ -182,8 +182,8 @@ describe('packs fetched while the manifest is read and the target made', () => {
           : undefined,
     });
     // A pack download that never ends unless cancelled (a store that stopped answering).
-    hanging.download = (checkpoint, file, signal) => {
-      if (!isPack({ kind: 'download', uri: checkpoint.uri })) return store.download(checkpoint, file, signal);
+    hanging.download = (checkpoint, file, signal, verify) => {
+      if (!isPack({ kind: 'download', uri: checkpoint.uri })) return store.download(checkpoint, file, signal, verify);
       calls.push({ kind: 'download', uri: checkpoint.uri });
       const download = { settled: false };
       started.push(download);
@@ -333,8 +333,8 @@ describe('packs downloaded ahead of the packs held decompressed', () => {
     let downloaded = 0;
     const counting = faulty({ calls });
     const download = counting.download.bind(counting);
-    counting.download = async (checkpoint, file, signal) => {
-      const value = await download(checkpoint, file, signal);
+    counting.download = async (checkpoint, file, signal, verify) => {
+      const value = await download(checkpoint, file, signal, verify);
       if (checkpoint.uri.includes('/packs/')) downloaded += 1;
       return value;
     };

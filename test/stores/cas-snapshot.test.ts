@@ -43,7 +43,7 @@ async function restore(
   paths: Awaited<ReturnType<typeof sandbox>>,
   checkpoint: { uri: string; sha256: string; bytes: number },
 ) {
-  const { labels, synced } = await restoreSnapshot({
+  const { labels, ready } = await restoreSnapshot({
     store,
     checkpoint,
     paths,
@@ -52,7 +52,7 @@ async function restore(
     progress: { phase: '', bytes: 0 },
     beforeSwap: async () => undefined,
   });
-  await synced;
+  await ready;
   return labels;
 }
 

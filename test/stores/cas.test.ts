@@ -3,7 +3,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
-import { PutObjectCommand } from '@aws-sdk/client-s3';
+import { GetObjectCommand, PutObjectCommand } from '@aws-sdk/client-s3';
 import { testS3 } from '../helpers/s3';
 import {
   isBaselineEntry,
@@ -199,6 +199,88 @@ describe('content-addressed checkpoints', () => {
     const missing = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
     expect(missing.message).toContain(pack.uri);
     expect(missing.message).toContain('missing');
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+
+  // Packs are downloaded with their size checked, not their hash (each chunk taken is hashed instead):
+  // any one changed byte of any pack either fails the restore naming that pack or changes nothing restored.
+  test('one byte of a pack changed, anywhere: CHECKPOINT_INVALID naming the pack, or the tree exactly as taken', async () => {
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId('cas-flip');
+    // A pack of raw blocks (random bytes) and a zstd-compressed one (text).
+    await fs.writeFile(path.join(root, 'workspace', 'random.bin'), bytes(300 * 1024));
+    for (let i = 0; i < 20; i += 1) {
+      await fs.writeFile(path.join(root, 'workspace', `src${i}.txt`), `line ${i}\n`.repeat(200 + i));
+    }
+    await delay(racyMarginMs);
+    const expected = await describeTree(root);
+    const taken = await take(store, root, sandboxId);
+    const packs = taken.baseline.manifest.packs;
+    expect(packs.length).toBeGreaterThanOrEqual(1);
+    const client = testS3();
+    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+    const keyOf = (uri: string) => uri.replace(/^s3:\/\/[^/]+\//, '');
+    const originals = await Promise.all(
+      packs.map(async (pack) => {
+        const got = await client.send(new GetObjectCommand({ Bucket: bucket, Key: keyOf(pack.uri) }));
+        return Buffer.from(await got.Body!.transformToByteArray());
+      }),
+    );
+    let failed = 0;
+    let intact = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.nat(packs.length - 1),
+        fc.double({ min: 0, max: 1, maxExcluded: true, noNaN: true }),
+        fc.integer({ min: 1, max: 255 }),
+        async (which, where, mask) => {
+          const original = originals[which];
+          const changed = Buffer.from(original);
+          const at = Math.floor(where * changed.length);
+          changed[at] ^= mask;
+          const key = keyOf(packs[which].uri);
+          await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: changed }));
+          try {
+            const outcome = await restoreFresh(store, taken.checkpoint).then(
+              async ({ target }) => ({ tree: await describeTree(target) }),
+              (err: unknown) => ({ err }),
+            );
+            if ('err' in outcome) {
+              failed += 1;
+              expect(outcome.err).toMatchObject({ code: 'CHECKPOINT_INVALID' });
+              expect((outcome.err as Error).message).toContain(key);
+            } else {
+              intact += 1;
+              expect(outcome.tree).toEqual(expected);
+            }
+          } finally {
+            await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: original }));
+          }
+        },
+      ),
+      { numRuns: 30 },
+    );
+    // Nearly every byte of a pack is a chunk's: most changes must have been caught.
+    expect(failed).toBeGreaterThan(intact);
+    await store.deletePrefix(`checkpoints/${sandboxId}/`);
+  });
+
+  test('a pack shorter or longer than its ref: CHECKPOINT_INVALID naming it', async () => {
+    const root = await newSandboxRoot();
+    const sandboxId = uniqueId('cas-size');
+    await fs.writeFile(path.join(root, 'workspace', 'a.bin'), bytes(5000));
+    const taken = await take(store, root, sandboxId);
+    const [pack] = taken.baseline.manifest.packs;
+    const key = pack.uri.replace(/^s3:\/\/[^/]+\//, '');
+    const client = testS3();
+    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+    const got = await client.send(new GetObjectCommand({ Bucket: bucket, Key: key }));
+    const original = Buffer.from(await got.Body!.transformToByteArray());
+    for (const body of [original.subarray(0, original.length - 1), Buffer.concat([original, Buffer.from([0])])]) {
+      await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: body }));
+      const err = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(key);
+    }
     await store.deletePrefix(`checkpoints/${sandboxId}/`);
   });
 });

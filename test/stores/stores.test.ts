@@ -100,6 +100,29 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     await expect(fs.access(target)).rejects.toThrow(); // no half-verified file is left
   });
 
+  it("checks only the size when asked to ('size', for packs whose reader hashes each chunk)", async () => {
+    const { store } = await make();
+    const work = await tempDir('store-size');
+    const checkpoint = await store.put(
+      `checkpoints/${uniqueId('sbx')}/1-s.tar.gz`,
+      Readable.from([Buffer.from('hello')]),
+      {},
+    );
+    const target = path.join(work, 'copy');
+    // Another hash in the record is not looked at: the bytes are the caller's to check.
+    await store.download({ ...checkpoint, sha256: '0'.repeat(64) }, target, undefined, 'size');
+    expect(await fs.readFile(target, 'utf8')).toBe('hello');
+    await fs.rm(target);
+    for (const bytes of [4, 6]) {
+      const err = await stasisError(
+        store.download({ ...checkpoint, bytes }, target, undefined, 'size'),
+        'CHECKPOINT_INVALID',
+      );
+      expect(err.message).toContain(checkpoint.uri);
+      await expect(fs.access(target)).rejects.toThrow();
+    }
+  });
+
   it('leaves nothing under the key when the upload is cancelled or its source fails', async () => {
     const { store, leftovers } = await make();
     const prefix = `checkpoints/${uniqueId('cancel')}/`;
