@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
+import { killGroup } from '../../providers/cgroups';
 import { hostCommands, spawnInSandbox } from '../../providers/command';
 import { DEFAULT_LIMITS } from '../../providers/limits';
 import { byIndex, markerEnv, sandboxProcesses, trackStarted, type SandboxMarker } from '../../providers/processes';
@@ -23,7 +24,11 @@ beforeAll(async () => {
   dataDir = await tempDir('proc-index');
 });
 afterAll(async () => {
-  for (const marker of started) await byIndex.kill(marker);
+  for (const marker of started) {
+    await byIndex.kill(marker);
+    // The index kills by process; the groups each start joined (this host has them) go as a provider's kill removes them.
+    await killGroup(marker, 10_000);
+  }
 });
 
 /** Starts `script` in the sandbox, as a provider starts a background command. */
