@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileS
 import * as path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
+import { hasErrorCode } from '../stores/atomic-file';
 import type { ResolvedLimits } from './limits';
 
 // Control groups for sandboxes, where the host lets this worker create them.
@@ -282,13 +283,23 @@ export async function killGroup(marker: Marker, timeoutMs: number): Promise<void
     writeFileSync(path.join(v2, 'cgroup.kill'), '1');
     await until('processes survived cgroup.kill', marker, () => events(v2).populated === '0', timeoutMs);
   }
-  // Emptied groups go; the next start creates them again (with the limits of that time).
+  // Emptied groups go; the next start creates them again (with the limits of that time). A v1 group
+  // refuses (EBUSY) while its last killed process is still exiting (giving back its memory): waited
+  // for, or a destroyed sandbox's groups would stay on the host for good.
   for (const dir of [groups.v2, groups.pids, groups.cpu]) {
     if (!dir) continue;
-    try {
-      rmdirSync(dir);
-    } catch {
-      // absent, or a v1 group whose last process is still exiting: reused by the next start
-    }
+    await until('its group stayed busy', marker, () => removedGroup(dir), timeoutMs).catch(() => {
+      // a process that will not exit: the group is reused by the next start, or left
+    });
   }
+}
+
+/** Removes an empty group; false while the kernel still counts a process in it. */
+function removedGroup(dir: string): boolean {
+  try {
+    rmdirSync(dir);
+  } catch (err) {
+    return !hasErrorCode(err, 'EBUSY'); // absent, or not ours to remove
+  }
+  return true;
 }

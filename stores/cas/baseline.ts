@@ -35,6 +35,22 @@ export type Baseline = z.infer<typeof Baseline>;
  */
 export const RACY_MARGIN_NS = 50_000_000n;
 
+/**
+ * How long a timestamp with no fraction of a second may stand for: a filesystem that keeps whole
+ * seconds (ext4 with 128-byte inodes, some network filesystems; FAT keeps two) gives a change later
+ * in the same second the same ctime. A ctime of a filesystem that keeps nanoseconds falls on a whole
+ * second once in a billion: such a file is only read again.
+ */
+export const COARSE_TIMESTAMP_NS = 2_000_000_000n;
+
+/**
+ * Until when a file whose ctime is `ctimeNs` may still change without its ctime telling (git's racy
+ * rule): a baseline taken at or before it cannot vouch for the file by its stat.
+ */
+export function racyUntilNs(ctimeNs: bigint): bigint {
+  return ctimeNs + RACY_MARGIN_NS + (ctimeNs % 1_000_000_000n === 0n ? COARSE_TIMESTAMP_NS : 0n);
+}
+
 /** The wall clock in ns. */
 export function nowNs(): bigint {
   return BigInt(Date.now()) * 1_000_000n;

@@ -10,7 +10,7 @@ import type { Checkpoint } from '../../common/schemas';
 import type { CheckpointStore, DownloadCheck } from '../index';
 import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
-import { nowNs, RACY_MARGIN_NS, type Baseline } from './baseline';
+import { nowNs, racyUntilNs, type Baseline } from './baseline';
 import { chunkHash, hashSpans } from './hasher';
 import { Lanes } from './lanes';
 import {
@@ -325,18 +325,20 @@ class Flusher {
 }
 
 /**
- * The racy rule for a restore's baseline (see unchangedChunks in upload.ts): a file whose ctime is
- * within RACY_MARGIN_NS of the baseline's time is read again, since a change in the same clock tick
- * leaves its ctime as it was. Waiting here until the clock is past the last ctime written by more than
- * that margin (at most ~50 ms, once per restore) makes every restored file trusted by its stat, and any
- * later change to one gives it a ctime the baseline does not hold. Returns the baseline's time. A
- * filesystem whose clock runs ahead of ours by more than MAX_RACY_WAIT_MS is not waited for: the files
- * it stamped in our future are then read again by the next suspend (none of them is uploaded).
+ * The racy rule for a restore's baseline (see unchangedFile in upload.ts): a file whose ctime is still
+ * racy (racyUntilNs) at the baseline's time is read again, since a change in the same clock tick leaves
+ * its ctime as it was. Waiting here until the clock is past the last racy ctime written (at most ~50 ms,
+ * once per restore) makes every restored file trusted by its stat, and any later change to one gives it
+ * a ctime the baseline does not hold. Returns the baseline's time. A window longer than MAX_RACY_WAIT_MS
+ * is not waited for (a filesystem keeping whole seconds, or one whose clock runs ahead of ours): the
+ * files still racy then are read again by the next suspend (none of them is uploaded unless changed).
  */
 export async function pastRacyWindow(local: Baseline['local'], signal: AbortSignal | undefined): Promise<bigint> {
-  let latest = 0n;
-  for (const [, ctime] of Object.values(local)) if (BigInt(ctime) > latest) latest = BigInt(ctime);
-  const until = latest + RACY_MARGIN_NS;
+  let until = 0n;
+  for (const [, ctime] of Object.values(local)) {
+    const racy = racyUntilNs(BigInt(ctime));
+    if (racy > until) until = racy;
+  }
   const start = nowNs();
   if (until - start > MAX_RACY_WAIT_MS * 1_000_000n) return start;
   for (let now = start; now <= until; now = nowNs()) {
@@ -345,7 +347,7 @@ export async function pastRacyWindow(local: Baseline['local'], signal: AbortSign
   return nowNs();
 }
 
-/** The longest a restore waits for its racy window (it is RACY_MARGIN_NS when the clocks agree). */
+/** The longest a restore waits for its racy window (it is RACY_MARGIN_NS when the clocks agree and keep ns). */
 const MAX_RACY_WAIT_MS = 250n;
 
 /**

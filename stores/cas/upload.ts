@@ -11,7 +11,7 @@ import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { MAX_PUT_BYTES } from '../keys';
 import { readWhole, Slicer, walkSandboxSync, type WalkEntry } from '../walk';
 import { warmMetadata } from '../warm';
-import { RACY_MARGIN_NS, nowNs, type Baseline } from './baseline';
+import { nowNs, racyUntilNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
 import {
   admitEntry,
@@ -447,8 +447,8 @@ function unchangedFile(baseline: BaselineEntries, entryPath: string, stat: BigIn
   const previous = baseline.get(entryPath);
   const here = baseline.local[entryPath];
   if (!previous || previous.k !== 'f' || !here || !previous.c) return undefined;
-  // Changed in the same clock tick as the baseline's stat: its stat cannot tell (git's racy rule).
-  if (stat.ctimeNs >= baseline.racyFromNs) return undefined;
+  // Changed in the same clock tick (or whole second) as the baseline's stat: its stat cannot tell (git's racy rule).
+  if (racyUntilNs(stat.ctimeNs) >= baseline.takenAtNs) return undefined;
   const same =
     previous.s === Number(stat.size) &&
     // The mode as the checkpoint rules admit it (setuid and setgid stripped), as the manifest holds it.
@@ -475,13 +475,13 @@ class BaselineEntries {
   private next = 0;
   private readonly entries: ManifestEntry[];
   readonly local: Baseline['local'];
-  /** From when a ctime is too close to the baseline's time to tell anything: its time less the racy margin. */
-  readonly racyFromNs: bigint;
+  /** When the baseline's stats were taken: a ctime racy until then tells nothing (racyUntilNs). */
+  readonly takenAtNs: bigint;
 
   constructor(private readonly baseline: Baseline) {
     this.entries = baseline.manifest.entries;
     this.local = baseline.local;
-    this.racyFromNs = BigInt(baseline.takenAtNs) - RACY_MARGIN_NS;
+    this.takenAtNs = BigInt(baseline.takenAtNs);
   }
 
   get(entryPath: string): ManifestEntry | undefined {

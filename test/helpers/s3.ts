@@ -1,4 +1,11 @@
-import { CopyObjectCommand, DeleteObjectCommand, ListObjectsV2Command, S3Client } from '@aws-sdk/client-s3';
+import {
+  CopyObjectCommand,
+  DeleteObjectCommand,
+  GetObjectCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
+  S3Client,
+} from '@aws-sdk/client-s3';
 
 /** A plain S3 client on the test MinIO, to look at what Stasis stored. */
 export function testS3(): S3Client {
@@ -44,5 +51,26 @@ export async function moveAside(s3: S3Client, key: string): Promise<() => Promis
   return async () => {
     await s3.send(new CopyObjectCommand({ Bucket: bucket, CopySource: `${bucket}/${aside}`, Key: key }));
     await s3.send(new DeleteObjectCommand({ Bucket: bucket, Key: aside }));
+  };
+}
+
+/** A stored object by its `s3://` uri, read and replaced behind the store's back (as corruption would). */
+export function storedObject(uri: string): {
+  key: string;
+  read(): Promise<Buffer>;
+  write(body: Buffer): Promise<void>;
+} {
+  const s3 = testS3();
+  const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+  const key = uri.replace(/^s3:\/\/[^/]+\//, '');
+  return {
+    key,
+    async read() {
+      const got = await s3.send(new GetObjectCommand({ Bucket: bucket, Key: key }));
+      return Buffer.from(await got.Body!.transformToByteArray());
+    },
+    async write(body) {
+      await s3.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: body }));
+    },
   };
 }

@@ -1,7 +1,8 @@
+import { spawn } from 'node:child_process';
 import { existsSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import fc from 'fast-check';
-import { killGroup, prepareGroups } from '../../providers/cgroups';
+import { hierarchies, killGroup, prepareGroups } from '../../providers/cgroups';
 import { resolveLimits, type ResolvedLimits } from '../../providers/limits';
 import { context, uniqueId, waitFor } from './helpers';
 import { makeHost, sh } from './harness';
@@ -102,4 +103,28 @@ it('a sandbox whose groups were removed behind the worker’s back still starts 
     context(),
   );
   expect(await host.provider.processCount(sandboxId)).toBe(0);
+});
+
+it('a kill removes the v1 groups even while their last process is still exiting (rmdir refuses them until then)', async () => {
+  const m = marker();
+  const { join } = prepareGroups(m, resolveLimits(undefined));
+  // Joined to the v1 groups alone, as on a host without v2 tracking, where the kill goes by pid.
+  const v2 = hierarchies().v2;
+  const v1 = join.filter((file) => v2 === undefined || !file.startsWith(`${v2}/`));
+  expect(v1.length).toBeGreaterThan(0); // a host without v1 groups cannot run this test
+  // A process whose exit takes a while: 256 MiB of its own pages to give back.
+  const child = spawn(
+    'python3',
+    ['-c', "b = b'x' * (256 << 20); print('ready', flush=True); import time; time.sleep(60)"],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  try {
+    for (const file of v1) writeFileSync(file, String(child.pid));
+    await new Promise<void>((resolve) => child.stdout!.once('data', () => resolve()));
+    process.kill(child.pid!, 'SIGKILL');
+    await killGroup(m, 5_000);
+    for (const dir of dirsOf(join)) expect(existsSync(dir)).toBe(false);
+  } finally {
+    child.kill('SIGKILL');
+  }
 });

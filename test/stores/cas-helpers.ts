@@ -37,8 +37,13 @@ export async function take(
   });
 }
 
-export async function restoreFresh(store: CheckpointStore, checkpoint: Awaited<ReturnType<typeof take>>['checkpoint']) {
-  const target = await tempDir('cas-restore');
+/** Restores the checkpoint into `target` (a new temporary directory by default), staged beside it. */
+export async function restoreFresh(
+  store: CheckpointStore,
+  checkpoint: Awaited<ReturnType<typeof take>>['checkpoint'],
+  target?: string,
+) {
+  target ??= await tempDir('cas-restore');
   const restored = await restoreCheckpoint({
     store,
     checkpoint,

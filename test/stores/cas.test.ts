@@ -3,8 +3,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
 import { setTimeout as delay } from 'node:timers/promises';
-import { GetObjectCommand, PutObjectCommand } from '@aws-sdk/client-s3';
-import { testS3 } from '../helpers/s3';
+import { storedObject } from '../helpers/s3';
 import {
   isBaselineEntry,
   isChunkLocation,
@@ -23,8 +22,6 @@ import {
   segmentsPrefixOf,
   ZSTD_MANIFEST_SUFFIX,
 } from '../../stores/cas/manifest';
-import { restoreCheckpoint } from '../../stores/cas/restore';
-import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
 import { s3StoreFromEnv, stasisError, tempDir, uniqueId } from '../providers/helpers';
 import { bytes, describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
@@ -189,12 +186,10 @@ describe('content-addressed checkpoints', () => {
     await fs.writeFile(path.join(root, 'workspace', 'a.txt'), bytes(3000));
     const taken = await take(store, root, sandboxId);
     const [pack] = taken.baseline.manifest.packs;
-    const key = pack.uri.replace(/^s3:\/\/[^/]+\//, '');
-    const client = testS3();
-    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
-    await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: bytes(pack.bytes) }));
+    const object = storedObject(pack.uri);
+    await object.write(bytes(pack.bytes));
     const corrupt = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
-    expect(corrupt.message).toContain(key);
+    expect(corrupt.message).toContain(object.key);
     await store.delete(pack.uri);
     const missing = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
     expect(missing.message).toContain(pack.uri);
@@ -217,15 +212,8 @@ describe('content-addressed checkpoints', () => {
     const taken = await take(store, root, sandboxId);
     const packs = taken.baseline.manifest.packs;
     expect(packs.length).toBeGreaterThanOrEqual(1);
-    const client = testS3();
-    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
-    const keyOf = (uri: string) => uri.replace(/^s3:\/\/[^/]+\//, '');
-    const originals = await Promise.all(
-      packs.map(async (pack) => {
-        const got = await client.send(new GetObjectCommand({ Bucket: bucket, Key: keyOf(pack.uri) }));
-        return Buffer.from(await got.Body!.transformToByteArray());
-      }),
-    );
+    const objects = packs.map((pack) => storedObject(pack.uri));
+    const originals = await Promise.all(objects.map((object) => object.read()));
     let failed = 0;
     let intact = 0;
     await fc.assert(
@@ -238,8 +226,8 @@ describe('content-addressed checkpoints', () => {
           const changed = Buffer.from(original);
           const at = Math.floor(where * changed.length);
           changed[at] ^= mask;
-          const key = keyOf(packs[which].uri);
-          await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: changed }));
+          const object = objects[which];
+          await object.write(changed);
           try {
             const outcome = await restoreFresh(store, taken.checkpoint).then(
               async ({ target }) => ({ tree: await describeTree(target) }),
@@ -248,13 +236,13 @@ describe('content-addressed checkpoints', () => {
             if ('err' in outcome) {
               failed += 1;
               expect(outcome.err).toMatchObject({ code: 'CHECKPOINT_INVALID' });
-              expect((outcome.err as Error).message).toContain(key);
+              expect((outcome.err as Error).message).toContain(object.key);
             } else {
               intact += 1;
               expect(outcome.tree).toEqual(expected);
             }
           } finally {
-            await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: original }));
+            await object.write(original);
           }
         },
       ),
@@ -270,16 +258,12 @@ describe('content-addressed checkpoints', () => {
     const sandboxId = uniqueId('cas-size');
     await fs.writeFile(path.join(root, 'workspace', 'a.bin'), bytes(5000));
     const taken = await take(store, root, sandboxId);
-    const [pack] = taken.baseline.manifest.packs;
-    const key = pack.uri.replace(/^s3:\/\/[^/]+\//, '');
-    const client = testS3();
-    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
-    const got = await client.send(new GetObjectCommand({ Bucket: bucket, Key: key }));
-    const original = Buffer.from(await got.Body!.transformToByteArray());
+    const object = storedObject(taken.baseline.manifest.packs[0].uri);
+    const original = await object.read();
     for (const body of [original.subarray(0, original.length - 1), Buffer.concat([original, Buffer.from([0])])]) {
-      await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: body }));
+      await object.write(body);
       const err = await stasisError(restoreFresh(store, taken.checkpoint), 'CHECKPOINT_INVALID');
-      expect(err.message).toContain(key);
+      expect(err.message).toContain(object.key);
     }
     await store.deletePrefix(`checkpoints/${sandboxId}/`);
   });
@@ -342,25 +326,15 @@ describe('segmented manifests (stasis-cas-2)', () => {
     const taken = await take(store, root, sandboxId);
     const [name, storedBytes] = taken.baseline.manifest.segments![1];
     const uri = `${segmentsPrefixOf(taken.checkpoint.uri)}${name}${SEGMENT_SUFFIX}`;
-    const key = uri.replace(/^s3:\/\/[^/]+\//, '');
-    const client = testS3();
-    const bucket = process.env.STASIS_S3_BUCKET ?? 'stasis';
+    const object = storedObject(uri);
     // Well-formed deflate of other JSON, of the declared size at most.
     const other = await compressSegment(
       Buffer.from('{"format":"stasis-cas-2-segment","packs":[],"chunks":{},"entries":[]}'),
     );
     expect(other.length).toBeLessThanOrEqual(storedBytes);
-    await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: other }));
+    await object.write(other);
     const target = await tempDir('cas-seg-target');
-    const restoreInto = () =>
-      restoreCheckpoint({
-        store,
-        checkpoint: taken.checkpoint,
-        targetDir: target,
-        tempPrefix: `${target}.tmp`,
-        limits: DEFAULT_ARCHIVE_LIMITS,
-        progress: { bytes: 0 },
-      });
+    const restoreInto = () => restoreFresh(store, taken.checkpoint, target);
     const corrupt = await stasisError(restoreInto(), 'CHECKPOINT_INVALID');
     expect(corrupt.message).toContain(uri);
     expect(corrupt.message).toContain('corrupt segment');
