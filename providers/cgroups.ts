@@ -160,7 +160,7 @@ export function prepareGroups(
   const enforced = new Set<keyof ResolvedLimits>();
   const join: JoinFiles = [];
   if (groups.v2) {
-    mkdirSync(groups.v2, { recursive: true });
+    makeGroup(groups.v2);
     enableControllers(path.dirname(groups.v2));
     if (write(path.join(groups.v2, 'pids.max'), String(limits.processes))) enforced.add('processes');
     if (write(path.join(groups.v2, 'memory.max'), String(limits.memoryMiB * 1024 * 1024))) {
@@ -172,18 +172,33 @@ export function prepareGroups(
     join.push(path.join(groups.v2, 'cgroup.procs'));
   }
   if (groups.pids && !enforced.has('processes')) {
-    mkdirSync(groups.pids, { recursive: true });
+    makeGroup(groups.pids);
     if (write(path.join(groups.pids, 'pids.max'), String(limits.processes))) enforced.add('processes');
     join.push(path.join(groups.pids, 'cgroup.procs'));
   }
   if (groups.cpu && !enforced.has('cpus')) {
-    mkdirSync(groups.cpu, { recursive: true });
+    makeGroup(groups.cpu);
     write(path.join(groups.cpu, 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
     if (write(path.join(groups.cpu, 'cpu.cfs_quota_us'), String(Math.round(limits.cpus * CPU_PERIOD_US))))
       enforced.add('cpus');
     join.push(path.join(groups.cpu, 'cgroup.procs'));
   }
   return { join, enforced };
+}
+
+/**
+ * Creates a sandbox's group and its host's. A kill elsewhere removes an empty host group (killGroup):
+ * should that fall between the two mkdirs (another worker process of the same host id), they are made again.
+ */
+function makeGroup(dir: string): void {
+  for (let tries = 1; ; tries += 1) {
+    try {
+      mkdirSync(dir, { recursive: true });
+      return;
+    } catch (err) {
+      if (!hasErrorCode(err, 'ENOENT') || tries === 3) throw err;
+    }
+  }
 }
 
 /**
@@ -291,6 +306,8 @@ export async function killGroup(marker: Marker, timeoutMs: number): Promise<void
     await until('its group stayed busy', marker, () => removedGroup(dir), timeoutMs).catch(() => {
       // a process that will not exit: the group is reused by the next start, or left
     });
+    // The host's group too once it holds no sandbox's (busy otherwise): every host id ever used kept one.
+    removedGroup(path.dirname(dir));
   }
 }
 

@@ -123,8 +123,22 @@ it('a kill removes the v1 groups even while their last process is still exiting 
     await new Promise<void>((resolve) => child.stdout!.once('data', () => resolve()));
     process.kill(child.pid!, 'SIGKILL');
     await killGroup(m, 5_000);
-    for (const dir of dirsOf(join)) expect(existsSync(dir)).toBe(false);
+    // Its host's groups too, which held no other sandbox's.
+    for (const dir of dirsOf(join)) expect([existsSync(dir), existsSync(path.dirname(dir))]).toEqual([false, false]);
   } finally {
     child.kill('SIGKILL');
   }
+});
+
+it('a kill leaves the groups of the host’s other sandboxes, which still start; the host’s group goes with its last', async () => {
+  const hostId = uniqueId('cg-host');
+  const sandboxes = [uniqueId('cg-a'), uniqueId('cg-b')].map((sandboxId) => ({ hostId, sandboxId }));
+  const limits = resolveLimits(undefined);
+  const [a, b] = sandboxes.map((m) => dirsOf(prepareGroups(m, limits).join));
+  await killGroup(sandboxes[0], 5_000);
+  expect(a.map((dir) => existsSync(dir))).toEqual(a.map(() => false));
+  expect(b.map((dir) => existsSync(dir))).toEqual(b.map(() => true));
+  expect(dirsOf(prepareGroups(sandboxes[0], limits).join)).toEqual(a);
+  for (const m of sandboxes) await killGroup(m, 5_000);
+  for (const dir of [...a, ...b]) expect([existsSync(dir), existsSync(path.dirname(dir))]).toEqual([false, false]);
 });
