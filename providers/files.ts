@@ -4,6 +4,7 @@ import * as fs from 'node:fs/promises';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from '../stores/atomic-file';
 import { at, magic, O_PATH, openBeneath, procReady, type Opened } from '../stores/descriptors';
+import { isLeased, leasedError } from '../stores/leases';
 
 // File access to a sandbox's workspace from outside it, for anyone (REST, MCP,
 // a Run's readFile/writeFile steps). Every name in the workspace belongs to the
@@ -27,7 +28,12 @@ export async function readWorkspaceFile(workspace: string, requested: string): P
     try {
       assertRegular(leaf.stat, requested, names);
       if (leaf.stat.size > MAX_FILE_BYTES) throw tooLarge(requested, `${leaf.stat.size} bytes is`);
-      const file = await fs.open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK);
+      // O_NONBLOCK: a lease a sandbox process holds on it must not hold one of the worker's threads (leases.ts).
+      const file = await fs
+        .open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK)
+        .catch((err: unknown) => {
+          throw isLeased(err) ? leasedError(requested) : err;
+        });
       try {
         return await readBounded(file, leaf.stat.size, requested);
       } finally {

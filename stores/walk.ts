@@ -1,10 +1,21 @@
 import type { BigIntStats, Dirent } from 'node:fs';
 // Named, not `import * as`: compiled, a namespace import reads each function through a getter, on
 // every one of the walk's several calls per entry.
-import { closeSync, constants, fstatSync, lstatSync, openSync, readdirSync, readlinkSync, readSync } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  fstatSync,
+  lstatSync,
+  openSync,
+  readdirSync,
+  readlinkSync,
+  readSync,
+  statSync,
+} from 'node:fs';
 import * as path from 'node:path';
 import { hasErrorCode } from './atomic-file';
 import { O_PATH, procReady } from './descriptors';
+import { deviceKey, inodeKey, isLeased, leasedInodes, LeaseWaits } from './leases';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
 // and the content-addressed format alike). Below the top names everything belongs
@@ -23,7 +34,11 @@ import { O_PATH, procReady } from './descriptors';
 export interface WalkEntry {
   /** `/`-separated, starting with the top name: `workspace/a/b`. */
   path: string;
-  kind: 'directory' | 'file' | 'symlink' | 'hardlink';
+  /**
+   * `leased`: a file a sandbox process holds a lease on, which cannot be opened yet; the caller waits
+   * (LeaseWaits) and asks for the next entry, and the walk tries that file again.
+   */
+  kind: 'directory' | 'file' | 'symlink' | 'hardlink' | 'leased';
   /** The entry's own metadata (a file's as opened for reading, when it was opened). */
   stat: BigIntStats;
   /** A symlink's target, verbatim; a hardlink's first path in this walk. */
@@ -85,10 +100,13 @@ export async function* walkSandbox(
   options: WalkOptions = {},
 ): AsyncGenerator<WalkEntry> {
   await procReady();
+  await breakLeases(rootDir, names);
   const slicer = new Slicer();
+  const leases = new LeaseWaits();
   // A synchronous generator inside: each level of an asynchronous one costs every entry promise hops.
   for (const entry of walkSync(rootDir, names, options.wants)) {
-    yield entry;
+    if (entry.kind === 'leased') await leases.wait(entry.path);
+    else yield entry;
     await slicer.pause();
   }
 }
@@ -105,6 +123,7 @@ export async function walkSandboxSync(
   options: WalkOptions = {},
 ): Promise<Generator<WalkEntry>> {
   await procReady();
+  await breakLeases(rootDir, names);
   return walkSync(rootDir, names, options.wants);
 }
 
@@ -113,7 +132,33 @@ function* walkSync(
   names: readonly string[],
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined,
 ): Generator<WalkEntry> {
-  const walk: Walk = { links: new Map(), wants };
+  yield* walkTops({ links: new Map(), wants, leasedSkipped: false }, rootDir, names);
+}
+
+/**
+ * Opens (and closes at once) each file of the walk to come that a lease stands on (leases.ts), which asks
+ * the kernel to break the lease, so that all their break times run out together while the walk goes on.
+ * Nothing is walked unless a lease stands on the device of one of `names`.
+ */
+async function breakLeases(rootDir: string, names: readonly string[]): Promise<void> {
+  const leased = leasedInodes();
+  if (leased.size === 0) return;
+  const devices = new Set<string>();
+  for (const name of names) {
+    const top = statQuiet(path.resolve(rootDir, name));
+    if (top) devices.add(`${deviceKey(top.dev)}:`);
+  }
+  if (![...leased].some((key) => [...devices].some((device) => key.startsWith(device)))) return;
+  const walk: Walk = {
+    links: new Map(),
+    wants: (_entryPath, stat) => leased.has(inodeKey(stat.dev, stat.ino)),
+    leasedSkipped: true,
+  };
+  const slicer = new Slicer();
+  for (const _entry of walkTops(walk, rootDir, names)) await slicer.pause();
+}
+
+function* walkTops(walk: Walk, rootDir: string, names: readonly string[]): Generator<WalkEntry> {
   for (const name of names) {
     // The top names are the worker's own paths (a link there is the worker's, to a host path): followed.
     const top = openQuiet(path.resolve(rootDir, name), O_PATH);
@@ -131,6 +176,8 @@ interface Walk {
   links: Map<string, string>;
   /** Undefined: every regular file is opened, and none needs an lstat first. */
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined;
+  /** A file that cannot be opened for a lease is passed over (breakLeases), not waited for. */
+  leasedSkipped: boolean;
 }
 
 /** The entry an O_PATH descriptor `fd` (never followed) holds, whose fstat is `stat`. */
@@ -151,7 +198,12 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
   }
   // Reopened for reading through its own descriptor: the very file `stat` is of (the magic link
   // reaches that inode, wherever it is now), so its stat needs no second look.
-  const file = openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
+  let file = openReadable(fd);
+  while (file === undefined) {
+    if (walk.leasedSkipped) return;
+    yield { path: entryPath, kind: 'leased', stat };
+    file = openReadable(fd);
+  }
   try {
     yield { path: entryPath, kind: 'file', stat, file };
   } finally {
@@ -234,9 +286,29 @@ function magic(fd: number): string {
   return `/proc/self/fd/${fd}`;
 }
 
+/** The file an O_PATH descriptor holds, opened for reading; undefined while a lease stands on it. */
+function openReadable(fd: number): number | undefined {
+  try {
+    // O_NONBLOCK: a lease (or a FIFO swapped in) must never block the worker's thread.
+    return openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (err) {
+    if (isLeased(err)) return undefined;
+    throw err;
+  }
+}
+
 function openQuiet(where: string, flags: number): number | undefined {
   try {
     return openSync(where, flags);
+  } catch (err) {
+    if (hasErrorCode(err, 'ENOENT')) return undefined;
+    throw err;
+  }
+}
+
+function statQuiet(where: string): BigIntStats | undefined {
+  try {
+    return statSync(where, { bigint: true });
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;

@@ -9,6 +9,7 @@ import type { Checkpoint } from '../../common/schemas';
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { MAX_PUT_BYTES } from '../keys';
+import { LeaseWaits } from '../leases';
 import { readWhole, Slicer, walkSandboxSync, type WalkEntry } from '../walk';
 import { warmMetadata } from '../warm';
 import { nowNs, racyUntilNs, type Baseline } from './baseline';
@@ -157,9 +158,15 @@ export async function takeCheckpoint(input: {
     // Synchronous unless it must wait (a file to read, a turn of the event loop): an unchanged file costs no promise.
     const slicer = new Slicer();
     // Without a baseline every file is read, and the walk then opens a regular file without an lstat first.
+    const leases = new LeaseWaits();
     for (const walked of await walkSandboxSync(input.rootDir, input.names, previous ? { wants } : {})) {
       if (slicer.due()) await slicer.turn();
       signal?.throwIfAborted();
+      if (walked.kind === 'leased') {
+        // The walk tries the file again when asked for its next entry.
+        await leases.wait(walked.path, signal);
+        continue;
+      }
       advance();
       if (walked.kind === 'file' && walked.file === undefined) {
         // Not opened: the baseline vouched for it, and its entry is what describe would make of it.
@@ -385,6 +392,7 @@ async function discard(store: CheckpointStore, stored: Promise<Checkpoint | unde
 
 function describe(walked: WalkEntry): ManifestEntry {
   const { stat } = walked;
+  if (walked.kind === 'leased') throw new Error(`${walked.path}: a leased file is waited for, never described`);
   const kind = ({ directory: 'd', file: 'f', symlink: 'l', hardlink: 'h' } as const)[walked.kind];
   return {
     p: walked.path,

@@ -1,0 +1,103 @@
+import { readFileSync } from 'node:fs';
+import { setTimeout as delay } from 'node:timers/promises';
+import { StasisError } from '../common/errors';
+import { hasErrorCode } from './atomic-file';
+
+// File leases (fcntl F_SETLEASE) a sandbox process holds on its own files. While one stands, any other
+// open of the file blocks, or with O_NONBLOCK fails with EAGAIN; the open also asks the kernel to break
+// the lease, which it does within /proc/sys/fs/lease-break-time (45 s by default) whatever the holder
+// does, and a frozen holder cannot take it again. The worker opens sandbox files with O_NONBLOCK only,
+// so a lease never holds one of its threads: a checkpoint waits the break out (LeaseWaits), a file read
+// is refused (leasedError).
+
+/** Whether an open failed because a lease stands on the file. */
+export function isLeased(err: unknown): boolean {
+  return hasErrorCode(err, 'EAGAIN') || hasErrorCode(err, 'EWOULDBLOCK');
+}
+
+/** A file read refused while a sandbox process holds a lease on it: retryable. */
+export function leasedError(file: string): StasisError {
+  return new StasisError(
+    'UNAVAILABLE',
+    `${file} is leased by a sandbox process (fcntl F_SETLEASE): try again once it lets go, or once the kernel breaks the lease`,
+  );
+}
+
+/**
+ * The files leases (and NFS delegations, which break alike) stand on now, as `major:minor:inode` of
+ * their device and inode (see inodeKey), from /proc/locks. Empty if it cannot be read.
+ */
+export function leasedInodes(): Set<string> {
+  const leased = new Set<string>();
+  let text: string;
+  try {
+    text = readFileSync('/proc/locks', 'utf8');
+  } catch {
+    return leased;
+  }
+  for (const line of text.split('\n')) {
+    // `1: LEASE  ACTIVE    WRITE 6738 fe:00:9977938 0 EOF`; a waiter's line has `->` after its number.
+    const fields = line.split(/\s+/);
+    if (!fields.includes('LEASE') && !fields.includes('DELEG')) continue;
+    const where = fields.find((field) => /^[0-9a-f]+:[0-9a-f]+:\d+$/.test(field));
+    if (!where) continue;
+    const [major, minor, inode] = where.split(':');
+    leased.add(`${parseInt(major, 16)}:${parseInt(minor, 16)}:${inode}`);
+  }
+  return leased;
+}
+
+/** `major:minor:inode` of a stat's device and inode, as leasedInodes names them. */
+export function inodeKey(dev: bigint, ino: bigint): string {
+  return `${deviceKey(dev)}:${ino}`;
+}
+
+/** `major:minor` of a stat's device (glibc's major() and minor()). */
+export function deviceKey(dev: bigint): string {
+  const major = ((dev >> 8n) & 0xfffn) | ((dev >> 32n) & ~0xfffn);
+  const minor = (dev & 0xffn) | ((dev >> 12n) & ~0xffn);
+  return `${major}:${minor}`;
+}
+
+/**
+ * Waits, for one walk, for the kernel to break the leases that keep it from opening files. The walk
+ * asked for every break at its start (walk.ts), so all of them run out together: the walk waits once
+ * for the kernel's break time (and a margin), however many files are leased. Past that, the file still
+ * leased is UNAVAILABLE, naming it (a holder not frozen took its lease again).
+ */
+export class LeaseWaits {
+  private deadline: number | undefined;
+  private pause = 1;
+
+  /** `breakMs`: the kernel's break time (read from /proc/sys/fs/lease-break-time by default). */
+  constructor(private readonly breakMs?: number) {}
+
+  async wait(file: string, signal?: AbortSignal): Promise<void> {
+    this.deadline ??= Date.now() + (this.breakMs ?? leaseBreakMs()) + LEASE_MARGIN_MS;
+    if (Date.now() > this.deadline) {
+      throw new StasisError(
+        'UNAVAILABLE',
+        `${file} is leased by a sandbox process (fcntl F_SETLEASE), and the lease was not broken in time`,
+      );
+    }
+    await delay(this.pause, undefined, signal ? { signal } : {});
+    this.pause = Math.min(this.pause * 2, MAX_PAUSE_MS);
+  }
+}
+
+/** The kernel's time for a lease holder to let go (lease-break-time), capped at MAX_BREAK_MS. */
+function leaseBreakMs(): number {
+  try {
+    const seconds = Number(readFileSync('/proc/sys/fs/lease-break-time', 'utf8').trim());
+    if (Number.isFinite(seconds) && seconds >= 0) return Math.min(seconds * 1000, MAX_BREAK_MS);
+  } catch {
+    // not Linux's procfs: its default
+  }
+  return 45_000;
+}
+
+/** Longer than any checkpoint should wait: an operator who set a longer break time gets UNAVAILABLE after it. */
+const MAX_BREAK_MS = 5 * 60_000;
+/** The kernel breaks a lease at the first open after its time: a few polls past it. */
+const LEASE_MARGIN_MS = 2_000;
+const MAX_PAUSE_MS = 250;
