@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
+import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { LeaseWaits } from '../../stores/leases';
 import { readWhole, walkSandbox, walkSandboxSync, type WalkEntry } from '../../stores/walk';
@@ -59,27 +60,33 @@ const dataDirs = new Map<Parameters<typeof sh>[0], string>();
 const workspaceOf = (provider: Parameters<typeof sh>[0], sandboxId: string) =>
   sandboxPaths(dataDirs.get(provider)!, sandboxId).workspace;
 
-it('a release checkpoints a file a sandbox process keeps leased, and another host restores it', async () => {
-  const store = s3StoreFromEnv();
-  const hostA = await makeHost({ store });
-  const hostB = await makeHost({ store });
-  dataDirs.set(hostA.provider, hostA.dataDir);
-  const sandboxId = await hostA.sandbox();
-  const content = `leased ${uniqueId('content')}\n`;
-  await fs.writeFile(path.join(workspaceOf(hostA.provider, sandboxId), 'leased.txt'), content);
-  await holdLease(hostA.provider, sandboxId, 'leased.txt');
+it.each([
+  ['local', undefined],
+  ['bwrap', (deps: Parameters<typeof createBwrapProvider>[0]) => createBwrapProvider(deps)],
+])(
+  'a %s release checkpoints a file a sandbox process keeps leased, and another host restores it',
+  async (_name, make) => {
+    const store = s3StoreFromEnv();
+    const hostA = await makeHost({ store, ...(make ? { make } : {}) });
+    const hostB = await makeHost({ store, ...(make ? { make } : {}) });
+    dataDirs.set(hostA.provider, hostA.dataDir);
+    const sandboxId = await hostA.sandbox();
+    const content = `leased ${uniqueId('content')}\n`;
+    await fs.writeFile(path.join(workspaceOf(hostA.provider, sandboxId), 'leased.txt'), content);
+    await holdLease(hostA.provider, sandboxId, 'leased.txt');
 
-  const receipt = await hostA.provider.release(
-    { sandboxId, idempotencyKey: uniqueId('rel'), mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
-    context(),
-  );
-  expect(await hostA.provider.processCount(sandboxId)).toBe(0);
-  if (!receipt.checkpoint) throw new Error('no checkpoint');
-  await hostB.provider.restore({ sandboxId, fence: 3, checkpoint: receipt.checkpoint }, context());
-  const restored = sandboxPaths(hostB.dataDir, sandboxId).workspace;
-  expect(await fs.readFile(path.join(restored, 'leased.txt'), 'utf8')).toBe(content);
-  await hostB.provider.destroy({ sandboxId, fence: 4 }, context());
-});
+    const receipt = await hostA.provider.release(
+      { sandboxId, idempotencyKey: uniqueId('rel'), mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
+      context(),
+    );
+    expect(await hostA.provider.processCount(sandboxId)).toBe(0);
+    if (!receipt.checkpoint) throw new Error('no checkpoint');
+    await hostB.provider.restore({ sandboxId, fence: 3, checkpoint: receipt.checkpoint }, context());
+    const restored = sandboxPaths(hostB.dataDir, sandboxId).workspace;
+    expect(await fs.readFile(path.join(restored, 'leased.txt'), 'utf8')).toBe(content);
+    await hostB.provider.destroy({ sandboxId, fence: 4 }, context());
+  },
+);
 
 it('reading a leased file is UNAVAILABLE naming it (never a wait for the kernel to break the lease), and reads once the holder is gone', async () => {
   const host = await makeHost();
