@@ -1,5 +1,4 @@
 import { readFileSync } from 'node:fs';
-import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from './atomic-file';
 
@@ -7,8 +6,8 @@ import { hasErrorCode } from './atomic-file';
 // open of the file blocks, or with O_NONBLOCK fails with EAGAIN; the open also asks the kernel to break
 // the lease, which it does within /proc/sys/fs/lease-break-time (45 s by default) whatever the holder
 // does, and a frozen holder cannot take it again. The worker opens sandbox files with O_NONBLOCK only,
-// so a lease never holds one of its threads: a checkpoint waits the break out (LeaseWaits), a file read
-// is refused (leasedError).
+// so a lease never holds one of its threads: a checkpoint waits the break out (LeaseWaits, walk.ts), a
+// file read is refused (leasedError).
 
 /** Whether an open failed because a lease stands on the file. */
 export function isLeased(err: unknown): boolean {
@@ -59,34 +58,8 @@ export function deviceKey(dev: bigint): string {
   return `${major}:${minor}`;
 }
 
-/**
- * Waits, for one walk, for the kernel to break the leases that keep it from opening files. The walk
- * asked for every break at its start (walk.ts), so all of them run out together: the walk waits once
- * for the kernel's break time (and a margin), however many files are leased. Past that, the file still
- * leased is UNAVAILABLE, naming it (a holder not frozen took its lease again).
- */
-export class LeaseWaits {
-  private deadline: number | undefined;
-  private pause = 1;
-
-  /** `breakMs`: the kernel's break time (read from /proc/sys/fs/lease-break-time by default). */
-  constructor(private readonly breakMs?: number) {}
-
-  async wait(file: string, signal?: AbortSignal): Promise<void> {
-    this.deadline ??= Date.now() + (this.breakMs ?? leaseBreakMs()) + LEASE_MARGIN_MS;
-    if (Date.now() > this.deadline) {
-      throw new StasisError(
-        'UNAVAILABLE',
-        `${file} is leased by a sandbox process (fcntl F_SETLEASE), and the lease was not broken in time`,
-      );
-    }
-    await delay(this.pause, undefined, signal ? { signal } : {});
-    this.pause = Math.min(this.pause * 2, MAX_PAUSE_MS);
-  }
-}
-
 /** The kernel's time for a lease holder to let go (lease-break-time), capped at MAX_BREAK_MS. */
-function leaseBreakMs(): number {
+export function leaseBreakMs(): number {
   try {
     const seconds = Number(readFileSync('/proc/sys/fs/lease-break-time', 'utf8').trim());
     if (Number.isFinite(seconds) && seconds >= 0) return Math.min(seconds * 1000, MAX_BREAK_MS);
@@ -98,6 +71,3 @@ function leaseBreakMs(): number {
 
 /** Longer than any checkpoint should wait: an operator who set a longer break time gets UNAVAILABLE after it. */
 const MAX_BREAK_MS = 5 * 60_000;
-/** The kernel breaks a lease at the first open after its time: a few polls past it. */
-const LEASE_MARGIN_MS = 2_000;
-const MAX_PAUSE_MS = 250;

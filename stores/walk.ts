@@ -15,7 +15,9 @@ import {
 import * as path from 'node:path';
 import { hasErrorCode } from './atomic-file';
 import { O_PATH, procReady } from './descriptors';
-import { deviceKey, inodeKey, isLeased, leasedInodes, LeaseWaits } from './leases';
+import { setTimeout as delay } from 'node:timers/promises';
+import { StasisError } from '../common/errors';
+import { deviceKey, inodeKey, isLeased, leaseBreakMs, leasedInodes } from './leases';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
 // and the content-addressed format alike). Below the top names everything belongs
@@ -100,9 +102,8 @@ export async function* walkSandbox(
   options: WalkOptions = {},
 ): AsyncGenerator<WalkEntry> {
   await procReady();
-  await breakLeases(rootDir, names);
   const slicer = new Slicer();
-  const leases = new LeaseWaits();
+  const leases = new LeaseWaits(rootDir, names);
   // A synchronous generator inside: each level of an asynchronous one costs every entry promise hops.
   for (const entry of walkSync(rootDir, names, options.wants)) {
     if (entry.kind === 'leased') await leases.wait(entry.path);
@@ -123,7 +124,6 @@ export async function walkSandboxSync(
   options: WalkOptions = {},
 ): Promise<Generator<WalkEntry>> {
   await procReady();
-  await breakLeases(rootDir, names);
   return walkSync(rootDir, names, options.wants);
 }
 
@@ -136,9 +136,45 @@ function* walkSync(
 }
 
 /**
- * Opens (and closes at once) each file of the walk to come that a lease stands on (leases.ts), which asks
- * the kernel to break the lease, so that all their break times run out together while the walk goes on.
- * Nothing is walked unless a lease stands on the device of one of `names`.
+ * Waits, for one walk, for the kernel to break the leases that keep it from opening files (leases.ts).
+ * At the first file found leased, every lease on a file of the walk is asked to break (breakLeases),
+ * so all of them run out together: the walk waits about one break time, however many files are
+ * leased. Past that and a margin, the file still leased is UNAVAILABLE, naming it.
+ */
+export class LeaseWaits {
+  private deadline: number | undefined;
+  private pause = 1;
+
+  /** `breakMs`: the kernel's break time (read from /proc/sys/fs/lease-break-time by default). */
+  constructor(
+    private readonly rootDir: string,
+    private readonly names: readonly string[],
+    private readonly breakMs?: number,
+  ) {}
+
+  async wait(file: string, signal?: AbortSignal): Promise<void> {
+    if (this.deadline === undefined) {
+      await breakLeases(this.rootDir, this.names);
+      this.deadline = Date.now() + (this.breakMs ?? leaseBreakMs()) + LEASE_MARGIN_MS;
+    }
+    if (Date.now() > this.deadline) {
+      throw new StasisError(
+        'UNAVAILABLE',
+        `${file} is leased by a sandbox process (fcntl F_SETLEASE), and the lease was not broken in time`,
+      );
+    }
+    await delay(this.pause, undefined, signal ? { signal } : {});
+    this.pause = Math.min(this.pause * 2, MAX_PAUSE_MS);
+  }
+}
+
+/** The kernel breaks a lease at the first open after its time: a few polls past it. */
+const LEASE_MARGIN_MS = 2_000;
+const MAX_PAUSE_MS = 250;
+
+/**
+ * Opens (and closes at once) each file of `names` that a lease stands on, which asks the kernel to break
+ * the lease. Nothing is walked unless a lease stands on the device of one of `names`.
  */
 async function breakLeases(rootDir: string, names: readonly string[]): Promise<void> {
   const leased = leasedInodes();

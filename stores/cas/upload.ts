@@ -9,8 +9,7 @@ import type { Checkpoint } from '../../common/schemas';
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
 import { MAX_PUT_BYTES } from '../keys';
-import { LeaseWaits } from '../leases';
-import { readWhole, Slicer, walkSandboxSync, type WalkEntry } from '../walk';
+import { LeaseWaits, readWhole, Slicer, walkSandboxSync, type WalkEntry } from '../walk';
 import { warmMetadata } from '../warm';
 import { nowNs, racyUntilNs, type Baseline } from './baseline';
 import { chunkHash, cutAndHash, hashRanges, hashSpans, INLINE_HASH_BYTES, type Chunked } from './hasher';
@@ -158,7 +157,7 @@ export async function takeCheckpoint(input: {
     // Synchronous unless it must wait (a file to read, a turn of the event loop): an unchanged file costs no promise.
     const slicer = new Slicer();
     // Without a baseline every file is read, and the walk then opens a regular file without an lstat first.
-    const leases = new LeaseWaits();
+    const leases = new LeaseWaits(input.rootDir, input.names);
     for (const walked of await walkSandboxSync(input.rootDir, input.names, previous ? { wants } : {})) {
       if (slicer.due()) await slicer.turn();
       signal?.throwIfAborted();

@@ -4,8 +4,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
-import { LeaseWaits } from '../../stores/leases';
-import { readWhole, walkSandbox, walkSandboxSync, type WalkEntry } from '../../stores/walk';
+import { LeaseWaits, readWhole, walkSandbox, walkSandboxSync, type WalkEntry } from '../../stores/walk';
 import { context, s3StoreFromEnv, stasisError, tempDir, uniqueId, waitFor } from './helpers';
 import { makeHost, sh } from './harness';
 
@@ -135,7 +134,7 @@ it.each([
   ['synchronous walk (content-addressed checkpoints)', true],
   ['asynchronous walk (tar.gz checkpoints)', false],
 ])(
-  'the %s asks every lease to break before it reads anything, and reads every leased file after one break time',
+  'the %s asks every lease to break at the first leased file, and reads every leased file after one break time',
   async (_name, sync) => {
     const root = await tempDir('leases');
     for (const name of ['workspace', 'home', 'envs']) await fs.mkdir(path.join(root, name));
@@ -158,14 +157,13 @@ it.each([
       };
       let leasedSeen = 0;
       if (sync) {
-        const walk = await walkSandboxSync(root, ['workspace', 'home', 'envs']);
-        // Before the first entry: every break asked for, so they all run out together.
-        expect(leaseStatuses(holder.pid)).toEqual(files.map(() => 'BREAKING'));
-        const leases = new LeaseWaits();
-        for (const entry of walk) {
+        const leases = new LeaseWaits(root, ['workspace', 'home', 'envs']);
+        for (const entry of await walkSandboxSync(root, ['workspace', 'home', 'envs'])) {
           if (entry.kind === 'leased') {
             leasedSeen += 1;
             await leases.wait(entry.path);
+            // After the first wait began: every break asked for, so they all run out together.
+            if (leasedSeen === 1) expect(leaseStatuses(holder.pid)).toEqual(files.map(() => 'BREAKING'));
           } else take(entry);
         }
         expect(leasedSeen).toBeGreaterThan(0);
@@ -183,7 +181,7 @@ it.each([
 );
 
 it('a lease the kernel has not broken past its break time and a margin is UNAVAILABLE naming the file', async () => {
-  const leases = new LeaseWaits(0);
+  const leases = new LeaseWaits('/nonexistent', [], 0);
   const started = Date.now();
   let err: unknown;
   while (err === undefined) await leases.wait('workspace/held.txt').catch((e: unknown) => (err = e));
