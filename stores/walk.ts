@@ -2,6 +2,7 @@ import type { BigIntStats, Dirent } from 'node:fs';
 // Named, not `import * as`: compiled, a namespace import reads each function through a getter, on
 // every one of the walk's several calls per entry.
 import {
+  chmodSync,
   closeSync,
   constants,
   fstatSync,
@@ -58,7 +59,7 @@ export interface WalkOptions {
   wants?: (entryPath: string, stat: BigIntStats) => boolean;
 }
 
-const { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG } = constants;
+const { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_IRUSR, S_IXUSR } = constants;
 
 /** The longest stretch of synchronous file-system work before the event loop gets a turn (heartbeats, uploads). */
 const SLICE_MS = 10;
@@ -132,7 +133,7 @@ function* walkSync(
   names: readonly string[],
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined,
 ): Generator<WalkEntry> {
-  yield* walkTops({ links: new Map(), wants, leasedSkipped: false }, rootDir, names);
+  yield* walkTops({ links: new Map(), wants, leasedSkipped: false, euid: effectiveUid() }, rootDir, names);
 }
 
 /**
@@ -189,6 +190,7 @@ async function breakLeases(rootDir: string, names: readonly string[]): Promise<v
     links: new Map(),
     wants: (_entryPath, stat) => leased.has(inodeKey(stat.dev, stat.ino)),
     leasedSkipped: true,
+    euid: effectiveUid(),
   };
   const slicer = new Slicer();
   for (const _entry of walkTops(walk, rootDir, names)) await slicer.pause();
@@ -214,15 +216,23 @@ interface Walk {
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined;
   /** A file that cannot be opened for a lease is passed over (breakLeases), not waited for. */
   leasedSkipped: boolean;
+  /** The worker's effective uid (grantOwner). */
+  euid: number;
 }
 
 /** The entry an O_PATH descriptor `fd` (never followed) holds, whose fstat is `stat`. */
 function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): Generator<WalkEntry> {
   if (stat.isDirectory()) {
     yield { path: entryPath, kind: 'directory', stat };
-    // The listing's types (getdents' d_type) spare most names an lstat: see child.
-    const listed = readdirSync(magic(fd), { withFileTypes: true }).sort(byName);
-    for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
+    // Listed and looked into (read and search) while the walk is in it.
+    const restore = grantOwner(walk, fd, stat, S_IRUSR | S_IXUSR);
+    try {
+      // The listing's types (getdents' d_type) spare most names an lstat: see child.
+      const listed = readdirSync(magic(fd), { withFileTypes: true }).sort(byName);
+      for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
+    } finally {
+      restore?.();
+    }
     return;
   }
   // Not a file, directory or link (a FIFO, socket or device): left out.
@@ -234,11 +244,11 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
   }
   // Reopened for reading through its own descriptor: the very file `stat` is of (the magic link
   // reaches that inode, wherever it is now), so its stat needs no second look.
-  let file = openReadable(fd);
+  let file = openReadable(walk, fd, stat);
   while (file === undefined) {
     if (walk.leasedSkipped) return;
     yield { path: entryPath, kind: 'leased', stat };
-    file = openReadable(fd);
+    file = openReadable(walk, fd, stat);
   }
   try {
     yield { path: entryPath, kind: 'file', stat, file };
@@ -322,15 +332,39 @@ function magic(fd: number): string {
   return `/proc/self/fd/${fd}`;
 }
 
-/** The file an O_PATH descriptor holds, opened for reading; undefined while a lease stands on it. */
-function openReadable(fd: number): number | undefined {
+/** The regular file an O_PATH descriptor holds (`stat` its fstat), opened for reading; undefined while a lease stands on it. */
+function openReadable(walk: Walk, fd: number, stat: BigIntStats): number | undefined {
+  const restore = grantOwner(walk, fd, stat, S_IRUSR);
   try {
     // O_NONBLOCK: a lease (or a FIFO swapped in) must never block the worker's thread.
     return openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (err) {
     if (isLeased(err)) return undefined;
     throw err;
+  } finally {
+    restore?.();
   }
+}
+
+/**
+ * A worker that is not root reads sandbox files it owns (a `local` or `bwrap` sandbox runs as the worker's
+ * uid) by their owner bits, which the sandbox may have taken away (`chmod 000`): every release then failed
+ * with EACCES. The bits are granted through the descriptor (the very directory or regular file fstat
+ * saw; the magic link reaches that inode, never a link) for as long as the walk needs them, and the
+ * mode set back; the entry keeps the mode it had. Returns what sets it back, if anything was granted.
+ * Killed in between, the worker leaves the owner those bits (nothing of the files is lost), and the
+ * next checkpoint records them.
+ */
+function grantOwner(walk: Walk, fd: number, stat: BigIntStats, bits: number): (() => void) | undefined {
+  if (walk.euid === 0 || Number(stat.uid) !== walk.euid) return undefined;
+  const mode = Number(stat.mode & 0o7777n);
+  if ((mode & bits) === bits) return undefined;
+  chmodSync(magic(fd), mode | bits);
+  return () => chmodSync(magic(fd), mode);
+}
+
+function effectiveUid(): number {
+  return process.geteuid?.() ?? 0;
 }
 
 function openQuiet(where: string, flags: number): number | undefined {

@@ -1,0 +1,111 @@
+import { execFileSync, spawnSync } from 'node:child_process';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import fc from 'fast-check';
+import { tempDir } from '../providers/helpers';
+import { walkDescribed } from '../helpers/walk-child';
+
+// A worker that is not root (no sandbox volumes then, but `local` and `bwrap` still run) owns its
+// sandboxes' files, as the sandbox runs as its uid, and reads them by their owner bits, which the
+// sandbox may take away (`chmod 000` on a file or directory): every release of such a sandbox failed
+// with EACCES. The walk runs here as `nobody` in its own process over trees `nobody` owns, with modes
+// drawn at random, and must see what a root walk sees (every entry, mode and byte) and leave every
+// mode as it was.
+
+const REPO = path.resolve(__dirname, '..', '..');
+let home: string;
+
+beforeAll(async () => {
+  // swc, which compiles the sources for the child, keeps its binding in a cache of the user's own.
+  home = await tempDir('walk-owner-home');
+  execFileSync('chown', ['nobody', home]);
+});
+
+/** The walk of `root` as `nobody`, in a process of its own. */
+function walkAsNobody(root: string): Record<string, string> {
+  const child = spawnSync(
+    'setpriv',
+    [
+      '--reuid=nobody',
+      '--regid=nogroup',
+      '--clear-groups',
+      process.execPath,
+      '-r',
+      path.join(REPO, 'scripts', 'register-ts.js'),
+      path.join(REPO, 'test', 'helpers', 'walk-child.ts'),
+      root,
+    ],
+    { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home }, encoding: 'utf8' },
+  );
+  if (child.status !== 0) throw new Error(`the walk as nobody failed: ${child.stderr}`);
+  return JSON.parse(child.stdout) as Record<string, string>;
+}
+
+/** path → permission bits, by lstat, of everything under `root` (as root: whatever the modes). */
+async function modes(root: string): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const relative of await fs.readdir(root, { recursive: true })) {
+    out[String(relative)] = ((await fs.lstat(path.join(root, String(relative)))).mode & 0o7777).toString(8);
+  }
+  return out;
+}
+
+const DIR_MODES = [0o000, 0o100, 0o200, 0o300, 0o400, 0o500, 0o700, 0o755];
+const FILE_MODES = [0o000, 0o200, 0o400, 0o600, 0o644, 0o100];
+
+interface Node {
+  name: string;
+  mode: number;
+  children?: Node[];
+}
+
+const tree: fc.Arbitrary<Node[]> = fc.letrec<{ nodes: Node[]; node: Node }>((tie) => ({
+  nodes: fc.uniqueArray(tie('node'), { maxLength: 4, selector: (node) => node.name }),
+  node: fc.oneof(
+    { depthSize: 'small', withCrossShrink: true },
+    fc.record({ name: fc.stringMatching(/^[a-z]{1,6}$/), mode: fc.constantFrom(...FILE_MODES) }),
+    fc.record({
+      name: fc.stringMatching(/^[a-z]{1,6}$/),
+      mode: fc.constantFrom(...DIR_MODES),
+      children: tie('nodes'),
+    }),
+  ),
+})).nodes;
+
+/** Lays `nodes` out under `dir` (modes last, deepest first, so they do not stop the layout itself). */
+async function layOut(dir: string, nodes: Node[]): Promise<void> {
+  for (const node of nodes) {
+    const where = path.join(dir, node.name);
+    if (node.children) {
+      await fs.mkdir(where);
+      await layOut(where, node.children);
+    } else await fs.writeFile(where, `${node.name} ${node.mode}\n`);
+    await fs.chmod(where, node.mode);
+  }
+}
+
+it('a walk by a worker that is not root reads the files its sandbox took its owner bits from, and leaves every mode as it was', async () => {
+  await fc.assert(
+    fc.asyncProperty(tree, tree, async (workspace, home) => {
+      const root = await tempDir('walk-owner');
+      await fs.chmod(root, 0o755);
+      for (const [name, nodes] of [
+        ['workspace', workspace],
+        ['home', home],
+        ['envs', []],
+      ] as const) {
+        await fs.mkdir(path.join(root, name));
+        await layOut(path.join(root, name), [...nodes]);
+      }
+      execFileSync('chown', ['-R', 'nobody:nogroup', root]);
+      const before = await modes(root);
+      try {
+        expect(walkAsNobody(root)).toEqual(await walkDescribed(root));
+        expect(await modes(root)).toEqual(before);
+      } finally {
+        await fs.rm(root, { recursive: true, force: true });
+      }
+    }),
+    { numRuns: 12 },
+  );
+});
