@@ -3,7 +3,7 @@ import { constants, type Stats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from '../stores/atomic-file';
-import { at, magic, O_PATH, openBeneath, procReady, type Opened } from '../stores/descriptors';
+import { at, magic, missingOwnerBits, O_PATH, openBeneath, procReady, type Opened } from '../stores/descriptors';
 import { isLeased, leasedError } from '../stores/leases';
 
 // File access to a sandbox's workspace from outside it, for anyone (REST, MCP,
@@ -154,7 +154,7 @@ export async function removeTree(root: string): Promise<void> {
   await procReady();
   const handle = await fs.open(root, O_PATH | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
-    await emptyDirectory(handle);
+    await emptyDirectory(handle, stat);
   } finally {
     await handle.close();
   }
@@ -166,7 +166,11 @@ export async function removeTree(root: string): Promise<void> {
 /** Rounds of emptying a directory whose entries keep changing before giving up. */
 const REMOVE_ROUNDS = 100;
 
-async function emptyDirectory(dir: fs.FileHandle): Promise<void> {
+async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
+  // Listed, looked into and emptied by a worker that is not root: its owner bits, should the sandbox have
+  // taken them (a read-only Go module cache). Never set back: the directory goes.
+  const missing = missingOwnerBits(stat, constants.S_IRWXU);
+  if (missing !== 0) await fs.chmod(magic(dir), (stat.mode & 0o7777) | missing);
   for (let round = 0; round < REMOVE_ROUNDS; round++) {
     const names = await fs.readdir(magic(dir));
     if (names.length === 0) return;
@@ -184,7 +188,7 @@ async function emptyDirectory(dir: fs.FileHandle): Promise<void> {
       const child = await step(dir, name, name);
       if (!child) continue;
       try {
-        if (child.stat.isDirectory()) await emptyDirectory(child.handle);
+        if (child.stat.isDirectory()) await emptyDirectory(child.handle, child.stat);
       } finally {
         await child.handle.close();
       }

@@ -357,7 +357,8 @@ export async function restoreSnapshot(input: {
   } finally {
     // Never removed while the volume is still being made (the staging directory would be made after).
     await stagingReady.catch(() => undefined);
-    await fs.rm(staging, { recursive: true, force: true });
+    // As any tree of the sandbox's (a worker that is not root may have to grant itself a directory's owner bits).
+    await removeTree(staging);
     await fs.rm(archive, { force: true });
   }
 }
@@ -402,10 +403,10 @@ async function fillIfEmpty(src: string, hostPath: string): Promise<void> {
     if (hasErrorCode(err, 'EBUSY') || hasErrorCode(err, 'EXDEV')) {
       // The host path is a mount point and cannot be replaced: its entries are moved in one by one.
       for (const name of await fs.readdir(temp)) await fs.rename(path.join(temp, name), path.join(hostPath, name));
-      await fs.rm(temp, { recursive: true, force: true });
+      await removeTree(temp);
       return;
     }
-    await fs.rm(temp, { recursive: true, force: true });
+    await removeTree(temp);
     // Filled meanwhile by someone else: their files stay.
     if (hasErrorCode(err, 'ENOTEMPTY') || hasErrorCode(err, 'EEXIST')) return;
     throw err;

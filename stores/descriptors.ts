@@ -71,3 +71,15 @@ export function procReady(): Promise<void> {
   );
   return procChecked;
 }
+
+/**
+ * Of the owner `bits` (S_IRUSR, S_IWUSR, S_IXUSR), those a worker that is not root must grant itself on an
+ * entry it owns before it can use it that way (0 if none, or if it is root, or the entry is not its own).
+ * Under `local` and `bwrap` a sandbox runs as the worker's uid, owns its files, and may take their owner
+ * bits away (`chmod 000`; Go's module cache is read-only, 0555): root is not held back by them, others are.
+ */
+export function missingOwnerBits(stat: { uid: number | bigint; mode: number | bigint }, bits: number): number {
+  const euid = process.geteuid?.() ?? 0;
+  if (euid === 0 || Number(stat.uid) !== euid) return 0;
+  return bits & ~Number(stat.mode);
+}

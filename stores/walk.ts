@@ -15,7 +15,7 @@ import {
 } from 'node:fs';
 import * as path from 'node:path';
 import { hasErrorCode } from './atomic-file';
-import { O_PATH, procReady } from './descriptors';
+import { missingOwnerBits, O_PATH, procReady } from './descriptors';
 import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 import { deviceKey, inodeKey, isLeased, leaseBreakMs, leasedInodes } from './leases';
@@ -133,7 +133,7 @@ function* walkSync(
   names: readonly string[],
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined,
 ): Generator<WalkEntry> {
-  yield* walkTops({ links: new Map(), wants, leasedSkipped: false, euid: effectiveUid() }, rootDir, names);
+  yield* walkTops({ links: new Map(), wants, leasedSkipped: false }, rootDir, names);
 }
 
 /**
@@ -190,7 +190,6 @@ async function breakLeases(rootDir: string, names: readonly string[]): Promise<v
     links: new Map(),
     wants: (_entryPath, stat) => leased.has(inodeKey(stat.dev, stat.ino)),
     leasedSkipped: true,
-    euid: effectiveUid(),
   };
   const slicer = new Slicer();
   for (const _entry of walkTops(walk, rootDir, names)) await slicer.pause();
@@ -216,8 +215,6 @@ interface Walk {
   wants: ((entryPath: string, stat: BigIntStats) => boolean) | undefined;
   /** A file that cannot be opened for a lease is passed over (breakLeases), not waited for. */
   leasedSkipped: boolean;
-  /** The worker's effective uid (grantOwner). */
-  euid: number;
 }
 
 /** The entry an O_PATH descriptor `fd` (never followed) holds, whose fstat is `stat`. */
@@ -225,7 +222,7 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
   if (stat.isDirectory()) {
     yield { path: entryPath, kind: 'directory', stat };
     // Listed and looked into (read and search) while the walk is in it.
-    const restore = grantOwner(walk, fd, stat, S_IRUSR | S_IXUSR);
+    const restore = grantOwner(fd, stat, S_IRUSR | S_IXUSR);
     try {
       // The listing's types (getdents' d_type) spare most names an lstat: see child.
       const listed = readdirSync(magic(fd), { withFileTypes: true }).sort(byName);
@@ -244,11 +241,11 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
   }
   // Reopened for reading through its own descriptor: the very file `stat` is of (the magic link
   // reaches that inode, wherever it is now), so its stat needs no second look.
-  let file = openReadable(walk, fd, stat);
+  let file = openReadable(fd, stat);
   while (file === undefined) {
     if (walk.leasedSkipped) return;
     yield { path: entryPath, kind: 'leased', stat };
-    file = openReadable(walk, fd, stat);
+    file = openReadable(fd, stat);
   }
   try {
     yield { path: entryPath, kind: 'file', stat, file };
@@ -333,8 +330,8 @@ function magic(fd: number): string {
 }
 
 /** The regular file an O_PATH descriptor holds (`stat` its fstat), opened for reading; undefined while a lease stands on it. */
-function openReadable(walk: Walk, fd: number, stat: BigIntStats): number | undefined {
-  const restore = grantOwner(walk, fd, stat, S_IRUSR);
+function openReadable(fd: number, stat: BigIntStats): number | undefined {
+  const restore = grantOwner(fd, stat, S_IRUSR);
   try {
     // O_NONBLOCK: a lease (or a FIFO swapped in) must never block the worker's thread.
     return openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
@@ -355,16 +352,12 @@ function openReadable(walk: Walk, fd: number, stat: BigIntStats): number | undef
  * Killed in between, the worker leaves the owner those bits (nothing of the files is lost), and the
  * next checkpoint records them.
  */
-function grantOwner(walk: Walk, fd: number, stat: BigIntStats, bits: number): (() => void) | undefined {
-  if (walk.euid === 0 || Number(stat.uid) !== walk.euid) return undefined;
+function grantOwner(fd: number, stat: BigIntStats, bits: number): (() => void) | undefined {
+  const missing = missingOwnerBits(stat, bits);
+  if (missing === 0) return undefined;
   const mode = Number(stat.mode & 0o7777n);
-  if ((mode & bits) === bits) return undefined;
-  chmodSync(magic(fd), mode | bits);
+  chmodSync(magic(fd), mode | missing);
   return () => chmodSync(magic(fd), mode);
-}
-
-function effectiveUid(): number {
-  return process.geteuid?.() ?? 0;
 }
 
 function openQuiet(where: string, flags: number): number | undefined {

@@ -1,7 +1,9 @@
+import { removeTree } from '../../providers/files';
 import { readWhole, walkSandbox, type WalkEntry } from '../../stores/walk';
 
-// Run by walk-owner.test.ts as another user: walks the sandbox tree at argv[2] as a checkpoint does and
-// prints what it saw (path → kind, mode and a file's contents) as one JSON object.
+// Run by walk-owner.test.ts as another user: `walk <dir>` walks the sandbox tree there as a checkpoint
+// does and prints what it saw (path → kind, mode and a file's contents) as one JSON object; `remove
+// <dir>` removes it as a destroy does.
 
 /** What a walk entry says of its file: kind, permission bits, and a regular file's bytes. */
 export function describeWalked(entry: WalkEntry): string {
@@ -19,7 +21,8 @@ export async function walkDescribed(root: string): Promise<Record<string, string
 }
 
 if (require.main === module) {
-  walkDescribed(process.argv[2]).then(
+  const [command, dir] = process.argv.slice(2);
+  (command === 'remove' ? removeTree(dir).then(() => ({})) : walkDescribed(dir)).then(
     (seen) => process.stdout.write(JSON.stringify(seen)),
     (err: unknown) => {
       process.stderr.write(String(err));

@@ -8,9 +8,10 @@ import { walkDescribed } from '../helpers/walk-child';
 // A worker that is not root (no sandbox volumes then, but `local` and `bwrap` still run) owns its
 // sandboxes' files, as the sandbox runs as its uid, and reads them by their owner bits, which the
 // sandbox may take away (`chmod 000` on a file or directory): every release of such a sandbox failed
-// with EACCES. The walk runs here as `nobody` in its own process over trees `nobody` owns, with modes
-// drawn at random, and must see what a root walk sees (every entry, mode and byte) and leave every
-// mode as it was.
+// with EACCES, and every destroy as well (a read-only Go module cache is enough for that). The walk and
+// the removal run here as `nobody` in a process of their own over trees `nobody` owns, with modes drawn
+// at random: the walk must see what a root walk sees (every entry, mode and byte) and leave every mode
+// as it was, and the removal must leave nothing.
 
 const REPO = path.resolve(__dirname, '..', '..');
 let home: string;
@@ -21,8 +22,8 @@ beforeAll(async () => {
   execFileSync('chown', ['nobody', home]);
 });
 
-/** The walk of `root` as `nobody`, in a process of its own. */
-function walkAsNobody(root: string): Record<string, string> {
+/** walk-child's `command` on `root` as `nobody`, in a process of its own. */
+function asNobody(command: 'walk' | 'remove', root: string): Record<string, string> {
   const child = spawnSync(
     'setpriv',
     [
@@ -33,11 +34,12 @@ function walkAsNobody(root: string): Record<string, string> {
       '-r',
       path.join(REPO, 'scripts', 'register-ts.js'),
       path.join(REPO, 'test', 'helpers', 'walk-child.ts'),
+      command,
       root,
     ],
     { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home }, encoding: 'utf8' },
   );
-  if (child.status !== 0) throw new Error(`the walk as nobody failed: ${child.stderr}`);
+  if (child.status !== 0) throw new Error(`${command} as nobody failed: ${child.stderr}`);
   return JSON.parse(child.stdout) as Record<string, string>;
 }
 
@@ -84,11 +86,14 @@ async function layOut(dir: string, nodes: Node[]): Promise<void> {
   }
 }
 
-it('a walk by a worker that is not root reads the files its sandbox took its owner bits from, and leaves every mode as it was', async () => {
+it('a worker that is not root walks the files its sandbox took its owner bits from, leaving every mode as it was, and removes them', async () => {
   await fc.assert(
     fc.asyncProperty(tree, tree, async (workspace, home) => {
-      const root = await tempDir('walk-owner');
-      await fs.chmod(root, 0o755);
+      const parent = await tempDir('walk-owner');
+      await fs.chmod(parent, 0o755);
+      // The sandbox's directory, in one of the worker's own (as its data directory is).
+      const root = path.join(parent, 'sandbox');
+      await fs.mkdir(root);
       for (const [name, nodes] of [
         ['workspace', workspace],
         ['home', home],
@@ -97,13 +102,15 @@ it('a walk by a worker that is not root reads the files its sandbox took its own
         await fs.mkdir(path.join(root, name));
         await layOut(path.join(root, name), [...nodes]);
       }
-      execFileSync('chown', ['-R', 'nobody:nogroup', root]);
+      execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
       const before = await modes(root);
       try {
-        expect(walkAsNobody(root)).toEqual(await walkDescribed(root));
+        expect(asNobody('walk', root)).toEqual(await walkDescribed(root));
         expect(await modes(root)).toEqual(before);
+        asNobody('remove', root);
+        expect(await fs.readdir(parent)).toEqual([]);
       } finally {
-        await fs.rm(root, { recursive: true, force: true });
+        await fs.rm(parent, { recursive: true, force: true });
       }
     }),
     { numRuns: 12 },
