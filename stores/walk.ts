@@ -182,7 +182,8 @@ async function breakLeases(rootDir: string, names: readonly string[]): Promise<v
   if (leased.size === 0) return;
   const devices = new Set<string>();
   for (const name of names) {
-    const top = statQuiet(path.resolve(rootDir, name));
+    // The top names are the worker's own paths: followed, as the walk follows them.
+    const top = lstatQuiet(path.resolve(rootDir, name), true);
     if (top) devices.add(`${deviceKey(top.dev)}:`);
   }
   if (![...leased].some((key) => [...devices].some((device) => key.startsWith(device)))) return;
@@ -369,18 +370,10 @@ function openQuiet(where: string, flags: number): number | undefined {
   }
 }
 
-function statQuiet(where: string): BigIntStats | undefined {
+/** The lstat of `where` (its stat, following a link, when `follow`); undefined if there is none. */
+function lstatQuiet(where: string, follow = false): BigIntStats | undefined {
   try {
-    return statSync(where, { bigint: true });
-  } catch (err) {
-    if (hasErrorCode(err, 'ENOENT')) return undefined;
-    throw err;
-  }
-}
-
-function lstatQuiet(where: string): BigIntStats | undefined {
-  try {
-    return lstatSync(where, { bigint: true });
+    return follow ? statSync(where, { bigint: true }) : lstatSync(where, { bigint: true });
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;
