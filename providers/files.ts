@@ -32,7 +32,7 @@ export async function readWorkspaceFile(workspace: string, requested: string): P
       const file = await fs
         .open(magic(leaf.handle), constants.O_RDONLY | constants.O_NONBLOCK)
         .catch((err: unknown) => {
-          throw isLeased(err) ? leasedError(requested) : err;
+          throw isLeased(err) ? leasedError(requested) : fileError(err, requested);
         });
       try {
         return await readBounded(file, leaf.stat.size, requested);
@@ -254,6 +254,10 @@ function fileError(err: unknown, requested: string): Error {
   if (hasErrorCode(err, 'ENOENT')) return notFound(requested);
   if (hasErrorCode(err, 'EISDIR')) return invalid(requested, 'is a directory');
   if (hasErrorCode(err, 'ENAMETOOLONG')) return invalid(requested, 'a name in it is too long');
+  // A worker that is not root, held back by modes the sandbox set on its own files (never changed for a read or write).
+  if (hasErrorCode(err, 'EACCES') || hasErrorCode(err, 'EPERM')) {
+    return invalid(requested, 'its permissions, or a directory’s on the way, refuse the worker (which is not root)');
+  }
   if (hasErrorCode(err, 'ENOSPC') || hasErrorCode(err, 'EDQUOT')) {
     return new StasisError(
       'PAYLOAD_TOO_LARGE',

@@ -23,7 +23,7 @@ beforeAll(async () => {
 });
 
 /** walk-child's `command` on `root` as `nobody`, in a process of its own. */
-function asNobody(command: 'walk' | 'remove', root: string): Record<string, string> {
+function asNobody(command: 'walk' | 'remove' | 'read' | 'write', ...args: string[]): Record<string, string> {
   const child = spawnSync(
     'setpriv',
     [
@@ -35,7 +35,7 @@ function asNobody(command: 'walk' | 'remove', root: string): Record<string, stri
       path.join(REPO, 'scripts', 'register-ts.js'),
       path.join(REPO, 'test', 'helpers', 'walk-child.ts'),
       command,
-      root,
+      ...args,
     ],
     { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home }, encoding: 'utf8' },
   );
@@ -115,4 +115,33 @@ it('a worker that is not root walks the files its sandbox took its owner bits fr
     }),
     { numRuns: 12 },
   );
+});
+
+it('the file API of a worker that is not root refuses, naming the path, a file or directory whose mode refuses it, and changes nothing', async () => {
+  const parent = await tempDir('walk-owner-api');
+  await fs.chmod(parent, 0o755);
+  const workspace = path.join(parent, 'workspace');
+  await fs.mkdir(path.join(workspace, 'ro'), { recursive: true });
+  await fs.writeFile(path.join(workspace, 'closed.txt'), 'closed\n');
+  await fs.writeFile(path.join(workspace, 'ro', 'kept.txt'), 'kept\n');
+  await fs.chmod(path.join(workspace, 'closed.txt'), 0o000);
+  await fs.chmod(path.join(workspace, 'ro'), 0o555);
+  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  try {
+    const before = await modes(workspace);
+    for (const [command, file] of [
+      // (A write of closed.txt replaces it in its writable directory, as the owner may: not refused.)
+      ['read', 'closed.txt'],
+      ['write', 'ro/kept.txt'],
+      ['write', 'ro/new.txt'],
+    ] as const) {
+      const outcome = asNobody(command, workspace, file);
+      expect(outcome.code).toBe('INVALID_ARGUMENT');
+      expect(outcome.message).toContain(file);
+    }
+    expect(await modes(workspace)).toEqual(before);
+    expect(await fs.readFile(path.join(workspace, 'ro', 'kept.txt'), 'utf8')).toBe('kept\n');
+  } finally {
+    await fs.rm(parent, { recursive: true, force: true });
+  }
 });
