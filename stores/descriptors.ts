@@ -83,3 +83,19 @@ export function missingOwnerBits(stat: { uid: number | bigint; mode: number | bi
   if (euid === 0 || Number(stat.uid) !== euid) return 0;
   return bits & ~Number(stat.mode);
 }
+
+/**
+ * Whether a chmod by this process would keep the entry's set-group-ID bit: the kernel clears it on any
+ * chmod by a process not in the entry's group (and without CAP_FSETID), so a mode granted and set back
+ * would not be the one it was.
+ */
+export function chmodKeepsSetgid(stat: { gid: number | bigint; mode: number | bigint }): boolean {
+  return (Number(stat.mode) & S_ISGID) === 0 || process.geteuid?.() === 0 || ownGroup(Number(stat.gid));
+}
+
+/** The set-group-ID bit (Node's constants lack it). */
+const S_ISGID = 0o2000;
+
+function ownGroup(gid: number): boolean {
+  return process.getegid?.() === gid || (process.getgroups?.() ?? []).includes(gid);
+}

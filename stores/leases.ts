@@ -22,42 +22,6 @@ export function leasedError(file: string): StasisError {
   );
 }
 
-/**
- * The files leases (and NFS delegations, which break alike) stand on now, as `major:minor:inode` of
- * their device and inode (see inodeKey), from /proc/locks. Empty if it cannot be read.
- */
-export function leasedInodes(): Set<string> {
-  const leased = new Set<string>();
-  let text: string;
-  try {
-    text = readFileSync('/proc/locks', 'utf8');
-  } catch {
-    return leased;
-  }
-  for (const line of text.split('\n')) {
-    // `1: LEASE  ACTIVE    WRITE 6738 fe:00:9977938 0 EOF`; a waiter's line has `->` after its number.
-    const fields = line.split(/\s+/);
-    if (!fields.includes('LEASE') && !fields.includes('DELEG')) continue;
-    const where = fields.find((field) => /^[0-9a-f]+:[0-9a-f]+:\d+$/.test(field));
-    if (!where) continue;
-    const [major, minor, inode] = where.split(':');
-    leased.add(`${parseInt(major, 16)}:${parseInt(minor, 16)}:${inode}`);
-  }
-  return leased;
-}
-
-/** `major:minor:inode` of a stat's device and inode, as leasedInodes names them. */
-export function inodeKey(dev: bigint, ino: bigint): string {
-  return `${deviceKey(dev)}:${ino}`;
-}
-
-/** `major:minor` of a stat's device (glibc's major() and minor()). */
-export function deviceKey(dev: bigint): string {
-  const major = ((dev >> 8n) & 0xfffn) | ((dev >> 32n) & ~0xfffn);
-  const minor = (dev & 0xffn) | ((dev >> 12n) & ~0xffn);
-  return `${major}:${minor}`;
-}
-
 /** The kernel's time for a lease holder to let go (lease-break-time), capped at MAX_BREAK_MS. */
 export function leaseBreakMs(): number {
   try {

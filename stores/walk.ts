@@ -11,14 +11,13 @@ import {
   readdirSync,
   readlinkSync,
   readSync,
-  statSync,
 } from 'node:fs';
 import * as path from 'node:path';
 import { hasErrorCode } from './atomic-file';
-import { missingOwnerBits, O_PATH, procReady } from './descriptors';
+import { chmodKeepsSetgid, missingOwnerBits, O_PATH, procReady } from './descriptors';
 import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
-import { deviceKey, inodeKey, isLeased, leaseBreakMs, leasedInodes } from './leases';
+import { isLeased, leaseBreakMs } from './leases';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
 // and the content-addressed format alike). Below the top names everything belongs
@@ -138,12 +137,15 @@ function* walkSync(
 
 /**
  * Waits, for one walk, for the kernel to break the leases that keep it from opening files (leases.ts).
- * At the first file found leased, every lease on a file of the walk is asked to break (breakLeases),
- * so all of them run out together: the walk waits about one break time, however many files are
- * leased. Past that and a margin, the file still leased is UNAVAILABLE, naming it.
+ * At the first file found leased, every file of the walk is opened once (breakLeases), which asks the
+ * kernel to break every lease there is, so all of them run out together: the walk waits about one
+ * break time, however many files are leased. A file still leased past its own break time (from when
+ * the walk first found it) and a margin is UNAVAILABLE, naming it.
  */
 export class LeaseWaits {
-  private deadline: number | undefined;
+  private broken = false;
+  private file: string | undefined;
+  private deadline = 0;
   private pause = 1;
 
   /** `breakMs`: the kernel's break time (read from /proc/sys/fs/lease-break-time by default). */
@@ -154,9 +156,14 @@ export class LeaseWaits {
   ) {}
 
   async wait(file: string, signal?: AbortSignal): Promise<void> {
-    if (this.deadline === undefined) {
-      await breakLeases(this.rootDir, this.names);
+    if (!this.broken) {
+      this.broken = true;
+      await breakLeases(this.rootDir, this.names, signal);
+    }
+    if (file !== this.file) {
+      this.file = file;
       this.deadline = Date.now() + (this.breakMs ?? leaseBreakMs()) + LEASE_MARGIN_MS;
+      this.pause = 1;
     }
     if (Date.now() > this.deadline) {
       throw new StasisError(
@@ -174,26 +181,18 @@ const LEASE_MARGIN_MS = 2_000;
 const MAX_PAUSE_MS = 250;
 
 /**
- * Opens (and closes at once) each file of `names` that a lease stands on, which asks the kernel to break
- * the lease. Nothing is walked unless a lease stands on the device of one of `names`.
+ * Opens (and closes at once, reading nothing) every regular file of `names`, as the walk does: the
+ * open of a leased one fails and asks the kernel to break its lease. Which files are leased is not
+ * looked up in /proc/locks: a sandbox can fill that file with byte-range locks until reading it takes
+ * the worker's thread for tens of seconds, and it names devices as the superblock has them (btrfs
+ * subvolumes differ).
  */
-async function breakLeases(rootDir: string, names: readonly string[]): Promise<void> {
-  const leased = leasedInodes();
-  if (leased.size === 0) return;
-  const devices = new Set<string>();
-  for (const name of names) {
-    // The top names are the worker's own paths: followed, as the walk follows them.
-    const top = lstatQuiet(path.resolve(rootDir, name), true);
-    if (top) devices.add(`${deviceKey(top.dev)}:`);
-  }
-  if (![...leased].some((key) => [...devices].some((device) => key.startsWith(device)))) return;
-  const walk: Walk = {
-    links: new Map(),
-    wants: (_entryPath, stat) => leased.has(inodeKey(stat.dev, stat.ino)),
-    leasedSkipped: true,
-  };
+async function breakLeases(rootDir: string, names: readonly string[], signal?: AbortSignal): Promise<void> {
   const slicer = new Slicer();
-  for (const _entry of walkTops(walk, rootDir, names)) await slicer.pause();
+  for (const _entry of walkTops({ links: new Map(), wants: undefined, leasedSkipped: true }, rootDir, names)) {
+    signal?.throwIfAborted();
+    await slicer.pause();
+  }
 }
 
 function* walkTops(walk: Walk, rootDir: string, names: readonly string[]): Generator<WalkEntry> {
@@ -226,7 +225,7 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     const restore = grantOwner(fd, stat, S_IRUSR | S_IXUSR);
     try {
       // The listing's types (getdents' d_type) spare most names an lstat: see child.
-      const listed = readdirSync(magic(fd), { withFileTypes: true }).sort(byName);
+      const listed = refusedNamed(entryPath, () => readdirSync(magic(fd), { withFileTypes: true })).sort(byName);
       for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
     } finally {
       restore?.();
@@ -242,11 +241,11 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
   }
   // Reopened for reading through its own descriptor: the very file `stat` is of (the magic link
   // reaches that inode, wherever it is now), so its stat needs no second look.
-  let file = openReadable(fd, stat);
+  let file = openReadable(fd, stat, entryPath);
   while (file === undefined) {
     if (walk.leasedSkipped) return;
     yield { path: entryPath, kind: 'leased', stat };
-    file = openReadable(fd, stat);
+    file = openReadable(fd, stat, entryPath);
   }
   try {
     yield { path: entryPath, kind: 'file', stat, file };
@@ -331,16 +330,28 @@ function magic(fd: number): string {
 }
 
 /** The regular file an O_PATH descriptor holds (`stat` its fstat), opened for reading; undefined while a lease stands on it. */
-function openReadable(fd: number, stat: BigIntStats): number | undefined {
+function openReadable(fd: number, stat: BigIntStats, entryPath: string): number | undefined {
   const restore = grantOwner(fd, stat, S_IRUSR);
   try {
     // O_NONBLOCK: a lease (or a FIFO swapped in) must never block the worker's thread.
-    return openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK);
+    return refusedNamed(entryPath, () => openSync(magic(fd), constants.O_RDONLY | constants.O_NONBLOCK));
   } catch (err) {
     if (isLeased(err)) return undefined;
     throw err;
   } finally {
     restore?.();
+  }
+}
+
+/** Runs `use`; a refusal by the entry's mode (one grantOwner may not change) names the entry, not a descriptor. */
+function refusedNamed<T>(entryPath: string, use: () => T): T {
+  try {
+    return use();
+  } catch (err) {
+    if (hasErrorCode(err, 'EACCES') || hasErrorCode(err, 'EPERM')) {
+      throw new Error(`${entryPath}: its mode refuses the worker, which is not root`, { cause: err });
+    }
+    throw err;
   }
 }
 
@@ -355,7 +366,8 @@ function openReadable(fd: number, stat: BigIntStats): number | undefined {
  */
 function grantOwner(fd: number, stat: BigIntStats, bits: number): (() => void) | undefined {
   const missing = missingOwnerBits(stat, bits);
-  if (missing === 0) return undefined;
+  // A mode that could not be set back as it was is left as it is (the entry then refuses the worker).
+  if (missing === 0 || !chmodKeepsSetgid(stat)) return undefined;
   const mode = Number(stat.mode & 0o7777n);
   chmodSync(magic(fd), mode | missing);
   return () => chmodSync(magic(fd), mode);
@@ -370,10 +382,9 @@ function openQuiet(where: string, flags: number): number | undefined {
   }
 }
 
-/** The lstat of `where` (its stat, following a link, when `follow`); undefined if there is none. */
-function lstatQuiet(where: string, follow = false): BigIntStats | undefined {
+function lstatQuiet(where: string): BigIntStats | undefined {
   try {
-    return follow ? statSync(where, { bigint: true }) : lstatSync(where, { bigint: true });
+    return lstatSync(where, { bigint: true });
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT')) return undefined;
     throw err;

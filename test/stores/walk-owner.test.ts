@@ -145,3 +145,34 @@ it('the file API of a worker that is not root refuses, naming the path, a file o
     await fs.rm(parent, { recursive: true, force: true });
   }
 });
+
+it('an entry whose set-group-ID bit a chmod by the worker would clear (its group not the worker’s) keeps its mode, the walk names it, and a removal still removes it', async () => {
+  const parent = await tempDir('walk-owner-sgid');
+  await fs.chmod(parent, 0o755);
+  const root = path.join(parent, 'sandbox');
+  for (const name of ['workspace', 'home', 'envs']) await fs.mkdir(path.join(root, name), { recursive: true });
+  await fs.writeFile(path.join(root, 'workspace', 'sg'), 'sg\n');
+  await fs.mkdir(path.join(root, 'workspace', 'sgdir'));
+  await fs.writeFile(path.join(root, 'workspace', 'sgdir', 'f'), 'f\n');
+  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  // Group root, which nobody is not in, as an inherited set-group-ID directory would give it.
+  execFileSync('chown', ['nobody:root', path.join(root, 'workspace', 'sg'), path.join(root, 'workspace', 'sgdir')]);
+  await fs.chmod(path.join(root, 'workspace', 'sg'), 0o2040);
+  await fs.chmod(path.join(root, 'workspace', 'sgdir'), 0o2050);
+  try {
+    expect(() => asNobody('walk', root)).toThrow(/workspace\/sg: its mode refuses the worker/);
+    expect(await modes(root)).toEqual({
+      workspace: '755',
+      'workspace/sg': '2040',
+      'workspace/sgdir': '2050',
+      'workspace/sgdir/f': '644',
+      home: '755',
+      envs: '755',
+    });
+    // Removed all the same (what its mode becomes on the way does not matter).
+    asNobody('remove', root);
+    expect(await fs.readdir(parent)).toEqual([]);
+  } finally {
+    await fs.rm(parent, { recursive: true, force: true });
+  }
+});
