@@ -79,8 +79,7 @@ export function procReady(): Promise<void> {
  * bits away (`chmod 000`; Go's module cache is read-only, 0555): root is not held back by them, others are.
  */
 export function missingOwnerBits(stat: { uid: number | bigint; mode: number | bigint }, bits: number): number {
-  const euid = process.geteuid?.() ?? 0;
-  if (euid === 0 || Number(stat.uid) !== euid) return 0;
+  if (EUID === 0 || Number(stat.uid) !== EUID) return 0;
   return bits & ~Number(stat.mode);
 }
 
@@ -90,8 +89,11 @@ export function missingOwnerBits(stat: { uid: number | bigint; mode: number | bi
  * would not be the one it was.
  */
 export function chmodKeepsSetgid(stat: { gid: number | bigint; mode: number | bigint }): boolean {
-  return (Number(stat.mode) & S_ISGID) === 0 || process.geteuid?.() === 0 || ownGroup(Number(stat.gid));
+  return (Number(stat.mode) & S_ISGID) === 0 || EUID === 0 || ownGroup(Number(stat.gid));
 }
+
+/** The worker's effective uid, asked once (it never changes it): the walk asks for every file and directory. */
+const EUID = process.geteuid?.() ?? 0;
 
 /** The set-group-ID bit (Node's constants lack it). */
 const S_ISGID = 0o2000;
