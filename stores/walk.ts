@@ -13,10 +13,10 @@ import {
   readSync,
 } from 'node:fs';
 import * as path from 'node:path';
-import { hasErrorCode } from './atomic-file';
-import { chmodKeepsSetgid, missingOwnerBits, O_PATH, procReady } from './descriptors';
 import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
+import { hasErrorCode } from './atomic-file';
+import { chmodKeepsSetgid, missingOwnerBits, O_PATH, procReady } from './descriptors';
 import { isLeased, leaseBreakMs } from './leases';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
@@ -30,7 +30,10 @@ import { isLeased, leaseBreakMs } from './leases';
 // to the event loop: each asynchronous call is a round trip through libuv's thread
 // pool and the event loop, and one at a time they made the walk of 20,000 files
 // wait seconds (a profile of a checkpoint showed the main thread idle 24 of 56 s);
-// a synchronous lstat or open of a cached inode takes microseconds.
+// a synchronous lstat or open of a cached inode takes microseconds. Files are opened
+// with O_NONBLOCK, so a lease a sandbox process holds never blocks the thread: the
+// walk yields `leased` and its caller waits (LeaseWaits). A worker that is not root
+// grants itself owner bits the sandbox took away (grantOwner).
 
 /** One entry of the walk, in walk order (a directory before what it holds, names sorted). */
 export interface WalkEntry {
