@@ -172,7 +172,8 @@ async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
   const missing = missingOwnerBits(stat, constants.S_IRWXU);
   if (missing !== 0) await fs.chmod(magic(dir), (stat.mode & 0o7777) | missing);
   for (let round = 0; round < REMOVE_ROUNDS; round++) {
-    const names = await fs.readdir(magic(dir));
+    // As bytes: a name that is not UTF-8, decoded, names another entry or none (and was never removed).
+    const names = await fs.readdir(magic(dir), { encoding: 'buffer' });
     if (names.length === 0) return;
     for (const name of names) {
       // unlink() and rmdir() never follow the last name: a link is removed as a link.
@@ -185,7 +186,7 @@ async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
         },
       );
       if (unlinked) continue;
-      const child = await step(dir, name, name);
+      const child = await step(dir, name, name.toString());
       if (!child) continue;
       try {
         if (child.stat.isDirectory()) await emptyDirectory(child.handle, child.stat);
@@ -202,7 +203,7 @@ async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
 }
 
 /** Opens `name` in `dir` without following it or opening what it is; undefined if there is none. */
-async function step(dir: fs.FileHandle, name: string, requested: string): Promise<Opened | undefined> {
+async function step(dir: fs.FileHandle, name: string | Buffer, requested: string): Promise<Opened | undefined> {
   try {
     return await openBeneath(dir, name);
   } catch (err) {

@@ -30,9 +30,10 @@ export interface Opened {
  * Opens `name` in the directory `dir` holds without following it or opening what
  * it is; undefined if there is none. Other errors are thrown as they are.
  */
-export async function openBeneath(dir: fs.FileHandle, name: string): Promise<Opened | undefined> {
-  if (name === '' || name === '.' || name === '..' || name.includes('/')) {
-    throw new StasisError('INVALID_ARGUMENT', `${JSON.stringify(name)} is not one name in a directory`);
+export async function openBeneath(dir: fs.FileHandle, name: string | Buffer): Promise<Opened | undefined> {
+  const spelled = name.toString();
+  if (spelled === '' || spelled === '.' || spelled === '..' || name.includes('/')) {
+    throw new StasisError('INVALID_ARGUMENT', `${JSON.stringify(spelled)} is not one name in a directory`);
   }
   let handle: fs.FileHandle;
   try {
@@ -49,9 +50,15 @@ export async function openBeneath(dir: fs.FileHandle, name: string): Promise<Ope
   }
 }
 
-/** The path that looks `name` up in the directory `dir` holds, whatever its path is now. */
-export function at(dir: fs.FileHandle, name: string): string {
-  return `${magic(dir)}/${name}`;
+/**
+ * The path that looks `name` up in the directory `dir` holds, whatever its path is now. A name as the
+ * directory's listing gives it in bytes (one that is not UTF-8) stays bytes: as a string it would be
+ * another name.
+ */
+export function at(dir: fs.FileHandle, name: string): string;
+export function at(dir: fs.FileHandle, name: string | Buffer): string | Buffer;
+export function at(dir: fs.FileHandle, name: string | Buffer): string | Buffer {
+  return typeof name === 'string' ? `${magic(dir)}/${name}` : Buffer.concat([Buffer.from(`${magic(dir)}/`), name]);
 }
 
 /** The magic link of a descriptor: opening it reaches what the descriptor holds, wherever that is now. */

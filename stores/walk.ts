@@ -229,6 +229,7 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     try {
       // The listing's types (getdents' d_type) spare most names an lstat: see child.
       const listed = refusedNamed(entryPath, () => readdirSync(magic(fd), { withFileTypes: true })).sort(byName);
+      if (listed.some((dirent) => dirent.name.includes(REPLACEMENT))) refuseUnnameable(fd, entryPath);
       for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
     } finally {
       restore?.();
@@ -254,6 +255,27 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     yield { path: entryPath, kind: 'file', stat, file };
   } finally {
     closeSync(file);
+  }
+}
+
+const REPLACEMENT = '\uFFFD';
+
+/**
+ * A name that is not UTF-8 is listed with U+FFFD in place of its bytes, which opens nothing (the walk
+ * skipped it: lost from the checkpoint) or another file whose name it then spells: a checkpoint names
+ * entries in UTF-8 and cannot hold it, so the checkpoint is refused, naming it (as restore's rules
+ * refuse what they cannot write), rather than taken without it.
+ */
+function refuseUnnameable(fd: number, entryPath: string): void {
+  for (const raw of readdirSync(magic(fd), { encoding: 'buffer' })) {
+    if (Buffer.from(raw.toString('utf8'), 'utf8').equals(raw)) continue;
+    const shown = [...raw]
+      .map((byte) => (byte < 0x80 ? String.fromCharCode(byte) : `\\x${byte.toString(16)}`))
+      .join('');
+    throw new StasisError(
+      'CHECKPOINT_INVALID',
+      `checkpoint entry ${JSON.stringify(`${entryPath}/${shown}`)} has a name that is not UTF-8, which a checkpoint cannot name`,
+    );
   }
 }
 
