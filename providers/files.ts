@@ -154,7 +154,7 @@ export async function removeTree(root: string): Promise<void> {
   await procReady();
   const handle = await fs.open(root, O_PATH | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
-    await emptyDirectory(handle, stat);
+    await emptyDirectory(handle, stat, { top: handle, moved: 0 }, 0);
   } finally {
     await handle.close();
   }
@@ -165,13 +165,24 @@ export async function removeTree(root: string): Promise<void> {
 
 /** Rounds of emptying a directory whose entries keep changing before giving up. */
 const REMOVE_ROUNDS = 100;
+/**
+ * Directories held open at once below the top of a removal. A directory deeper is moved up to the top
+ * instead (a rename on the same filesystem, following nothing) and emptied from there: one descriptor
+ * per level of a sandbox's 21,000 nested directories ran the worker out of descriptors (EMFILE for
+ * every other open in it), and every destroy of that sandbox failed.
+ */
+const MAX_OPEN_DEPTH = 64;
 
-async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
-  // Listed, looked into and emptied by a worker that is not root: its owner bits, should the sandbox have
-  // taken them (a read-only Go module cache). Never set back: the directory goes.
-  const missing = missingOwnerBits(stat, constants.S_IRWXU);
-  if (missing !== 0) await fs.chmod(magic(dir), (stat.mode & 0o7777) | missing);
-  for (let round = 0; round < REMOVE_ROUNDS; round++) {
+/** One removal: its top directory, and how many directories it moved up there (each one round of work more). */
+interface Removal {
+  top: fs.FileHandle;
+  moved: number;
+}
+
+async function emptyDirectory(dir: fs.FileHandle, stat: Stats, removal: Removal, depth: number): Promise<void> {
+  await grantRemoval(dir, stat);
+  // The top's rounds also empty what deeper levels moved up to it.
+  for (let round = 0; round < REMOVE_ROUNDS + (depth === 0 ? removal.moved : 0); round++) {
     // As bytes: a name that is not UTF-8, decoded, names another entry or none (and was never removed).
     const names = await fs.readdir(magic(dir), { encoding: 'buffer' });
     if (names.length === 0) return;
@@ -186,10 +197,11 @@ async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
         },
       );
       if (unlinked) continue;
+      if (depth + 1 >= MAX_OPEN_DEPTH && (await movedUp(dir, name, removal))) continue;
       const child = await step(dir, name, name.toString());
       if (!child) continue;
       try {
-        if (child.stat.isDirectory()) await emptyDirectory(child.handle, child.stat);
+        if (child.stat.isDirectory()) await emptyDirectory(child.handle, child.stat, removal, depth + 1);
       } finally {
         await child.handle.close();
       }
@@ -200,6 +212,44 @@ async function emptyDirectory(dir: fs.FileHandle, stat: Stats): Promise<void> {
     }
   }
   throw new StasisError('UNAVAILABLE', `directory ${magic(dir)}: its entries kept changing while it was removed`);
+}
+
+/**
+ * Listed, looked into, emptied or moved by a worker that is not root: a directory's owner bits, should the
+ * sandbox have taken them (a read-only Go module cache). Never set back: the directory goes.
+ */
+async function grantRemoval(dir: fs.FileHandle, stat: Stats): Promise<void> {
+  const missing = missingOwnerBits(stat, constants.S_IRWXU);
+  if (missing !== 0) await fs.chmod(magic(dir), (stat.mode & 0o7777) | missing);
+}
+
+/**
+ * Moves the directory `name` of `dir` up to the top of the removal (MAX_OPEN_DEPTH), to be emptied from
+ * there; true if it is gone from `dir`, false to descend into it instead (not a directory, or the top is
+ * on another filesystem).
+ */
+async function movedUp(dir: fs.FileHandle, name: Buffer, removal: Removal): Promise<boolean> {
+  const child = await step(dir, name, name.toString());
+  if (!child) return true;
+  try {
+    if (!child.stat.isDirectory()) return false;
+    // Moving a directory rewrites its `..`, for which it must be writable.
+    await grantRemoval(child.handle, child.stat);
+  } finally {
+    await child.handle.close();
+  }
+  // rename() never follows either name: whatever the name holds by now moves, a link as a link.
+  return fs.rename(at(dir, name), at(removal.top, `.stasis-removing-${randomUUID()}`)).then(
+    () => {
+      removal.moved += 1;
+      return true;
+    },
+    (err: unknown) => {
+      if (hasErrorCode(err, 'ENOENT')) return true;
+      if (hasErrorCode(err, 'EXDEV')) return false;
+      throw err;
+    },
+  );
 }
 
 /** Opens `name` in `dir` without following it or opening what it is; undefined if there is none. */

@@ -3,6 +3,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import fc from 'fast-check';
 import { tempDir } from '../providers/helpers';
+import { nest } from '../helpers/deep-tree';
 import { walkDescribed } from '../helpers/walk-child';
 
 // A worker that is not root (no sandbox volumes then, but `local` and `bwrap` still run) owns its
@@ -170,6 +171,21 @@ it('an entry whose set-group-ID bit a chmod by the worker would clear (its group
       envs: '755',
     });
     // Removed all the same (what its mode becomes on the way does not matter).
+    asNobody('remove', root);
+    expect(await fs.readdir(parent)).toEqual([]);
+  } finally {
+    await fs.rm(parent, { recursive: true, force: true });
+  }
+});
+
+it('a worker that is not root removes a deep tree of read-only directories (moved up past 64 levels)', async () => {
+  const parent = await tempDir('walk-owner-deep');
+  await fs.chmod(parent, 0o755);
+  const root = path.join(parent, 'sandbox');
+  await fs.mkdir(root);
+  nest(root, 300, 0o555);
+  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  try {
     asNobody('remove', root);
     expect(await fs.readdir(parent)).toEqual([]);
   } finally {
