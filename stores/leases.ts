@@ -14,11 +14,18 @@ export function isLeased(err: unknown): boolean {
   return hasErrorCode(err, 'EAGAIN') || hasErrorCode(err, 'EWOULDBLOCK');
 }
 
-/** A file read refused while a sandbox process holds a lease on it: retryable. */
-export function leasedError(file: string): StasisError {
+/**
+ * A file refused while a sandbox process holds a lease on it (retryable): a file read at once, a
+ * checkpoint's read once it `waited` the kernel's break time out in vain.
+ */
+export function leasedError(file: string, waited = false): StasisError {
   return new StasisError(
     'UNAVAILABLE',
-    `${file} is leased by a sandbox process (fcntl F_SETLEASE): try again once it lets go, or once the kernel breaks the lease`,
+    `${file} is leased by a sandbox process (fcntl F_SETLEASE)${
+      waited
+        ? ', and the lease was not broken in time'
+        : ': try again once it lets go, or once the kernel breaks the lease'
+    }`,
   );
 }
 

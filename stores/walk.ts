@@ -17,7 +17,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import { StasisError } from '../common/errors';
 import { hasErrorCode } from './atomic-file';
 import { chmodKeepsSetgid, missingOwnerBits, O_PATH, procReady } from './descriptors';
-import { isLeased, leaseBreakMs } from './leases';
+import { isLeased, leaseBreakMs, leasedError } from './leases';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
 // and the content-addressed format alike). Below the top names everything belongs
@@ -168,12 +168,7 @@ export class LeaseWaits {
       this.deadline = Date.now() + (this.breakMs ?? leaseBreakMs()) + LEASE_MARGIN_MS;
       this.pause = 1;
     }
-    if (Date.now() > this.deadline) {
-      throw new StasisError(
-        'UNAVAILABLE',
-        `${file} is leased by a sandbox process (fcntl F_SETLEASE), and the lease was not broken in time`,
-      );
-    }
+    if (Date.now() > this.deadline) throw leasedError(file, true);
     await delay(this.pause, undefined, signal ? { signal } : {});
     this.pause = Math.min(this.pause * 2, MAX_PAUSE_MS);
   }

@@ -41,7 +41,7 @@ export const RACY_MARGIN_NS = 50_000_000n;
  * in the same second the same ctime. A ctime of a filesystem that keeps nanoseconds falls on a whole
  * second once in a billion: such a file is only read again.
  */
-export const COARSE_TIMESTAMP_NS = 2_000_000_000n;
+const COARSE_TIMESTAMP_NS = 2_000_000_000n;
 
 /**
  * Until when a file whose ctime is `ctimeNs` may still change without its ctime telling (git's racy

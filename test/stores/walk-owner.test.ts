@@ -53,6 +53,20 @@ async function modes(root: string): Promise<Record<string, string>> {
   return out;
 }
 
+/**
+ * `parent/sandbox`, filled by `fill` as root, then given with `parent` to nobody (as the sandbox's own files
+ * are the worker's when it runs as nobody); `parent` is the worker's, searchable by nobody.
+ */
+async function nobodyOwned(prefix: string, fill: (root: string) => Promise<void> | void) {
+  const parent = await tempDir(prefix);
+  await fs.chmod(parent, 0o755);
+  const root = path.join(parent, 'sandbox');
+  await fs.mkdir(root);
+  await fill(root);
+  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  return { parent, root };
+}
+
 const DIR_MODES = [0o000, 0o100, 0o200, 0o300, 0o400, 0o500, 0o700, 0o755];
 const FILE_MODES = [0o000, 0o200, 0o400, 0o600, 0o644, 0o100];
 
@@ -90,20 +104,17 @@ async function layOut(dir: string, nodes: Node[]): Promise<void> {
 it('a worker that is not root walks the files its sandbox took its owner bits from, leaving every mode as it was, and removes them', async () => {
   await fc.assert(
     fc.asyncProperty(tree, tree, async (workspace, home) => {
-      const parent = await tempDir('walk-owner');
-      await fs.chmod(parent, 0o755);
       // The sandbox's directory, in one of the worker's own (as its data directory is).
-      const root = path.join(parent, 'sandbox');
-      await fs.mkdir(root);
-      for (const [name, nodes] of [
-        ['workspace', workspace],
-        ['home', home],
-        ['envs', []],
-      ] as const) {
-        await fs.mkdir(path.join(root, name));
-        await layOut(path.join(root, name), [...nodes]);
-      }
-      execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+      const { parent, root } = await nobodyOwned('walk-owner', async (root) => {
+        for (const [name, nodes] of [
+          ['workspace', workspace],
+          ['home', home],
+          ['envs', []],
+        ] as const) {
+          await fs.mkdir(path.join(root, name));
+          await layOut(path.join(root, name), [...nodes]);
+        }
+      });
       const before = await modes(root);
       try {
         expect(asNobody('walk', root)).toEqual(await walkDescribed(root));
@@ -119,15 +130,13 @@ it('a worker that is not root walks the files its sandbox took its owner bits fr
 });
 
 it('the file API of a worker that is not root refuses, naming the path, a file or directory whose mode refuses it, and changes nothing', async () => {
-  const parent = await tempDir('walk-owner-api');
-  await fs.chmod(parent, 0o755);
-  const workspace = path.join(parent, 'workspace');
-  await fs.mkdir(path.join(workspace, 'ro'), { recursive: true });
-  await fs.writeFile(path.join(workspace, 'closed.txt'), 'closed\n');
-  await fs.writeFile(path.join(workspace, 'ro', 'kept.txt'), 'kept\n');
-  await fs.chmod(path.join(workspace, 'closed.txt'), 0o000);
-  await fs.chmod(path.join(workspace, 'ro'), 0o555);
-  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  const { parent, root: workspace } = await nobodyOwned('walk-owner-api', async (workspace) => {
+    await fs.mkdir(path.join(workspace, 'ro'));
+    await fs.writeFile(path.join(workspace, 'closed.txt'), 'closed\n');
+    await fs.writeFile(path.join(workspace, 'ro', 'kept.txt'), 'kept\n');
+    await fs.chmod(path.join(workspace, 'closed.txt'), 0o000);
+    await fs.chmod(path.join(workspace, 'ro'), 0o555);
+  });
   try {
     const before = await modes(workspace);
     for (const [command, file] of [
@@ -148,14 +157,12 @@ it('the file API of a worker that is not root refuses, naming the path, a file o
 });
 
 it('an entry whose set-group-ID bit a chmod by the worker would clear (its group not the worker’s) keeps its mode, the walk names it, and a removal still removes it', async () => {
-  const parent = await tempDir('walk-owner-sgid');
-  await fs.chmod(parent, 0o755);
-  const root = path.join(parent, 'sandbox');
-  for (const name of ['workspace', 'home', 'envs']) await fs.mkdir(path.join(root, name), { recursive: true });
-  await fs.writeFile(path.join(root, 'workspace', 'sg'), 'sg\n');
-  await fs.mkdir(path.join(root, 'workspace', 'sgdir'));
-  await fs.writeFile(path.join(root, 'workspace', 'sgdir', 'f'), 'f\n');
-  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  const { parent, root } = await nobodyOwned('walk-owner-sgid', async (root) => {
+    for (const name of ['workspace', 'home', 'envs']) await fs.mkdir(path.join(root, name));
+    await fs.writeFile(path.join(root, 'workspace', 'sg'), 'sg\n');
+    await fs.mkdir(path.join(root, 'workspace', 'sgdir'));
+    await fs.writeFile(path.join(root, 'workspace', 'sgdir', 'f'), 'f\n');
+  });
   // Group root, which nobody is not in, as an inherited set-group-ID directory would give it.
   execFileSync('chown', ['nobody:root', path.join(root, 'workspace', 'sg'), path.join(root, 'workspace', 'sgdir')]);
   await fs.chmod(path.join(root, 'workspace', 'sg'), 0o2040);
@@ -179,12 +186,7 @@ it('an entry whose set-group-ID bit a chmod by the worker would clear (its group
 });
 
 it('a worker that is not root removes a deep tree of read-only directories (moved up past 64 levels)', async () => {
-  const parent = await tempDir('walk-owner-deep');
-  await fs.chmod(parent, 0o755);
-  const root = path.join(parent, 'sandbox');
-  await fs.mkdir(root);
-  nest(root, 300, 0o555);
-  execFileSync('chown', ['-R', 'nobody:nogroup', parent]);
+  const { parent, root } = await nobodyOwned('walk-owner-deep', (root) => nest(root, 300, 0o555));
   try {
     asNobody('remove', root);
     expect(await fs.readdir(parent)).toEqual([]);
