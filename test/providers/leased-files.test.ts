@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createBwrapProvider } from '../../providers/bwrap';
@@ -121,13 +121,31 @@ async function stoppedHolder(files: string[]): Promise<{ pid: number; end(): voi
   return { pid: child.pid!, end: () => child.kill('SIGKILL') };
 }
 
-/** The status (ACTIVE, BREAKING, ...) of each lease process `pid` holds, from /proc/locks. */
-function leaseStatuses(pid: number): string[] {
-  return readFileSync('/proc/locks', 'utf8')
-    .split('\n')
-    .map((line) => line.split(/\s+/))
-    .filter((fields) => fields[1] === 'LEASE' && fields[4] === String(pid))
-    .map((fields) => fields[2]);
+/**
+ * The status (ACTIVE, BREAKING, ...) of each lease process `pid` holds on `files`, by file, from
+ * /proc/locks. That file is read in pages and other processes' locks come and go between pages, so one
+ * read can show a lease twice or not at all: it is read again (a few times) until it shows every file.
+ */
+function leaseStatuses(pid: number, files: string[]): Record<string, string> {
+  const byInode = new Map(files.map((file) => [String(statSync(file).ino), file]));
+  let statuses: Record<string, string> = {};
+  for (let attempt = 0; attempt < 10; attempt += 1) {
+    statuses = {};
+    for (const fields of readFileSync('/proc/locks', 'utf8')
+      .split('\n')
+      .map((line) => line.split(/\s+/))) {
+      if (fields[1] !== 'LEASE' || fields[4] !== String(pid)) continue;
+      const inode = fields[5].split(':')[2];
+      statuses[byInode.get(inode) ?? `inode ${inode}`] = fields[2];
+    }
+    if (Object.keys(statuses).length === files.length) break;
+  }
+  return statuses;
+}
+
+/** `files`, each with `status`. */
+function each(files: string[], status: string): Record<string, string> {
+  return Object.fromEntries(files.map((file) => [file, status]));
 }
 
 it.each([
@@ -149,7 +167,7 @@ it.each([
     }
     const holder = await stoppedHolder(files);
     try {
-      expect(leaseStatuses(holder.pid)).toEqual(files.map(() => 'ACTIVE'));
+      expect(leaseStatuses(holder.pid, files)).toEqual(each(files, 'ACTIVE'));
       const read: Record<string, string> = {};
       const take = (entry: WalkEntry) => {
         if (entry.kind === 'file' && entry.file !== undefined)
@@ -163,7 +181,7 @@ it.each([
             leasedSeen += 1;
             await leases.wait(entry.path);
             // After the first wait began: every break asked for, so they all run out together.
-            if (leasedSeen === 1) expect(leaseStatuses(holder.pid)).toEqual(files.map(() => 'BREAKING'));
+            if (leasedSeen === 1) expect(leaseStatuses(holder.pid, files)).toEqual(each(files, 'BREAKING'));
           } else take(entry);
         }
         expect(leasedSeen).toBeGreaterThan(0);
