@@ -214,7 +214,7 @@ async function uploadTarGz(
   const checked = checkingStream(input.limits).on('error', (err) => {
     if (err instanceof StasisError) refused = err;
   });
-  pipeline(packSandbox(input.paths.volume, CHECKPOINT_DIRS), checked, counted, () => {}); // errors reach the store through `counted`
+  pipeline(packSandbox(input.paths.volume, CHECKPOINT_DIRS, input.signal), checked, counted, () => {}); // errors reach the store through `counted`
   try {
     return await input.store.put(key, counted, input.labels, input.signal);
   } catch (err) {

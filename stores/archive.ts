@@ -38,16 +38,16 @@ const MAX_LINK_BYTES = 4095;
  * {@link walkSandbox}): empty directories, symlinks (as links), hardlinks, modes
  * and mtimes preserved; FIFOs, sockets and devices left out.
  */
-export function packSandbox(rootDir: string, names: readonly string[]): Readable {
+export function packSandbox(rootDir: string, names: readonly string[], signal?: AbortSignal): Readable {
   // Level 1: suspend latency matters more than a few percent of object size.
   const gzip = createGzip({ level: 1 });
   // A failed walk destroys the gzip stream with its error, which is what the reader sees.
-  pipeline(Readable.from(tarBlocks(rootDir, names)), gzip, () => {});
+  pipeline(Readable.from(tarBlocks(rootDir, names, signal)), gzip, () => {});
   return gzip;
 }
 
-async function* tarBlocks(rootDir: string, names: readonly string[]): AsyncGenerator<Buffer> {
-  for await (const entry of walkSandbox(rootDir, names)) {
+async function* tarBlocks(rootDir: string, names: readonly string[], signal?: AbortSignal): AsyncGenerator<Buffer> {
+  for await (const entry of walkSandbox(rootDir, names, signal ? { signal } : {})) {
     switch (entry.kind) {
       case 'directory':
         yield header({ path: `${entry.path}/`, type: 'Directory', stat: entry.stat, size: 0 });

@@ -59,6 +59,8 @@ export interface WalkOptions {
    * lstat and no descriptor.
    */
   wants?: (entryPath: string, stat: BigIntStats) => boolean;
+  /** Ends a wait for a leased file early (walkSandbox), so a cancelled checkpoint stops at once. */
+  signal?: AbortSignal;
 }
 
 const { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_IRUSR, S_IXUSR } = constants;
@@ -109,7 +111,7 @@ export async function* walkSandbox(
   const leases = new LeaseWaits(rootDir, names);
   // A synchronous generator inside: each level of an asynchronous one costs every entry promise hops.
   for (const entry of walkSync(rootDir, names, options.wants)) {
-    if (entry.kind === 'leased') await leases.wait(entry.path);
+    if (entry.kind === 'leased') await leases.wait(entry.path, options.signal);
     else yield entry;
     await slicer.pause();
   }

@@ -4,6 +4,7 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { createBwrapProvider } from '../../providers/bwrap';
 import { sandboxPaths } from '../../providers/sandbox-state';
+import { packSandbox } from '../../stores/archive';
 import { LeaseWaits, readWhole, walkSandbox, walkSandboxSync, type WalkEntry } from '../../stores/walk';
 import { context, s3StoreFromEnv, stasisError, tempDir, uniqueId, waitFor } from './helpers';
 import { makeHost, sh } from './harness';
@@ -206,4 +207,24 @@ it('a lease the kernel has not broken past its break time and a margin is UNAVAI
   expect(err).toMatchObject({ code: 'UNAVAILABLE' });
   expect((err as Error).message).toContain('workspace/held.txt');
   expect(Date.now() - started).toBeGreaterThanOrEqual(2_000);
+});
+
+it('a tar.gz checkpoint cancelled while it waits for a lease to break stops there (it went on to pack the file)', async () => {
+  const root = await tempDir('leases-abort');
+  for (const name of ['workspace', 'home', 'envs']) await fs.mkdir(path.join(root, name));
+  const file = path.join(root, 'workspace', 'held.txt');
+  await fs.writeFile(file, 'held\n');
+  const holder = await stoppedHolder([file]);
+  try {
+    const controller = new AbortController();
+    const packed = packSandbox(root, ['workspace', 'home', 'envs'], controller.signal);
+    const read = (async () => {
+      for await (const _chunk of packed);
+    })();
+    await waitFor('the walk to wait for the lease', async () => leaseStatuses(holder.pid, [file])[file] === 'BREAKING');
+    controller.abort();
+    await expect(read).rejects.toMatchObject({ name: 'AbortError' });
+  } finally {
+    holder.end();
+  }
 });
