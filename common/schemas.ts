@@ -285,6 +285,8 @@ export const InteractionRequest = z.object({
   response: z.unknown().optional(),
   respondedBy: z.string().optional(),
   respondedAt: z.string().optional(),
+  /** An older settled interaction shown without its bulky content (run-state.ts, forgetContent). */
+  contentForgotten: z.literal(true).optional(),
 });
 export type InteractionRequest = z.infer<typeof InteractionRequest>;
 

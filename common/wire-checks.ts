@@ -48,7 +48,7 @@ const NAME_MAX_BYTES = 255;
 const PATH_MAX_BYTES = 4095;
 
 /** UTF-8 length, counted by hand: workflow code has no Buffer. */
-const utf8Bytes = (s: string): number => {
+export const utf8Bytes = (s: string): number => {
   let bytes = 0;
   for (const ch of s) {
     const code = ch.codePointAt(0)!;

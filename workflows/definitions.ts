@@ -15,7 +15,7 @@ import type {
   RunSpec,
   SandboxView,
 } from '../common/schemas';
-import type { SessionAggregate } from './run-state';
+import type { CarriedAggregate } from './run-state';
 import type { SandboxAggregate } from './sandbox-aggregate';
 
 // Every workflow message, defined once and shared by workflows and client.
@@ -23,8 +23,11 @@ import type { SandboxAggregate } from './sandbox-aggregate';
 export interface RunWorkflowInput {
   spec: RunSpec;
   parentRunId?: string;
-  /** Set by continue-as-new: the whole session aggregate carried over. */
-  carried?: SessionAggregate;
+  /**
+   * Set by continue-as-new: the session aggregate carried over, without its spec (the input's `spec`
+   * is the same; carried twice, a large spec alone could pass Temporal's payload limit).
+   */
+  carried?: CarriedAggregate;
 }
 
 export interface SandboxWorkflowInput {

@@ -22,7 +22,7 @@ import {
 import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
-import type { SessionAggregate } from './run-state';
+import { takeUp, type SessionAggregate } from './run-state';
 import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
 import { PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
 
@@ -218,7 +218,7 @@ export class RunController {
   readonly steps: Pick<Activities, 'agentStep'>;
 
   constructor(input: RunWorkflowInput, workflowId: string) {
-    this.run = input.carried ?? newAggregate(workflowId, input);
+    this.run = input.carried ? takeUp(input.carried, input.spec) : newAggregate(workflowId, input);
     if (!this.baseline2) for (const patchId of ASKED_AT_START) patched(patchId);
     for (const patchId of ASKED_AT_START_2) patched(patchId);
     const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);

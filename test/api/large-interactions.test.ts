@@ -1,0 +1,124 @@
+import type { ActionView, InteractionRequest, RunSnapshot } from '../../common/schemas';
+import { SETTLED_WHOLE_BYTES } from '../../workflows/run-state';
+import { eventually, saw } from '../helpers/stack';
+import { apiOnStack } from './api-stack';
+
+// Interactions within every documented limit can still be large: a reviewed command of 900 KB an
+// agent asks about, an input answer of 900 KB an approver gives. Three of them made the Run's snapshot
+// too large for Temporal to answer (GET 500) and its continue-as-new too large to start, so Temporal
+// terminated the Run and its sandbox was left behind (found by an attack review). Each such exchange
+// is carried out here until the Run has continued as new, through the real API and Temporal.
+
+const AGENT = { name: 'bot', secret: 'agent-secret-0123456789', role: 'agent' } as const;
+const APPROVER = { name: 'alice', secret: 'approver-secret-0123456789', role: 'approver' } as const;
+
+const api = apiOnStack([AGENT, APPROVER]);
+const agent = api.as(AGENT);
+const approver = api.as(APPROVER);
+
+/** Temporal refuses a payload (a query's answer, continue-as-new's input) past 2 MB. */
+const TEMPORAL_BLOB_LIMIT = 2 * 1024 * 1024;
+const BIG = 900_000;
+
+async function startExternalRun(): Promise<string> {
+  const started = await agent('POST', '/api/v1/runs', {
+    body: { agent: { driver: 'external' }, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' } },
+  });
+  expect(started.status).toBe(201);
+  return (started.json as { runId: string }).runId;
+}
+
+/** Sends an ask, answers it with `answer`, and waits for the ask's action to succeed. */
+async function askAndAnswer(runId: string, n: number, ask: object, answer: object): Promise<void> {
+  const sent = await agent('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+    body: { actionId: `ask-${n}`, action: { type: 'ask', ...ask } },
+  });
+  expect(sent.status).toBeLessThan(300);
+  const interactionId = await eventually(
+    async () => saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-${n}`)).json as ActionView).interactionId,
+    60_000,
+    `ask ${n} to open its interaction`,
+  );
+  await eventually(
+    async () => {
+      const answered = await approver('POST', `/api/v1/runs/${runId}/interactions/${interactionId}`, { body: answer });
+      expect(answered.status).not.toBeGreaterThanOrEqual(500);
+      return answered.status === 200 ? true : undefined;
+    },
+    60_000,
+    `interaction ${interactionId} to take its answer`,
+  );
+  const done = await eventually(
+    async () => {
+      const view = saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-${n}`)).json as ActionView);
+      expect(view.status).not.toBe('failed');
+      return view.status === 'succeeded' ? view : undefined;
+    },
+    60_000,
+    `ask ${n} to succeed`,
+  );
+  // The agent gets the whole answer, however the Run shows it later.
+  expect(done.result).toMatchObject({ interactionId, ...answer });
+}
+
+/** The Run's snapshot over the API: always answered, always within Temporal's limit. */
+async function snapshot(runId: string): Promise<RunSnapshot> {
+  const got = await approver('GET', `/api/v1/runs/${runId}`);
+  expect(got.status).toBe(200);
+  expect(got.bytes.length).toBeLessThan(TEMPORAL_BLOB_LIMIT);
+  return got.json as RunSnapshot;
+}
+
+/** Exchanges until the Run has continued as new, and one after; then the agent completes it. */
+async function exchangeThroughContinueAsNew(
+  ask: (n: number) => object,
+  answer: object,
+  bulkOf: (interaction: InteractionRequest) => number,
+): Promise<void> {
+  const runId = await startExternalRun();
+  const handle = api.stack.temporal.workflow.getHandle(runId);
+  const first = (await handle.describe()).runId;
+  let continuedAt: number | undefined;
+  for (let n = 1; continuedAt === undefined || n <= continuedAt + 1; n++) {
+    expect(n).toBeLessThanOrEqual(12);
+    await askAndAnswer(runId, n, ask(n), answer);
+    const shown = await snapshot(runId);
+    expect(shown.status).toBe('RUNNING');
+    const described = await handle.describe();
+    expect(described.status.name).toBe('RUNNING');
+    if (continuedAt === undefined && described.runId !== first) continuedAt = n;
+  }
+  // Each is past the budget alone: shown with its decision, without the bulk.
+  const settled = (await snapshot(runId)).interactions.filter((i) => i.status === 'answered');
+  expect(settled.length).toBeGreaterThan(0);
+  for (const old of settled) {
+    expect(BIG).toBeGreaterThan(SETTLED_WHOLE_BYTES);
+    expect(old).toMatchObject({ contentForgotten: true, respondedBy: APPROVER.name });
+    expect(bulkOf(old)).toBe(0);
+  }
+  const done = await agent('POST', `/api/v1/runs/${runId}/actions`, {
+    body: { actionId: 'done', action: { type: 'complete', output: { ok: true } } },
+  });
+  expect(done.status).toBeLessThan(300);
+  await eventually(
+    async () => ((await snapshot(runId)).status === 'COMPLETED' ? true : undefined),
+    60_000,
+    'COMPLETED',
+  );
+}
+
+test('an agent asking about 900 KB commands, each approved, keeps a Run that answers and continues as new', async () => {
+  await exchangeThroughContinueAsNew(
+    (n) => ({ ask: `run step ${n}?`, action: { command: `${n}`.padEnd(BIG, 'x') } }),
+    { decision: 'approve' },
+    (i) => i.action?.command?.length ?? 0,
+  );
+});
+
+test('an approver answering with 900 KB inputs keeps a Run that answers and continues as new', async () => {
+  await exchangeThroughContinueAsNew(
+    (n) => ({ ask: `name ${n}?`, kind: 'input' }),
+    { input: 'y'.repeat(BIG) },
+    (i) => ((i.response as { input?: string } | undefined)?.input ?? '').length,
+  );
+});
