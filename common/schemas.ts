@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { DURATION_PROBLEM, DURATION_RE } from './duration';
 import {
+  BLANK_COMMAND,
   EXTERNAL_DRIVER,
   IDENTIFIER_PROBLEM,
   IDENTIFIER_RE,
@@ -299,7 +300,10 @@ export const EditResponse = z
     action: ReviewedAction.refine(
       (a) => a.command !== undefined || a.files !== undefined || a.diff !== undefined,
       'must change at least one of command, files, diff',
-    ),
+    ).refine((a) => a.command === undefined || a.command.trim() !== '', {
+      message: BLANK_COMMAND,
+      path: ['command'],
+    }),
     comment: Comment,
   })
   .strict();

@@ -204,6 +204,8 @@ export function listOf(item: Check, max: number): Check {
     v.forEach((x, i) => item(x, [...path, i], issues));
   };
 }
+/** An edited command that is empty or only white space would run nothing, or fail the Run's next step. */
+export const BLANK_COMMAND = 'must not be empty or only white space';
 /** The action under review, as an approver edited it (ReviewedAction); at least one field. */
 export const reviewedAction = strictObject(
   {
@@ -218,6 +220,8 @@ const editedAction: Check = (v, path, issues) => {
   const a = isObject(v) ? v : {};
   if (isObject(v) && a.command === undefined && a.files === undefined && a.diff === undefined)
     issues.push({ path, message: 'must change at least one of command, files, diff' });
+  if (typeof a.command === 'string' && a.command.trim() === '')
+    issues.push({ path: [...path, 'command'], message: BLANK_COMMAND });
 };
 const editResponse = strictObject({ decision: oneOf(['edit']), action: editedAction, comment: text({ max: 10_000 }) }, [
   'comment',

@@ -1,5 +1,6 @@
 import * as fc from 'fast-check';
 import type { InteractionResponse } from '../../common/schemas';
+import { respondUpdate } from '../../workflows/definitions';
 import { useStack, eventually } from '../helpers/stack';
 
 // The structured interaction contract end to end on a real worker: what an
@@ -132,7 +133,24 @@ test('an edit reaches the agent: the next exec step runs the edited command', as
       { exec: 'echo would-delete-everything' },
     ]),
   );
-  await waiting(runId);
+  const before = await waiting(runId);
+  // An edit to a blank command would run nothing (or fail the Run's next step): refused, by the
+  // client and by the Run itself when sent straight through Temporal, and nothing changes.
+  const length = await quietHistoryLength(runId);
+  for (const command of ['', '  ', '\t\n', '\u3000']) {
+    const blank = { decision: 'edit', action: { command } } as const;
+    await expect(stack.client.runs.respond(runId, 'int-1', blank)).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringContaining('command'),
+    });
+    await expect(
+      stack.temporal.workflow
+        .getHandle(runId)
+        .executeUpdate(respondUpdate, { args: [{ interactionId: 'int-1', response: blank }] }),
+    ).rejects.toMatchObject({ cause: { message: expect.stringMatching(/response\.action\.command.*white space/) } });
+  }
+  expect(await quietHistoryLength(runId)).toBe(length);
+  expect(await stack.client.runs.get(runId)).toEqual(before);
   await stack.client.runs.respond(
     runId,
     'int-1',

@@ -110,6 +110,24 @@ const answers = fc.oneof(
     { comment: fc.oneof(text, fc.constant('c'.repeat(10_001))) },
   ),
   record({ input: text }),
+  record(
+    {
+      decision: fc.constant('edit'),
+      action: fc.oneof(
+        record(
+          {},
+          {
+            command: fc.oneof(text, fc.constantFrom(' ', '\t\n', '\u3000', ' ls ')),
+            files: fc.array(text, { maxLength: 2 }),
+            diff: text,
+          },
+        ),
+        edgy,
+      ),
+    },
+    { comment: text },
+  ),
+  record({ option: text }, { comment: text }),
 );
 const shapes: Record<string, fc.Arbitrary<unknown>> = {
   respond: record(
