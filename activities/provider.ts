@@ -138,8 +138,11 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       input: Owner & { request: ProvisionRequest; start: boolean },
     ): Promise<{ hostId: string; capabilities: Capabilities; webhooks: boolean }> {
       await checkWorkspace(input.request.workspace);
+      // The run id of the provisioning workflow: its retries share it, a later Run of the same id has its own.
+      const provisionId = Context.current().info.workflowExecution?.runId;
+      const request = provisionId ? { ...input.request, provisionId } : input.request;
       return call(input, async (p, ctx) => {
-        await p.provision(input.request, ctx);
+        await p.provision(request, ctx);
         if (input.start) await p.start({ sandboxId: input.request.sandboxId, fence: input.request.fence }, ctx);
         return { hostId: deps.hostId, capabilities: p.capabilities, webhooks: deps.webhooks === true };
       });

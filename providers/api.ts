@@ -63,6 +63,13 @@ export type SandboxReleaseReceipt = z.infer<typeof SandboxReleaseReceipt>;
 export const ProvisionRequest = z.object({
   sandboxId: z.string().min(1),
   fence: z.number().int().nonnegative(),
+  /**
+   * Which provisioning this is (Stasis sends the Temporal run id of the workflow that provisions). A
+   * retry carries the same and finds its own sandbox; a provider refuses one that finds the sandbox
+   * provisioned under another (INVALID_STATE_TRANSITION) rather than hand it that one's workspace,
+   * env and checkpoints: a Run or sandbox id used again once the namespace has forgotten the first.
+   */
+  provisionId: z.string().min(1).optional(),
   template: SandboxTemplate.optional(),
   env: EnvMap.optional(),
   workspace: Workspace.optional(),

@@ -474,7 +474,16 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       await locked(request.sandboxId, async () => {
         const paths = pathsOf(request.sandboxId);
         const existing = await readState(paths);
-        if (existing) admitFence(existing, request.fence, 'provision');
+        if (existing) {
+          // Before the fence: the other provisioning's fences say nothing about this one.
+          if (existing.provisionedBy !== request.provisionId) {
+            throw new StasisError(
+              'INVALID_STATE_TRANSITION',
+              `sandbox ${request.sandboxId} already exists on host ${deps.hostId}, provisioned for another Run or sandbox of that id: its workspace is not handed over`,
+            );
+          }
+          admitFence(existing, request.fence, 'provision');
+        }
         const state =
           existing ??
           freshState(
@@ -484,6 +493,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             request.env ?? {},
             request.limits,
           );
+        if (request.provisionId) state.provisionedBy = request.provisionId;
         if (request.template) state.template = request.template;
         await layOut(paths, state.workspace, state.limits);
         await writeState(paths, state);

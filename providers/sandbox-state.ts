@@ -87,6 +87,8 @@ export const HostSandboxState = z.object({
   /** The sandbox's own limits; the host's defaults fill in the rest at each start. */
   limits: SandboxLimits.optional(),
   template: z.string().optional(),
+  /** The provisionId the sandbox was provisioned under (ProvisionRequest): another is refused. */
+  provisionedBy: z.string().optional(),
   dormant: Dormant.optional(),
   /** The checkpoint the running files came from, so a retried restore does not unpack it again. */
   restoredFrom: z.object({ sha256: z.string(), labels: z.record(z.string(), z.string()) }).optional(),
