@@ -1,4 +1,9 @@
-import { QueryRejectedError, WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
+import {
+  QueryNotRegisteredError,
+  QueryRejectedError,
+  WorkflowFailedError,
+  WorkflowUpdateFailedError,
+} from '@temporalio/client';
 import { ApplicationFailure, WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/common';
 import { END_REASON, findCause, GRPC_STATUS, isErrorCode, StasisError, toInternal } from '../common/errors';
 import type { RunSnapshot } from '../common/schemas';
@@ -41,6 +46,7 @@ export function toStasisError(err: unknown, what: string): StasisError {
   if (err instanceof WorkflowNotFoundError) return new StasisError('NOT_FOUND', `${what} not found`);
   if (err instanceof WorkflowExecutionAlreadyStartedError)
     return new StasisError('ALREADY_EXISTS', `${what} already exists`);
+  if (isUnregisteredHandler(err)) return new StasisError('NOT_FOUND', `${what} not found`);
   const failure = findCause(err, (e) => e instanceof ApplicationFailure);
   if (failure) {
     const code = failure.type;
@@ -72,4 +78,17 @@ export function grpcErrorOf(err: unknown): { code: number; message: string } | u
 /** A gRPC status a retry may get past: the server unreachable (UNAVAILABLE) or too slow (DEADLINE_EXCEEDED). */
 export function isTransientGrpc(code: number): boolean {
   return code === GRPC_STATUS.UNAVAILABLE || code === GRPC_STATUS.DEADLINE_EXCEEDED;
+}
+
+/**
+ * True when the workflow has no handler for the query or Update sent: the id names a
+ * workflow of another kind (a sandbox's, asked as a Run), so what was asked for is not there.
+ */
+export function isUnregisteredHandler(err: unknown): boolean {
+  if (err instanceof QueryNotRegisteredError) return true;
+  // The SDK rejects an Update it has no handler for with a bare failure saying so (no type to match).
+  return (
+    findCause(err, (e) => e instanceof ApplicationFailure && /^No registered handler for update\b/.test(e.message)) !==
+    undefined
+  );
 }

@@ -36,6 +36,7 @@ import {
 } from '../common/schemas';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
+import { SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
 import {
   actionQuery,
   actUpdate,
@@ -196,6 +197,9 @@ export class RunsApi {
   ) {}
 
   private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
+    // A sandbox's workflow id names no Run (a RunSpec may not take one): not found, rather
+    // than whatever the sandbox's workflow answers to a Run's query or Update.
+    if (runId.startsWith(SANDBOX_WORKFLOW_PREFIX)) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
     return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
   }
 
