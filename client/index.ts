@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
+import { Client, Connection, WorkflowIdReusePolicy, type WorkflowHandle } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import { parseOrInvalid, StasisError } from '../common/errors';
 import type { z } from 'zod';
 import {
@@ -206,7 +207,8 @@ export class RunsApi {
   /**
    * Validates `spec` (a RunSpec) and starts its Run; the Run id is `spec.runId` or a new `run-<uuid>`.
    * INVALID_ARGUMENT names the bad field (`options.inputName` prefixes it, e.g. the REST API's `body`);
-   * ALREADY_EXISTS when a Run with that id exists; FORBIDDEN for an active workspace outside the host paths.
+   * ALREADY_EXISTS when a Run with that id exists or existed (ids are never reused: a second Run under
+   * one id would take over the first one's sandbox id); FORBIDDEN for an active workspace outside the host paths.
    */
   async start(spec: unknown, options: { inputName?: string } = {}): Promise<{ runId: string }> {
     const valid = checkedInput(RunSpec, spec, options.inputName ?? 'spec');
@@ -216,6 +218,7 @@ export class RunsApi {
       await this.temporal.workflow.start<typeof runWorkflow>('runWorkflow', {
         taskQueue: this.taskQueue,
         workflowId: runId,
+        workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
         args: [{ spec: valid }],
         typedSearchAttributes: [
           { key: StasisKind, value: 'run' },
@@ -233,6 +236,11 @@ export class RunsApi {
           : undefined,
       });
     } catch (err) {
+      if (err instanceof WorkflowExecutionAlreadyStartedError)
+        throw new StasisError(
+          'ALREADY_EXISTS',
+          `run ${runId} already exists (a Run id is used once, also after its Run ended)`,
+        );
       throw toStasisError(err, `run ${runId}`);
     }
     return { runId };

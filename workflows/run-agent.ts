@@ -1,9 +1,11 @@
 import {
+  ApplicationFailure,
   CancellationScope,
   ChildWorkflowFailure,
   ParentClosePolicy,
   TerminatedFailure,
   TimeoutFailure,
+  WorkflowIdReusePolicy,
   allHandlersFinished,
   condition,
   continueAsNew,
@@ -12,6 +14,7 @@ import {
   startChild,
   workflowInfo,
 } from '@temporalio/workflow';
+import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import type { AgentAction } from '../drivers/api';
 import { EXTERNAL_DRIVER } from '../common/external-actions';
 import { durationMs } from '../common/duration';
@@ -285,20 +288,29 @@ async function ask(c: RunController, action: Extract<AgentAction, { type: 'inter
   return c.patched(PATCH_ANSWER_RESULT) ? toAnswer(interaction) : interaction.response;
 }
 
+/**
+ * A spawn whose child could not start (its id is taken: by a live Run, or by one that ended, as ids are
+ * never reused) registers no child and fails as ALREADY_EXISTS naming the id. Runs before this
+ * registered the child before starting it and kept it after a failed start: cancelling the spawner
+ * cancelled the other Run, and a completing spawner waited on it. Asked for only when a start fails.
+ */
+export const PATCH_SPAWN_FAILED_UNREGISTERED = 'stasis-run-spawn-failed-unregistered';
+
 async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   const run = c.run;
   const childId = spec.runId ?? `${run.runId}.child-${run.children.length + 1}`;
-  run.children.push({ runId: childId, state: 'PROVISIONING' });
-  c.changed();
   // A child outlives its parent's continue-as-new (REQUEST_CANCEL would cancel it then): the
   // parent cancels its children itself when it ends (endWith), and they report to its workflow id.
   const survivesContinueAsNew = c.patched(PATCH_CHILDREN_SURVIVE_CAN);
   const handle = await startChild('runWorkflow', {
     workflowId: childId,
+    // An id used before names another Run's sandbox and checkpoints: never started again.
+    workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
     args: [{ spec: { ...spec, runId: childId }, parentRunId: run.runId } satisfies RunWorkflowInput],
     parentClosePolicy: survivesContinueAsNew ? ParentClosePolicy.ABANDON : ParentClosePolicy.REQUEST_CANCEL,
     staticSummary: `Stasis child Run of ${run.runId}`,
-  });
+  }).catch((err: unknown) => startFailed(c, childId, err));
+  registerChild(c, childId);
   c.watchedChildren.add(childId);
   void handle.result().catch((err: unknown) => {
     log.info('child run ended without output', { childId, error: failureMessage(err) });
@@ -307,6 +319,30 @@ async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
     }
   });
   return { runId: childId };
+}
+
+/** A child's start failed: registered only as Runs before PATCH_SPAWN_FAILED_UNREGISTERED did (or if it may yet start). */
+function startFailed(c: RunController, childId: string, err: unknown): never {
+  // Cancelled while starting, the child may yet start: it stays registered, so the ending cancels it.
+  if (isCancellation(err) || !c.patched(PATCH_SPAWN_FAILED_UNREGISTERED)) {
+    registerChild(c, childId);
+    throw err;
+  }
+  if (err instanceof WorkflowExecutionAlreadyStartedError) {
+    throw ApplicationFailure.create({
+      type: 'ALREADY_EXISTS',
+      message: `run ${childId} already exists (a Run id is used once, also after its Run ended)`,
+      nonRetryable: true,
+    });
+  }
+  throw err;
+}
+
+/** Registers a started child (its first report may have come first and registered it already). */
+function registerChild(c: RunController, childId: string): void {
+  if (!c.run.children.some((ch) => ch.runId === childId))
+    c.run.children.push({ runId: childId, state: 'PROVISIONING' });
+  c.changed();
 }
 
 /** Why a child closed without its final report, from the failure its result gave. */
