@@ -78,6 +78,16 @@
 
   const linkTo = (runId, id) => `#/runs/${encodeURIComponent(runId)}/interactions/${encodeURIComponent(id)}`;
   const keyOf = (runId, id) => `${runId}/${id}`;
+  /**
+   * What an item shows of its interaction (all but its answer, which showStatus shows). The key alone
+   * is not enough: a Run started again under an id used before asks `int-1` again, about something else.
+   */
+  const contentOf = ({ runStartedAt, interaction, diffTruncated }) => {
+    const { status: _status, response: _response, respondedBy: _by, respondedAt: _at, ...shown } = interaction;
+    return JSON.stringify([runStartedAt, diffTruncated, shown]);
+  };
+  /** An interaction answered on this page, by what it showed: the same key asking something else is shown. */
+  const answeredKeyOf = (item) => `${item.dataset.key}\n${item.dataset.content}`;
 
   function showSignedIn(signedIn, message) {
     generation += 1;
@@ -143,13 +153,20 @@
   /** Updates the list in place, in the order given, so a half-typed answer survives a refresh. */
   function render(entries, { single }) {
     const list = $('interactions');
-    const shown = single ? entries : entries.filter((e) => !answeredHere.has(keyOf(e.runId, e.interaction.id)));
+    const answered = (e) => answeredHere.has(`${keyOf(e.runId, e.interaction.id)}\n${contentOf(e)}`);
+    const shown = single ? entries : entries.filter((e) => !answered(e));
     const keep = new Set(shown.map((e) => keyOf(e.runId, e.interaction.id)));
     for (const item of [...list.children]) if (!keep.has(item.dataset.key)) item.remove();
     let previous;
     for (const entry of shown) {
       const key = keyOf(entry.runId, entry.interaction.id);
       let item = [...list.children].find((el) => el.dataset.key === key);
+      // Rebuilt when what it shows changed, so its buttons answer what is on the screen.
+      if (item && item.dataset.content !== contentOf(entry)) {
+        const fresh = interactionItem(entry);
+        item.replaceWith(fresh);
+        item = fresh;
+      }
       if (!item) item = interactionItem(entry);
       // Oldest first: place it right after the one before it.
       if (previous ? previous.nextElementSibling !== item : list.firstElementChild !== item) {
@@ -181,11 +198,13 @@
     item.querySelector('.answer').hidden = true;
   }
 
-  function interactionItem({ runId, interaction, diffTruncated }) {
+  function interactionItem(entry) {
+    const { runId, interaction, diffTruncated } = entry;
     const item = $('interaction-template').content.firstElementChild.cloneNode(true);
     item.dataset.runId = runId;
     item.dataset.interactionId = interaction.id;
     item.dataset.key = keyOf(runId, interaction.id);
+    item.dataset.content = contentOf(entry);
     const runLink = item.querySelector('.run-id');
     runLink.textContent = `${runId} · ${interaction.id}`;
     runLink.href = linkTo(runId, interaction.id);
@@ -320,7 +339,7 @@
         `/api/v1/runs/${encodeURIComponent(runId)}/interactions/${encodeURIComponent(interaction.id)}`,
         response,
       );
-      answeredHere.add(keyOf(runId, interaction.id));
+      answeredHere.add(answeredKeyOf(item));
       notice(`${verb}: ${what}`, 'ok');
       remember({ runId, id: interaction.id, what, verb, at: new Date().toISOString() });
     } catch (error) {
@@ -328,7 +347,7 @@
         return showSignedIn(false, 'The token was refused. Sign in again.');
       notice(refusal(error, what), 'refused');
       // An answer someone else gave, or a Run that moved on, cannot be retried: the list drops it.
-      if (error instanceof ApiError && error.status === 409) answeredHere.add(keyOf(runId, interaction.id));
+      if (error instanceof ApiError && error.status === 409) answeredHere.add(answeredKeyOf(item));
       else setBusy(item, false);
     }
     void refresh(generation);

@@ -370,6 +370,56 @@ test('oldest first, a page at a time, with one list request per refresh', async 
   await page.close();
 });
 
+/**
+ * A second Run under a Run id used before: the client refuses that (ALREADY_EXISTS), but once the
+ * namespace has forgotten the first Run Temporal takes it; here it is started straight through
+ * Temporal. It asks `int-1` again, about something else.
+ */
+async function startAgainUnderId(runId: string, prompt: string, command: string): Promise<void> {
+  await stack.temporal.workflow.start('runWorkflow', {
+    taskQueue: stack.config.STASIS_TASK_QUEUE,
+    workflowId: runId,
+    workflowIdReusePolicy: 'ALLOW_DUPLICATE',
+    args: [{ spec: { runId, ...askSpec({ ask: prompt, action: { command } }, { complete: 'second' }) } }],
+  });
+  await eventually(
+    async () => (await stack.client.runs.get(runId)).interactions[0]?.prompt === prompt,
+    60_000,
+    'asked',
+  );
+}
+
+test('a Run started again under the same id: the item shows the new question, and Approve answers what it shows', async () => {
+  const runId = `reused-page-${Date.now()}`;
+  await startWaiting({
+    runId,
+    ...askSpec({ ask: 'Print the date?', action: { command: 'date' } }, { complete: 'first' }),
+  });
+  const page = await openPage({ clock: true });
+  const item = interaction(page, runId, 'int-1');
+  await item.waitFor();
+  await expectText(item.locator('.prompt'), 'Print the date?');
+
+  // Within one refresh of the page, the first Run is answered elsewhere and ends, and a new one asks under its id.
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await completed(runId);
+  await startAgainUnderId(runId, 'Delete the production database?', 'echo DROPPED > dropped.txt');
+  await page.clock.runFor(1_600);
+  await expectText(item.locator('.prompt'), 'Delete the production database?');
+  await expectText(item.locator('.command'), 'echo DROPPED > dropped.txt');
+  await item.getByRole('button', { name: 'Approve' }).click();
+  const done = await completed(runId);
+  expect(done.interactions[0]).toMatchObject({ prompt: 'Delete the production database?', respondedBy: 'ops' });
+
+  // Answered on this page, then asked again under the same key about something else: shown, not hidden as answered.
+  await startAgainUnderId(runId, 'Rotate the keys?', 'rotate-keys');
+  await page.clock.runFor(1_600);
+  await expectText(item.locator('.prompt'), 'Rotate the keys?');
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  await completed(runId);
+  await page.close();
+});
+
 async function expectFocused(locator: ReturnType<Page['locator']>): Promise<void> {
   await eventually(async () => locator.evaluate((el) => el === el.ownerDocument.activeElement), 20_000, 'focus');
 }
