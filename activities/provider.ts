@@ -225,6 +225,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       try {
         return { resumed, outcome: boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx))) };
       } catch (err) {
+        // A cancelled job stays a cancellation (as execInSandbox's does), so the cancelled Run ends CANCELLED.
+        if (Context.current().cancellationSignal.aborted) throw err;
         const failure = toFailure(err);
         const details: ResumedThenFailed = { resumedThenFailed: resumed };
         throw ApplicationFailure.create({

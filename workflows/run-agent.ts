@@ -26,6 +26,7 @@ import type { RunWorkflowInput } from './definitions';
 import {
   PATCH_ANSWER_RESULT,
   PATCH_CAN_BRINGS_BACK,
+  PATCH_CAN_YIELDS_TO_SUSPEND,
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
   shared,
@@ -56,11 +57,19 @@ export async function agentLoop(c: RunController): Promise<void> {
     // Continue-as-new waits for an ACTIVE Run: one that only asks is RESUMING between its steps.
     if (workflowInfo().continueAsNewSuggested && c.pendingResume && c.patched(PATCH_CAN_BRINGS_BACK)) {
       await completeResume(c);
+      // A suspend asked for meanwhile goes first (the loop's top).
+      if (c.patched(PATCH_CAN_YIELDS_TO_SUSPEND)) continue;
     }
     if (workflowInfo().continueAsNewSuggested && !c.admit('continueAsNew')) {
       c.publishHeld();
-      await condition(allHandlersFinished);
-      await drainWebhooks(c);
+      if (c.patched(PATCH_CAN_YIELDS_TO_SUSPEND)) {
+        // The suspend's handler waits for the Run to suspend: continue-as-new must not wait for it.
+        await condition(() => (allHandlersFinished() && c.webhookStarts.size === 0) || c.manualSuspendRequested);
+        if (c.manualSuspendRequested) continue;
+      } else {
+        await condition(allHandlersFinished);
+        await drainWebhooks(c);
+      }
       await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>({
         spec: run.spec,
         ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),

@@ -24,7 +24,7 @@ import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import { takeUp, type SessionAggregate } from './run-state';
 import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
-import { PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
+import { PATCH_WEBHOOK_WORKFLOWS, PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
 export const shared = proxyActivities<Activities>({
@@ -89,6 +89,12 @@ export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
  * steps, so it never continued as new and its history grew until Temporal ended it.
  */
 export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
+/**
+ * Continue-as-new gives way to a suspend asked for while it waited (for the sandbox to come back, for
+ * handlers, for webhook deliveries): it waited for the suspend's handler, which waited for the Run to
+ * suspend, so neither ever happened and the Run held its compute for good.
+ */
+export const PATCH_CAN_YIELDS_TO_SUSPEND = 'stasis-run-can-yields-to-suspend';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -135,7 +141,7 @@ export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
  * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in every Run's first activation
  * (one marker each for a new Run), as ASKED_AT_START were. Add each new Run patch here.
  */
-const ASKED_AT_START_2: string[] = [];
+const ASKED_AT_START_2: string[] = [PATCH_CAN_YIELDS_TO_SUSPEND, PATCH_WEBHOOK_WORKFLOWS];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -182,6 +188,8 @@ export class RunController {
   readonly watchedChildren = new Set<string>();
   /** Webhook deliveries not yet taken by the receiver (run-webhooks.ts). */
   readonly webhookDeliveries = new Set<Promise<void>>();
+  /** Webhook delivery workflows not yet started (run-webhooks.ts, PATCH_WEBHOOK_WORKFLOWS). */
+  readonly webhookStarts = new Set<Promise<void>>();
   /** The worker has no webhook: no more deliveries are started. */
   webhooksOff = false;
   /**

@@ -1,16 +1,16 @@
-import { log, proxyActivities, workflowInfo } from '@temporalio/workflow';
-import { nonRetryableErrorTypes } from '../common/errors';
-import type { Activities } from '../activities';
+import { log, ParentClosePolicy, startChild, workflowInfo } from '@temporalio/workflow';
 import type { InteractionRequest } from '../common/schemas';
 import type { WebhookDelivery, WebhookEvent } from '../common/webhooks';
 import { nowIso } from './clock';
 import { failureMessage } from './failures';
 import type { RunController } from './run-controller';
+import { deliveries, webhookDeliveryId, webhookDeliveryWorkflow } from './webhook-delivery';
 
-// Webhook notifications of a Run. Each is its own activity, started and not
-// awaited on the Run's path, retried with backoff until the receiver takes it;
-// the Run waits for the ones still out only once its own work is done (before it
-// closes or continues as new), so a receiver that is down never slows it.
+// Webhook notifications of a Run. Each is a workflow of its own (webhook-delivery.ts),
+// started and not awaited on the Run's path, retrying with backoff until the receiver
+// takes it; the Run waits only for their starts before it continues as new, and for
+// the deliveries once it has ended, so a receiver that is down never slows it. (Runs before PATCH_WEBHOOK_WORKFLOWS ran
+// each delivery as an activity of their own and waited for it at those points.)
 
 /** Runs recorded before webhooks start no delivery activity. */
 export const PATCH_WEBHOOKS = 'stasis-run-webhooks';
@@ -20,18 +20,12 @@ export const PATCH_WEBHOOKS = 'stasis-run-webhooks';
  * completion held up the one that recorded the suspension's release (BENCHMARKS.md, figure 1).
  */
 export const PATCH_WEBHOOKS_KNOWN = 'stasis-run-webhooks-known';
-
-const deliveries = proxyActivities<Activities>({
-  startToCloseTimeout: '30s',
-  // At least once within a week; after that the delivery is given up (and logged).
-  scheduleToCloseTimeout: '7d',
-  retry: {
-    initialInterval: '1s',
-    backoffCoefficient: 2,
-    maximumInterval: '1m',
-    nonRetryableErrorTypes: nonRetryableErrorTypes(),
-  },
-});
+/**
+ * Each delivery is a workflow of its own (webhook-delivery.ts) the Run only starts: before, an activity
+ * of the Run's, which the Run waited for before continuing as new, so a receiver that was down held a
+ * Run that had to continue as new where it was (compute held, no next step) for up to a week.
+ */
+export const PATCH_WEBHOOK_WORKFLOWS = 'stasis-run-webhook-workflows';
 
 /** Starts the delivery of `event`; returns at once. */
 export function notify(c: RunController, event: WebhookEvent, interaction?: InteractionRequest): void {
@@ -53,6 +47,24 @@ export function notify(c: RunController, event: WebhookEvent, interaction?: Inte
     ...(interaction ? { interaction: { ...interaction } } : {}),
     ...(event === 'run.ended' && run.error ? { error: run.error } : {}),
   };
+  if (c.patched(PATCH_WEBHOOK_WORKFLOWS)) {
+    const child = startChild(webhookDeliveryWorkflow, {
+      workflowId: webhookDeliveryId(delivery.deliveryId),
+      args: [delivery],
+      parentClosePolicy: ParentClosePolicy.ABANDON,
+    });
+    const started = child.then(
+      () => undefined,
+      (err: unknown) =>
+        log.warn('webhook delivery not started', { deliveryId: delivery.deliveryId, error: failureMessage(err) }),
+    );
+    track(c.webhookStarts, started);
+    track(
+      c.webhookDeliveries,
+      child.then((handle) => handle.result()).catch(() => undefined),
+    );
+    return;
+  }
   const sent: Promise<void> = deliveries.deliverWebhook(delivery).then(
     ({ configured }) => {
       // No webhook on this worker: the Run starts no more deliveries.
@@ -65,13 +77,23 @@ export function notify(c: RunController, event: WebhookEvent, interaction?: Inte
   void sent.then(() => c.webhookDeliveries.delete(sent));
 }
 
+/** Keeps `promise` in `set` until it settles. */
+function track(set: Set<Promise<void>>, promise: Promise<void>): void {
+  set.add(promise);
+  void promise.then(() => set.delete(promise));
+}
+
 /** The Run ended: its expired interactions, then the end itself. */
 export function notifyEnded(c: RunController): void {
   for (const i of c.run.interactions) if (i.status === 'expired') notify(c, 'interaction.expired', i);
   notify(c, 'run.ended');
 }
 
-/** Waits for the deliveries still out (before the workflow closes or continues as new). */
+/**
+ * Waits for the deliveries still out before the workflow closes (and, for Runs before
+ * PATCH_WEBHOOK_WORKFLOWS, before it continues as new; since, continue-as-new waits only for
+ * c.webhookStarts).
+ */
 export async function drainWebhooks(c: RunController): Promise<void> {
   while (c.webhookDeliveries.size > 0) await Promise.all([...c.webhookDeliveries]);
 }

@@ -1,8 +1,11 @@
+import { existsSync } from 'node:fs';
+import * as path from 'node:path';
 import type { StepShape } from '../../common/schemas';
-import { evictDormantCopies } from '../helpers/hosts';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { evictDormantCopies, hostDataDir } from '../helpers/hosts';
 import { checkpointKeys, moveAside, testS3 } from '../helpers/s3';
 import { releasedView } from '../helpers/runs';
-import { useStack, startStack } from '../helpers/stack';
+import { eventually, useStack, startStack } from '../helpers/stack';
 
 // A resume fused with the job after it (resumeAndExecInSandbox) fails as a plain resume fails:
 // the same Run, once resuming for a job (fused) and once for a file write (a resume of its own),
@@ -67,4 +70,28 @@ test('a fused resume whose restore fails ends the Run as a failed resume of its 
     fenceRaisedBy: run.after.record.fence - run.released.record.fence,
   });
   expect(outcome(fused)).toEqual(outcome(plain));
+});
+
+test('a Run cancelled while the job of a fused resume runs ends CANCELLED (it ended FAILED)', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go on?' }, { exec: 'touch job-started; sleep 60' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const released = await releasedView(stack.client, runId, 60_000);
+  const { sandboxId } = released.record;
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  const started = path.join(sandboxPaths(hostDataDir(stack, 'host-a'), sandboxId).workspace, 'job-started');
+  await eventually(async () => (existsSync(started) ? true : undefined), 60_000, 'the fused job to run');
+  await stack.client.runs.cancel(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('CANCELLED');
+  expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
+  const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
+  const scheduled = (history.events ?? []).flatMap(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? [],
+  );
+  expect(scheduled).toContain('resumeAndExecInSandbox');
 });
