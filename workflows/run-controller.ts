@@ -91,6 +91,14 @@ export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
 export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 
 /**
+ * A Run that ends cancelled (or failed) with a resume cut short finishes that resume, then releases the
+ * sandbox: the record stayed RESTORING for good, and what the restore had started kept running.
+ * Asked for only when a Run's end meets such a record (never in ASKED_AT_START_2): every other Run's
+ * history is as before.
+ */
+export const PATCH_END_FINISHES_RESUME = 'stasis-run-end-finishes-resume';
+
+/**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
  * of each, and takes a fast driver's steps as local activities.
  *
