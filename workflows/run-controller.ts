@@ -97,6 +97,12 @@ export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
  * history is as before.
  */
 export const PATCH_END_FINISHES_RESUME = 'stasis-run-end-finishes-resume';
+/**
+ * A Run that ends cancelled (or failed) while its sandbox is still being provisioned destroys it: the
+ * record stayed PROVISIONING (no capabilities learnt, so no pause mode chosen) and the sandbox's processes
+ * kept running, reaped by no host. Asked for only on that path, as PATCH_END_FINISHES_RESUME.
+ */
+export const PATCH_END_DESTROYS_PROVISIONING = 'stasis-run-end-destroys-provisioning';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker

@@ -6,6 +6,7 @@ import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_END_DESTROYS_PROVISIONING,
   PATCH_END_FINISHES_RESUME,
   PATCH_KEEP_RETAINED,
   type RunController,
@@ -66,8 +67,13 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
   await sandbox.cancelRelease();
   let state = sandbox.record.state;
   if (state === 'RELEASED' || state === 'DESTROYED' || sandbox.record.fence === 0) return;
-  // Asked for only on this path, so the end of a Run that no cancel cut short gains no marker.
-  if (settleAtEnd(state) === 'finishResume' && c.patched(PATCH_END_FINISHES_RESUME)) {
+  // Each asked for only on its path, so the end of a Run whose sandbox was settled gains no marker.
+  const first = settleAtEnd(state);
+  if (first === 'destroy' && c.patched(PATCH_END_DESTROYS_PROVISIONING)) {
+    await sandbox.destroy();
+    return;
+  }
+  if (first === 'finishResume' && c.patched(PATCH_END_FINISHES_RESUME)) {
     await sandbox.finishCutShortResume();
     state = sandbox.record.state;
   }

@@ -120,3 +120,25 @@ describe.each([
     }
   });
 });
+
+test('a Run cancelled while its sandbox is provisioned ends CANCELLED with the sandbox destroyed, no process left', async () => {
+  stalling = false;
+  // Stalls once the sandbox's processes run, as a provision that starts them and then waits would.
+  stall = { call: 'start', when: 'after' };
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ exec: 'echo hi' }, { complete: 'done' }] },
+    sandbox: { provider: 'slow' },
+  });
+  await untilStalling();
+  const { record } = saw(await stack.client.runs.resource(runId));
+  expect(record.state).toBe('PROVISIONING');
+  expect(await provider().processCount(record.sandboxId)).toBeGreaterThan(0);
+
+  const end = await cancelAndSettle(runId);
+  expect(end.status).toBe('CANCELLED');
+  // No agent step ran in it, so there was no workspace to keep.
+  expect(end.record.state).toBe('DESTROYED');
+  expect(end.record.lastError).toBeUndefined();
+  expect(end.processes).toBe(0);
+  expect(await checkpointKeys(s3, end.record.sandboxId)).toEqual([]);
+});

@@ -323,7 +323,7 @@ describe('resume plan', () => {
 describe("a Run's end", () => {
   // What the end of a cancelled or failed Run does first with a sandbox it finds mid-change, by record state.
   const table = [
-    ['PROVISIONING', undefined],
+    ['PROVISIONING', 'destroy'],
     ['ACTIVE', undefined],
     ['RELEASING', undefined],
     ['RELEASE_BLOCKED', undefined],
