@@ -107,6 +107,8 @@ export class ExecutionBindingLifecycleCoordinator {
   releaseFailure?: unknown;
   private releaseScope?: CancellationScope;
   private releasing?: Promise<void>;
+  /** A resume a cancellation cut short (the record still RESTORING): its compute may be back, in part or whole. */
+  private cutShort?: ResumeStart;
 
   constructor(
     readonly record: ExecutionResourceRecord,
@@ -385,6 +387,18 @@ export class ExecutionBindingLifecycleCoordinator {
     return { plan, before };
   }
 
+  /**
+   * Finishes the resume a cancellation cut short, under the fence it raised (a provider takes a restore
+   * retried at its fence as the same restore): the owner's end then releases a whole workspace, and
+   * whatever the cut-short restore started ends with that release. Run in a non-cancellable scope.
+   */
+  async finishCutShortResume(): Promise<void> {
+    const start = this.cutShort;
+    if (!start) throw new Error(`cannot finish the resume of a record ${this.record.state}: none was cut short`);
+    this.cutShort = undefined;
+    await this.resume(start);
+  }
+
   /** A begun resume that will not happen: the record says where the sandbox still is (its raised fence kept). */
   undoResume(start: ResumeStart): void {
     if (this.record.state === 'RESTORING') this.set({ state: start.before });
@@ -397,6 +411,8 @@ export class ExecutionBindingLifecycleCoordinator {
       if (plan.kind === 'none') throw new Error(`cannot resume: ${plan.why}`);
       return await bring(plan);
     } catch (err) {
+      // Cut short, the resume may have brought compute back: the record stays RESTORING (the owner's end finishes it).
+      if (isCancellation(err)) this.cutShort = start;
       // The sandbox stays where it was (its raised fence kept): a later resume tries again.
       if (!isCancellation(err) && !(err instanceof JobFailedAfterResume) && this.isPatched(PATCH_RESUME_ROLLBACK))
         this.set({ state: before, lastError: failureMessage(err) });

@@ -300,6 +300,24 @@ export function hashMismatches(now: Hashes, ...stored: (Partial<Hashes> | undefi
   return [...bad];
 }
 
+// ---------------------------------------------------------------- a Run's end
+
+/**
+ * What the end of a Run that keeps its workspace (cancelled, failed) does first with a sandbox it finds
+ * mid-change, by its record's state; undefined when the sandbox is settled enough to be released as it is.
+ * - PROVISIONING (a provision cut short or failed): `destroy`. The agent has done nothing in it yet, so
+ *   there is no workspace to keep, while what the provision made may already run; the capabilities a
+ *   release needs were never learnt. Destroyed, the record says DESTROYED, so the host that made it
+ *   (unknown to the record) removes whatever a destroy that reached another host could not.
+ * - RESTORING (a resume the end cut short): `finishResume`. The restore may have brought compute back, in
+ *   part or whole, which no released record would name, so it is finished and then released: the record ends
+ *   RELEASED with a checkpoint of the whole workspace, and no process stays.
+ */
+export function settleAtEnd(state: ResourceState): 'destroy' | 'finishResume' | undefined {
+  if (state === 'PROVISIONING') return 'destroy';
+  return state === 'RESTORING' ? 'finishResume' : undefined;
+}
+
 // ---------------------------------------------------------------- destroy
 
 /** Record states a destroy announces itself from: all but the ones a destroy has already reached. */

@@ -97,6 +97,20 @@ export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 export const PATCH_CAN_YIELDS_TO_SUSPEND = 'stasis-run-can-yields-to-suspend';
 
 /**
+ * A Run that ends cancelled (or failed) with a resume cut short finishes that resume, then releases the
+ * sandbox: the record stayed RESTORING for good, and what the restore had started kept running.
+ * Asked for only when a Run's end meets such a record (never in ASKED_AT_START_2): every other Run's
+ * history is as before.
+ */
+export const PATCH_END_FINISHES_RESUME = 'stasis-run-end-finishes-resume';
+/**
+ * A Run that ends cancelled (or failed) while its sandbox is still being provisioned destroys it: the
+ * record stayed PROVISIONING (no capabilities learnt, so no pause mode chosen) and the sandbox's processes
+ * kept running, reaped by no host. Asked for only on that path, as PATCH_END_FINISHES_RESUME.
+ */
+export const PATCH_END_DESTROYS_PROVISIONING = 'stasis-run-end-destroys-provisioning';
+
+/**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
  * of each, and takes a fast driver's steps as local activities.
  *

@@ -1,11 +1,13 @@
 import { ApplicationFailure, condition, getExternalWorkflowHandle, log } from '@temporalio/workflow';
 import { END_REASON } from '../common/errors';
 import { failureMessage } from './failures';
-import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
+import { blockingChildren, choosePauseMode, settleAtEnd, type RunEvent } from './lifecycle';
 import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_END_DESTROYS_PROVISIONING,
+  PATCH_END_FINISHES_RESUME,
   PATCH_KEEP_RETAINED,
   type RunController,
 } from './run-controller';
@@ -63,8 +65,18 @@ export function finalResult(c: RunController): unknown {
 async function releaseCompute(c: RunController, reason: string): Promise<void> {
   const sandbox = c.sandbox;
   await sandbox.cancelRelease();
-  const state = sandbox.record.state;
+  let state = sandbox.record.state;
   if (state === 'RELEASED' || state === 'DESTROYED' || sandbox.record.fence === 0) return;
+  // Each asked for only on its path, so the end of a Run whose sandbox was settled gains no marker.
+  const first = settleAtEnd(state);
+  if (first === 'destroy' && c.patched(PATCH_END_DESTROYS_PROVISIONING)) {
+    await sandbox.destroy();
+    return;
+  }
+  if (first === 'finishResume' && c.patched(PATCH_END_FINISHES_RESUME)) {
+    await sandbox.finishCutShortResume();
+    state = sandbox.record.state;
+  }
   const decision = choosePauseMode({
     reason: 'MANUAL',
     workspace: c.run.spec.sandbox.workspace?.kind ?? 'isolated',

@@ -32,6 +32,7 @@ import {
   type RunFacts,
   type RunState,
   type SandboxOp,
+  settleAtEnd,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 import { PHASES, RUN_EVENTS, RUN_LEGAL, STATUSES } from '../helpers/run-table';
@@ -316,6 +317,28 @@ describe('resume plan', () => {
     expect(hashMismatches(now, now, { run: 'r' })).toEqual([]);
     expect(hashMismatches(now, { run: 'r', spec: 'x', policy: 'p' }, { policy: 'y' })).toEqual(['spec', 'policy']);
     expect(hashMismatches(now, undefined)).toEqual([]);
+  });
+});
+
+describe("a Run's end", () => {
+  // What the end of a cancelled or failed Run does first with a sandbox it finds mid-change, by record state.
+  const table = [
+    ['PROVISIONING', 'destroy'],
+    ['ACTIVE', undefined],
+    ['RELEASING', undefined],
+    ['RELEASE_BLOCKED', undefined],
+    ['RETAINED', undefined],
+    ['RELEASED', undefined],
+    ['RESTORING', 'finishResume'],
+    ['DESTROYING', undefined],
+    ['DESTROYED', undefined],
+  ] as const;
+  test.each(table)('%s → %s', (state, first) => {
+    expect(settleAtEnd(state)).toBe(first);
+  });
+
+  test('the table covers every record state', () => {
+    expect(new Set(table.map(([state]) => state))).toEqual(new Set(RESOURCE_STATES));
   });
 });
 
