@@ -45,7 +45,7 @@ async function beatsOf<T>(
   return { beats, value, beatenAtMs };
 }
 
-test('exec, release and resume calls send Temporal no heartbeat before QUIET_START_MS (each provider call beats at once)', async () => {
+test('exec, release and resume calls send Temporal no heartbeat before QUIET_START_MS', async () => {
   await fc.assert(
     fc.asyncProperty(fc.constantFrom<PauseMode>('DETACH', 'TERMINATE', 'SNAPSHOT_AND_TERMINATE'), async (mode) => {
       const sandboxId = await host.sandbox();
