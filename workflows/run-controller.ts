@@ -152,10 +152,24 @@ const ASKED_AT_START: string[] = [
 export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
 
 /**
- * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in every Run's first activation
- * (one marker each for a new Run), as ASKED_AT_START were. Add each new Run patch here.
+ * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in the first activation of a Run
+ * started without PATCH_RUN_BASELINE_3, as ASKED_AT_START were. Fixed: new Run patches go in
+ * ASKED_AT_START_3.
  */
 const ASKED_AT_START_2: string[] = [PATCH_CAN_YIELDS_TO_SUSPEND, PATCH_WEBHOOK_WORKFLOWS];
+
+/**
+ * A Run started with this marker has every change of runBaseline2() and ASKED_AT_START_2 from its
+ * start (runBaseline3()), with one marker for all of them (as PATCH_RUN_BASELINE_2, for issue 17).
+ */
+export const PATCH_RUN_BASELINE_3 = 'stasis-run-baseline-3';
+
+/**
+ * Changes to Run code made after PATCH_RUN_BASELINE_3: asked for in every Run's first activation
+ * (one marker each for a new Run). Add each new Run patch here; fold them into a next baseline
+ * when there are several.
+ */
+const ASKED_AT_START_3: string[] = [];
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -180,6 +194,11 @@ function runBaseline(): string[] {
 /** The changes a Run started with PATCH_RUN_BASELINE_2 has from its start. Fixed: never add to it. */
 function runBaseline2(): string[] {
   return [...runBaseline(), ...ASKED_AT_START, PATCH_ONE_UPSERT];
+}
+
+/** The changes a Run started with PATCH_RUN_BASELINE_3 has from its start. Fixed: never add to it. */
+function runBaseline3(): string[] {
+  return [...runBaseline2(), ...ASKED_AT_START_2];
 }
 
 /**
@@ -226,12 +245,14 @@ export class RunController {
   private lastReportedState?: string;
   /**
    * Decided in the Run's first activation (before its publisher asks for any patch). A Run started
-   * with the second baseline asks for neither the first nor the patches the second one holds.
+   * with a later baseline asks for neither an earlier one nor the patches the later one holds.
    */
-  private readonly baseline2 = patched(PATCH_RUN_BASELINE_2);
+  private readonly baseline3 = patched(PATCH_RUN_BASELINE_3);
+  private readonly baseline2 = this.baseline3 || patched(PATCH_RUN_BASELINE_2);
   private readonly baseline = this.baseline2 || patched(PATCH_RUN_BASELINE);
-  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2). */
+  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2, _3). */
   readonly patched = (patchId: string): boolean =>
+    (this.baseline3 && runBaseline3().includes(patchId)) ||
     (this.baseline2 && runBaseline2().includes(patchId)) ||
     (this.baseline && runBaseline().includes(patchId)) ||
     patched(patchId);
@@ -242,7 +263,8 @@ export class RunController {
   constructor(input: RunWorkflowInput, workflowId: string) {
     this.run = input.carried ? takeUp(input.carried, input.spec) : newAggregate(workflowId, input);
     if (!this.baseline2) for (const patchId of ASKED_AT_START) patched(patchId);
-    for (const patchId of ASKED_AT_START_2) patched(patchId);
+    if (!this.baseline3) for (const patchId of ASKED_AT_START_2) patched(patchId);
+    for (const patchId of ASKED_AT_START_3) patched(patchId);
     const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);
     // Runs started between the two markers took their steps as activities: local ones stalled a
     // polled Run until the baseline (PATCH_RUN_BASELINE) fixed why.

@@ -72,7 +72,7 @@ test('a fused resume whose restore fails ends the Run as a failed resume of its 
   expect(outcome(fused)).toEqual(outcome(plain));
 });
 
-test('a Run cancelled while the job of a fused resume runs ends CANCELLED (it ended FAILED)', async () => {
+test('a Run cancelled while the job of a fused resume runs ends CANCELLED (it ended FAILED), its compute released', async () => {
   const { runId } = await stack.client.runs.start({
     agent: {
       driver: 'scripted',
@@ -89,6 +89,9 @@ test('a Run cancelled while the job of a fused resume runs ends CANCELLED (it en
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   expect((await stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('CANCELLED');
   expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
+  // Its compute released, its workspace kept (a cancelled Run's).
+  expect((await stack.client.runs.resource(runId)).record.state).toBe('RELEASED');
+  expect(await stack.workers.get('host-a')!.registry.get('local').processCount(sandboxId)).toBe(0);
   const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
   const scheduled = (history.events ?? []).flatMap(
     (e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? [],
