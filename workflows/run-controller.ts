@@ -89,6 +89,8 @@ export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
  * steps, so it never continued as new and its history grew until Temporal ended it.
  */
 export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
+/** A completed Run's destroy is not cancelled by a cancel or a ttl that comes while it runs (run-ending.ts). */
+export const PATCH_UNCANCELLED_DESTROY = 'stasis-run-uncancelled-destroy';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -133,9 +135,18 @@ export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
 
 /**
  * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in every Run's first activation
- * (one marker each for a new Run), as ASKED_AT_START were. Add each new Run patch here.
+ * (one marker each for a new Run), as ASKED_AT_START were. Fixed: a Run started with PATCH_RUN_BASELINE_3
+ * does not ask them; new Run patches go in runBaseline3() until it is released.
  */
 const ASKED_AT_START_2: string[] = [];
+
+/**
+ * A Run started with this marker has every change of the second baseline and those of runBaseline3()
+ * from its start, with one marker. Why a third: the changes to how a Run ends are asked for after a
+ * local step (the agent's `complete` or `fail`), where a first patch() breaks replay (see
+ * PATCH_RUN_BASELINE), and ASKED_AT_START_2 would cost every new Run a marker each.
+ */
+export const PATCH_RUN_BASELINE_3 = 'stasis-run-baseline-3';
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -160,6 +171,11 @@ function runBaseline(): string[] {
 /** The changes a Run started with PATCH_RUN_BASELINE_2 has from its start. Fixed: never add to it. */
 function runBaseline2(): string[] {
   return [...runBaseline(), ...ASKED_AT_START, PATCH_ONE_UPSERT];
+}
+
+/** The changes a Run started with PATCH_RUN_BASELINE_3 has from its start. Fixed once released. */
+function runBaseline3(): string[] {
+  return [...runBaseline2(), ...ASKED_AT_START_2, PATCH_UNCANCELLED_DESTROY];
 }
 
 /**
@@ -206,10 +222,12 @@ export class RunController {
    * Decided in the Run's first activation (before its publisher asks for any patch). A Run started
    * with the second baseline asks for neither the first nor the patches the second one holds.
    */
-  private readonly baseline2 = patched(PATCH_RUN_BASELINE_2);
+  private readonly baseline3 = patched(PATCH_RUN_BASELINE_3);
+  private readonly baseline2 = this.baseline3 || patched(PATCH_RUN_BASELINE_2);
   private readonly baseline = this.baseline2 || patched(PATCH_RUN_BASELINE);
-  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2). */
+  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2, _3). */
   readonly patched = (patchId: string): boolean =>
+    (this.baseline3 && runBaseline3().includes(patchId)) ||
     (this.baseline2 && runBaseline2().includes(patchId)) ||
     (this.baseline && runBaseline().includes(patchId)) ||
     patched(patchId);
@@ -220,7 +238,7 @@ export class RunController {
   constructor(input: RunWorkflowInput, workflowId: string) {
     this.run = input.carried ? takeUp(input.carried, input.spec) : newAggregate(workflowId, input);
     if (!this.baseline2) for (const patchId of ASKED_AT_START) patched(patchId);
-    for (const patchId of ASKED_AT_START_2) patched(patchId);
+    if (!this.baseline3) for (const patchId of ASKED_AT_START_2) patched(patchId);
     const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);
     // Runs started between the two markers took their steps as activities: local ones stalled a
     // polled Run until the baseline (PATCH_RUN_BASELINE) fixed why.

@@ -1,4 +1,11 @@
-import { ApplicationFailure, condition, getExternalWorkflowHandle, log } from '@temporalio/workflow';
+import {
+  ApplicationFailure,
+  CancellationScope,
+  condition,
+  getExternalWorkflowHandle,
+  isCancellation,
+  log,
+} from '@temporalio/workflow';
 import { END_REASON } from '../common/errors';
 import { failureMessage } from './failures';
 import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
@@ -7,6 +14,7 @@ import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_KEEP_RETAINED,
+  PATCH_UNCANCELLED_DESTROY,
   type RunController,
 } from './run-controller';
 import { isTerminal, liveChildren } from './run-state';
@@ -18,15 +26,19 @@ import { releaseKeepingNothing } from './run-suspension';
 /** A finished Run waits for its children's compute, then destroys its own sandbox. */
 export async function finish(c: RunController): Promise<void> {
   const run = c.run;
+  const destroy = () => c.sandbox.destroy();
   if (!c.completed) {
-    await endWith(c, undefined, () => c.sandbox.destroy());
+    await endWith(c, undefined, destroy);
     return;
   }
   // Children first: their Runs end and their compute is released before the parent completes.
   const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
   if (run.children.length === 0 || !c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
   else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
-  await endWith(c, undefined, () => c.sandbox.destroy());
+  // The Run is done: a cancel or a ttl that comes now does not stop its destroy halfway (DESTROYING for good).
+  if (c.patched(PATCH_UNCANCELLED_DESTROY))
+    await CancellationScope.nonCancellable(() => endWith(c, undefined, destroy));
+  else await endWith(c, undefined, destroy);
   run.output = c.completed.output;
   c.transition('complete');
 }
@@ -95,6 +107,8 @@ async function endWith(c: RunController, event: RunEvent | undefined, cleanup: (
   try {
     await cleanup();
   } catch (err) {
+    // A cleanup that was cancelled is not done: the Run does not go on as if it were.
+    if (isCancellation(err) && c.patched(PATCH_UNCANCELLED_DESTROY)) throw err;
     c.sandbox.noteError(failureMessage(err));
   }
   c.changed();

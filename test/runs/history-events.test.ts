@@ -183,7 +183,7 @@ test.each(['DETACH', 'SNAPSHOT_AND_TERMINATE'] as const)(
         (e) => e.eventType === MARKER && e.markerRecordedEventAttributes?.markerName === 'core_local_activity',
       ),
     ).toHaveLength(4);
-    // One patch marker for a new Run (PATCH_RUN_BASELINE_2 holds every change of Run code so far), so one
+    // One patch marker for a new Run (PATCH_RUN_BASELINE_3 holds every change of Run code so far), so one
     // upsert of TemporalChangeVersion, which the SDK adds to each marker: eight of each before.
     const patches = all.flatMap((e) =>
       e.markerRecordedEventAttributes?.markerName === 'core_patch' ? [e.markerRecordedEventAttributes] : [],

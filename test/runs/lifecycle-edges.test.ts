@@ -4,6 +4,8 @@ import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
 import { suspendRunUpdate } from '../../workflows/definitions';
 import { useStack, startStack, eventually, saw } from '../helpers/stack';
+import { releasedView } from '../helpers/runs';
+import { checkpointKeys, testS3 } from '../helpers/s3';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
 
@@ -59,7 +61,35 @@ const noSnapshot = (deps: ProviderDeps): SandboxProvider => {
   return { ...local, capabilities: { ...local.capabilities, pauseModes: ['DETACH'] } };
 };
 
-const stack = useStack(() => startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot] } }));
+/** Lets a `holdsDestroy` destroy go on; set by the test that holds one. */
+let destroyHeld: { started: () => void; go: Promise<void> } | undefined;
+
+/** The local provider whose destroy waits for the test (it heartbeats, and stops if told to). */
+const holdsDestroy = (deps: ProviderDeps): SandboxProvider => {
+  const local = createLocalProvider(deps, { name: 'holds-destroy' });
+  return {
+    ...local,
+    async destroy(request, context) {
+      const held = destroyHeld;
+      if (held) {
+        held.started();
+        let going = false;
+        void held.go.then(() => (going = true));
+        while (!going) {
+          context.signal?.throwIfAborted();
+          context.heartbeat?.();
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      return local.destroy(request, context);
+    },
+  };
+};
+
+const stack = useStack(() =>
+  startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot, holdsDestroy] } }),
+);
+const s3 = testS3();
 
 const provider = (name = 'local') => stack.workers.get('host-a')!.registry.get(name);
 
@@ -199,4 +229,44 @@ test('retention expiry of a RELEASE_BLOCKED Run does not hang; answers after exp
   expect(snapshot).toMatchObject({ status: 'EXPIRED', error: { code: 'SUSPEND_EXPIRED' } });
   expect(snapshot.interactions[0].status).toBe('expired');
   expect(await provider().processCount(`${runId}-sbx`)).toBe(0);
+});
+
+test('a cancel that comes while a completing Run destroys its sandbox does not stop the destroy: COMPLETED, all gone', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go?' }, { exec: 'cat notes.txt' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'holds-destroy' },
+  });
+  const released = await releasedView(stack.client, runId, 60_000);
+  expect(await checkpointKeys(s3, released.record.sandboxId)).not.toEqual([]);
+  let go: () => void = () => undefined;
+  const destroying = new Promise<void>((started) => {
+    destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
+  });
+  try {
+    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+    await destroying;
+    await stack.client.runs.cancel(runId);
+    // The cancel is in the history before the destroy may finish.
+    await eventually(
+      async () =>
+        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+          (e) => e.workflowExecutionCancelRequestedEventAttributes,
+        ),
+      30_000,
+      'cancel requested',
+    );
+    await new Promise((r) => setTimeout(r, 2_000));
+  } finally {
+    go();
+    destroyHeld = undefined;
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+  expect((await stack.client.runs.get(runId)).status).toBe('COMPLETED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record.state).toBe('DESTROYED');
+  expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, released.record.sandboxId)).toEqual([]);
 });
