@@ -91,6 +91,8 @@ export const PATCH_STAY_RELEASED = 'stasis-run-stay-released';
 export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 /** A completed Run's destroy is not cancelled by a cancel or a ttl that comes while it runs (run-ending.ts). */
 export const PATCH_UNCANCELLED_DESTROY = 'stasis-run-uncancelled-destroy';
+/** A Run that ends on a DETACH hold releases the compute it left running, with a snapshot (run-ending.ts). */
+export const PATCH_RELEASE_DETACHED = 'stasis-run-release-detached';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -175,7 +177,7 @@ function runBaseline2(): string[] {
 
 /** The changes a Run started with PATCH_RUN_BASELINE_3 has from its start. Fixed once released. */
 function runBaseline3(): string[] {
-  return [...runBaseline2(), ...ASKED_AT_START_2, PATCH_UNCANCELLED_DESTROY];
+  return [...runBaseline2(), ...ASKED_AT_START_2, PATCH_UNCANCELLED_DESTROY, PATCH_RELEASE_DETACHED];
 }
 
 /**

@@ -14,6 +14,7 @@ import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_KEEP_RETAINED,
+  PATCH_RELEASE_DETACHED,
   PATCH_UNCANCELLED_DESTROY,
   type RunController,
 } from './run-controller';
@@ -76,7 +77,10 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
   const sandbox = c.sandbox;
   await sandbox.cancelRelease();
   const state = sandbox.record.state;
-  if (state === 'RELEASED' || state === 'DESTROYED' || sandbox.record.fence === 0) return;
+  // A DETACH release (a hold's) left the compute running: released again, it goes, the workspace kept.
+  const detached = state === 'RELEASED' && sandbox.record.pauseMode === 'DETACH';
+  if (state === 'RELEASED' && !(detached && c.patched(PATCH_RELEASE_DETACHED))) return;
+  if (state === 'DESTROYED' || sandbox.record.fence === 0) return;
   const decision = choosePauseMode({
     reason: 'MANUAL',
     workspace: c.run.spec.sandbox.workspace?.kind ?? 'isolated',
@@ -88,7 +92,7 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
     else await sandbox.destroy();
     return;
   }
-  if (state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
+  if (!detached && state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
     await sandbox.resume();
   }
   await sandbox.releaseUnderNewFence(decision.mode, reason, c.labels());

@@ -270,3 +270,31 @@ test('a cancel that comes while a completing Run destroys its sandbox does not s
   expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
   expect(await checkpointKeys(s3, released.record.sandboxId)).toEqual([]);
 });
+
+test('a Run cancelled on a hold (DETACH, compute left running) releases its compute and keeps its workspace in a checkpoint', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const held = await eventually(
+    async () => {
+      const v = saw(await stack.client.runs.resource(runId));
+      return v.phase === 'SUSPENDED' && v.record.state === 'RELEASED' ? v : undefined;
+    },
+    60_000,
+    'held',
+  );
+  expect(held.record.pauseMode).toBe('DETACH');
+  expect(await provider().processCount(held.record.sandboxId)).toBeGreaterThan(0);
+  await stack.client.runs.cancel(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record).toMatchObject({ state: 'RELEASED', pauseMode: 'SNAPSHOT_AND_TERMINATE' });
+  expect(after.record.fence).toBeGreaterThan(held.record.fence);
+  expect(await provider().processCount(held.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, held.record.sandboxId)).not.toEqual([]);
+});
