@@ -93,6 +93,11 @@ export const PATCH_CAN_BRINGS_BACK = 'stasis-run-can-brings-back';
 export const PATCH_UNCANCELLED_DESTROY = 'stasis-run-uncancelled-destroy';
 /** A Run that ends on a DETACH hold releases the compute it left running, with a snapshot (run-ending.ts). */
 export const PATCH_RELEASE_DETACHED = 'stasis-run-release-detached';
+/**
+ * A Run its agent fails keeps its workspace (compute released), as one failed by an error does; its
+ * sandbox is not brought back first. It was brought back and destroyed, checkpoints and all.
+ */
+export const PATCH_FAILED_KEEPS = 'stasis-run-failed-keeps';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -177,7 +182,13 @@ function runBaseline2(): string[] {
 
 /** The changes a Run started with PATCH_RUN_BASELINE_3 has from its start. Fixed once released. */
 function runBaseline3(): string[] {
-  return [...runBaseline2(), ...ASKED_AT_START_2, PATCH_UNCANCELLED_DESTROY, PATCH_RELEASE_DETACHED];
+  return [
+    ...runBaseline2(),
+    ...ASKED_AT_START_2,
+    PATCH_UNCANCELLED_DESTROY,
+    PATCH_RELEASE_DETACHED,
+    PATCH_FAILED_KEEPS,
+  ];
 }
 
 /**

@@ -13,6 +13,7 @@ import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_FAILED_KEEPS,
   PATCH_KEEP_RETAINED,
   PATCH_RELEASE_DETACHED,
   PATCH_UNCANCELLED_DESTROY,
@@ -24,12 +25,19 @@ import { releaseKeepingNothing } from './run-suspension';
 // How a Run ends: completed, failed, cancelled or past its ttl. Each settles the
 // sandbox its own way; none leaves a job running.
 
-/** A finished Run waits for its children's compute, then destroys its own sandbox. */
+/**
+ * A finished Run: a completed one waits for its children's compute, then destroys its own sandbox; one
+ * its agent failed releases its compute and keeps its workspace.
+ */
 export async function finish(c: RunController): Promise<void> {
   const run = c.run;
   const destroy = () => c.sandbox.destroy();
   if (!c.completed) {
-    await endWith(c, undefined, destroy);
+    // Failed by its agent: its workspace is kept, only its compute goes (as endFailed).
+    if (c.patched(PATCH_FAILED_KEEPS)) {
+      const reason = run.error?.code ?? END_REASON.AGENT_FAILED;
+      await CancellationScope.nonCancellable(() => endWith(c, undefined, () => releaseCompute(c, reason)));
+    } else await endWith(c, undefined, destroy);
     return;
   }
   // Children first: their Runs end and their compute is released before the parent completes.

@@ -298,3 +298,25 @@ test('a Run cancelled on a hold (DETACH, compute left running) releases its comp
   expect(await provider().processCount(held.record.sandboxId)).toBe(0);
   expect(await checkpointKeys(s3, held.record.sandboxId)).not.toEqual([]);
 });
+
+test('a Run its agent fails with its sandbox active keeps the workspace in a checkpoint and releases its compute', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { writeFile: { path: 'work.txt', content: 'hours of work' } },
+        { expectFile: { path: 'work.txt', content: 'something else' } },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect(await stack.client.runs.get(runId)).toMatchObject({
+    status: 'FAILED',
+    error: { code: 'EXPECT_FILE_MISMATCH' },
+  });
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record).toMatchObject({ state: 'RELEASED', pauseMode: 'SNAPSHOT_AND_TERMINATE' });
+  expect(await provider().processCount(after.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, after.record.sandboxId)).not.toEqual([]);
+});
