@@ -98,6 +98,11 @@ export const PATCH_RELEASE_DETACHED = 'stasis-run-release-detached';
  * sandbox is not brought back first. It was brought back and destroyed, checkpoints and all.
  */
 export const PATCH_FAILED_KEEPS = 'stasis-run-failed-keeps';
+/**
+ * A child whose Run has ended blocks neither its parent's completion nor its release (blockingChildren):
+ * one that ended with its record kept ACTIVE or RETAINED held the parent for good.
+ */
+export const PATCH_ENDED_CHILDREN = 'stasis-run-ended-children';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker

@@ -13,6 +13,7 @@ import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_ENDED_CHILDREN,
   PATCH_FAILED_KEEPS,
   PATCH_KEEP_RETAINED,
   PATCH_RELEASE_DETACHED,
@@ -41,7 +42,8 @@ export async function finish(c: RunController): Promise<void> {
     return;
   }
   // Children first: their Runs end and their compute is released before the parent completes.
-  const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
+  const statuses = run.children.length > 0 && c.patched(PATCH_ENDED_CHILDREN) ? run.childStatus : undefined;
+  const settled = () => blockingChildren(run.children, statuses).length === 0 && liveChildren(run).length === 0;
   if (run.children.length === 0 || !c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
   else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
   // The Run is done: a cancel or a ttl that comes now does not stop its destroy halfway (DESTROYING for good).

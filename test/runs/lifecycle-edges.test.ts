@@ -320,3 +320,44 @@ test('a Run its agent fails with its sandbox active keeps the workspace in a che
   expect(await provider().processCount(after.record.sandboxId)).toBe(0);
   expect(await checkpointKeys(s3, after.record.sandboxId)).not.toEqual([]);
 });
+
+test('a child that ended keeping its compute (no snapshot) blocks neither its parent’s release nor its completion', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [
+        {
+          spawn: {
+            agent: { driver: 'scripted', steps: [{ exec: 'sleep 120' }, { complete: 'child done' }] },
+            sandbox: { provider: 'nosnap' },
+          },
+        },
+        { ask: 'go on?' },
+        { complete: 'parent done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const childId = `${runId}.child-1`;
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASE_BLOCKED',
+    60_000,
+    'parent blocked by its child',
+  );
+  await stack.client.runs.cancel(childId);
+  await expect(stack.temporal.workflow.getHandle(childId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(childId)).status).toBe('CANCELLED');
+  // Its workspace cannot be snapshotted: the cancelled child keeps its sandbox, for good.
+  expect((await stack.client.runs.resource(childId)).record.state).toBe('ACTIVE');
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASED',
+    30_000,
+    'parent released',
+  );
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  const ended = await Promise.race([
+    stack.temporal.workflow.getHandle(runId).result(),
+    new Promise((resolve) => setTimeout(() => resolve('still waiting for its child'), 30_000)),
+  ]);
+  expect(ended).toBe('parent done');
+});

@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import type { PauseMode, SandboxState } from '../../common/schemas';
+import type { PauseMode, RunStatus, SandboxState } from '../../common/schemas';
 import { RESOURCE_STATES } from '../../common/wire-checks';
 import {
   admitRunOp,
@@ -200,6 +200,30 @@ describe('release blocking', () => {
     ).toBe(false);
     expect(isReleaseBlocked([], [{ runId: 'a', state: 'ACTIVE' }])).toBe(true);
   });
+
+  test.each([
+    // [child record, child's reported status, blocks with statuses, blocks without]
+    ['ACTIVE', 'RUNNING', true, true],
+    ['ACTIVE', 'WAITING', true, true],
+    ['RELEASE_BLOCKED', 'RUNNING', true, true],
+    ['ACTIVE', 'CANCELLED', false, true],
+    ['ACTIVE', 'FAILED', false, true],
+    ['RETAINED', 'CANCELLED', false, true],
+    ['RETAINED', 'COMPLETED', false, true],
+    ['RELEASING', 'EXPIRED', false, true],
+    ['RELEASED', 'RUNNING', false, false],
+    ['DESTROYED', 'COMPLETED', false, false],
+    ['ACTIVE', undefined, true, true],
+  ] as const)(
+    'a child whose record is %s and Run %s: blocks %s (%s without its status)',
+    (state, status, withStatus, without) => {
+      const children = [{ runId: 'c', state }];
+      const statuses: Record<string, RunStatus> = status ? { c: status } : {};
+      expect(blockingChildren(children, statuses).length > 0).toBe(withStatus);
+      expect(isReleaseBlocked([], children, statuses)).toBe(withStatus);
+      expect(blockingChildren(children).length > 0).toBe(without);
+    },
+  );
 });
 
 describe('receipts, retries and keys', () => {
