@@ -173,6 +173,15 @@ export function blockingChildren(children: ChildState[], statuses?: Record<strin
   return children.filter((c) => !c.closed && !SETTLED.includes(c.state) && !ended(c)).map((c) => c.runId);
 }
 
+/**
+ * How long a finishing parent waits before it pings its unwatched children again (whether they still
+ * take signals), after `pings` pings: 30 s doubling to 1 h, so a long child costs its parent a few
+ * history events an hour, not five every 30 s (Temporal ended the parent at its history limit).
+ */
+export function childPingDelayMs(pings: number): number {
+  return Math.min(30_000 * 2 ** pings, 3_600_000);
+}
+
 export function isReleaseBlocked(
   jobs: JobState[],
   children: ChildState[],

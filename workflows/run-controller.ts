@@ -103,6 +103,11 @@ export const PATCH_FAILED_KEEPS = 'stasis-run-failed-keeps';
  * one that ended with its record kept ACTIVE or RETAINED held the parent for good.
  */
 export const PATCH_ENDED_CHILDREN = 'stasis-run-ended-children';
+/**
+ * A finishing parent waits for children it watches with no timer, and pings unwatched ones backed off
+ * (childPingDelayMs): a 30 s ping grew its history until Temporal terminated it.
+ */
+export const PATCH_QUIET_CHILD_WAIT = 'stasis-run-quiet-child-wait';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker

@@ -8,7 +8,7 @@ import {
 } from '@temporalio/workflow';
 import { END_REASON } from '../common/errors';
 import { failureMessage } from './failures';
-import { blockingChildren, choosePauseMode, type RunEvent } from './lifecycle';
+import { blockingChildren, childPingDelayMs, choosePauseMode, type RunEvent } from './lifecycle';
 import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
@@ -16,6 +16,7 @@ import {
   PATCH_ENDED_CHILDREN,
   PATCH_FAILED_KEEPS,
   PATCH_KEEP_RETAINED,
+  PATCH_QUIET_CHILD_WAIT,
   PATCH_RELEASE_DETACHED,
   PATCH_UNCANCELLED_DESTROY,
   type RunController,
@@ -45,6 +46,7 @@ export async function finish(c: RunController): Promise<void> {
   const statuses = run.children.length > 0 && c.patched(PATCH_ENDED_CHILDREN) ? run.childStatus : undefined;
   const settled = () => blockingChildren(run.children, statuses).length === 0 && liveChildren(run).length === 0;
   if (run.children.length === 0 || !c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
+  else if (c.patched(PATCH_QUIET_CHILD_WAIT)) await waitForChildren(c, settled);
   else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
   // The Run is done: a cancel or a ttl that comes now does not stop its destroy halfway (DESTROYING for good).
   if (c.patched(PATCH_UNCANCELLED_DESTROY))
@@ -141,8 +143,22 @@ async function cancelChildren(c: RunController): Promise<void> {
   );
 }
 
-/** How often a parent checks that children it cannot watch (started before a continue-as-new) are still open. */
+/** How often a parent checked that children it cannot watch were still open (before PATCH_QUIET_CHILD_WAIT). */
 const CHILD_PING_INTERVAL = '30s';
+
+/**
+ * Waits until `settled`. A child this workflow run started tells of its close by its handle, so it needs
+ * no timer; one it cannot watch (started before a continue-as-new) is pinged, ever less often.
+ */
+async function waitForChildren(c: RunController, settled: () => boolean): Promise<void> {
+  const unwatched = () => liveChildren(c.run).some((ch) => !c.watchedChildren.has(ch.runId));
+  for (let pings = 0; !settled(); pings++) {
+    if (!unwatched()) await condition(settled);
+    else if (!(await condition(() => settled() || !unwatched(), childPingDelayMs(pings)))) {
+      await pingUnwatchedChildren(c);
+    }
+  }
+}
 
 /** A child started before this workflow run that no longer takes signals has closed without its final report. */
 async function pingUnwatchedChildren(c: RunController): Promise<void> {

@@ -5,6 +5,7 @@ import {
   admitRunOp,
   blockingChildren,
   checkArity,
+  childPingDelayMs,
   blockingJobs,
   checkRespond,
   choosePauseMode,
@@ -277,6 +278,12 @@ describe('receipts, retries and keys', () => {
 
   test('backoff doubles from 1 s and stops at 5 min', () => {
     expect([1, 2, 3, 4, 5, 10, 50].map(releaseBackoffMs)).toEqual([0, 1_000, 2_000, 4_000, 8_000, 256_000, 300_000]);
+  });
+
+  test("a parent's pings of unwatched children back off from 30 s, doubling, to 1 h", () => {
+    expect([0, 1, 2, 6, 7, 20, 1000].map(childPingDelayMs)).toEqual([
+      30_000, 60_000, 120_000, 1_920_000, 3_600_000, 3_600_000, 3_600_000,
+    ]);
   });
 
   test('idempotency key names run, sandbox and fence', () => {
