@@ -152,4 +152,9 @@ test('a completed parent waiting for a long child it watches adds nothing to its
   // The child's end still reaches it.
   await stack.client.runs.cancel(childId);
   await expect(parent.result()).resolves.toBe('parent done');
+  // Its baseline marker stands for the changes to how a parent waits: no marker of their own.
+  const patches = ((await parent.fetchHistory()).events ?? []).filter(
+    (e) => e.markerRecordedEventAttributes?.markerName === 'core_patch',
+  );
+  expect(patches).toHaveLength(1);
 }, 150_000);
