@@ -86,6 +86,12 @@ const holdsDestroy = (deps: ProviderDeps): SandboxProvider => {
   };
 };
 
+/** Whether the Run asked for an activity's cancellation (its held destroy is its only one under way). */
+const destroyCancelRequested = async (runId: string) =>
+  ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+    (e) => e.activityTaskCancelRequestedEventAttributes,
+  );
+
 const stack = useStack(() =>
   startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot, holdsDestroy] } }),
 );
@@ -259,6 +265,7 @@ test('a cancel that comes while a completing Run destroys its sandbox does not s
       'cancel requested',
     );
     await new Promise((r) => setTimeout(r, 2_000));
+    expect(await destroyCancelRequested(runId)).toBe(false);
   } finally {
     go();
     destroyHeld = undefined;
@@ -360,4 +367,41 @@ test('a child that ended keeping its compute (no snapshot) blocks neither its pa
     new Promise((resolve) => setTimeout(() => resolve('still waiting for its child'), 30_000)),
   ]);
   expect(ended).toBe('parent done');
+});
+
+test('a ttl that runs out while a completing Run destroys its sandbox does not stop the destroy either', async () => {
+  let go: () => void = () => undefined;
+  const destroying = new Promise<void>((started) => {
+    destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
+  });
+  let runId = '';
+  try {
+    ({ runId } = await stack.client.runs.start({
+      agent: { driver: 'scripted', steps: [{ exec: 'echo work > notes.txt' }, { complete: 'done' }] },
+      sandbox: { provider: 'holds-destroy' },
+      policy: { ttl: '5s' },
+    }));
+    await destroying;
+    // The ttl's timer fires while the destroy is held.
+    await eventually(
+      async () =>
+        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+          (e) => e.timerFiredEventAttributes,
+        ),
+      30_000,
+      'ttl fired',
+    );
+    // The destroy goes on: the Run does not ask for its cancellation (whether that reaches the
+    // activity before the test lets it go depends on its heartbeats).
+    await new Promise((r) => setTimeout(r, 2_000));
+    expect(await destroyCancelRequested(runId)).toBe(false);
+  } finally {
+    go();
+    destroyHeld = undefined;
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+  expect((await stack.client.runs.get(runId)).status).toBe('COMPLETED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record.state).toBe('DESTROYED');
+  expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
 });
