@@ -162,13 +162,32 @@ export interface ChildState {
   closed?: string;
 }
 
-/** A parent's release waits until every child's record is released (or gone, or the child closed unreported). */
-export function blockingChildren(children: ChildState[]): string[] {
-  return children.filter((c) => !c.closed && !SETTLED.includes(c.state)).map((c) => c.runId);
+/**
+ * A parent's release (and its completion) waits until every child's record is released (or gone, or
+ * the child closed unreported). With `statuses`, the children's reported Run statuses, a child whose
+ * Run has ended blocks nothing either: its compute no longer changes (a cancelled child that cannot
+ * snapshot keeps its sandbox ACTIVE or RETAINED for good), so waiting for it would never end.
+ */
+export function blockingChildren(children: ChildState[], statuses?: Record<string, RunStatus>): string[] {
+  const ended = (c: ChildState) => statuses?.[c.runId] !== undefined && isTerminalRunStatus(statuses[c.runId]);
+  return children.filter((c) => !c.closed && !SETTLED.includes(c.state) && !ended(c)).map((c) => c.runId);
 }
 
-export function isReleaseBlocked(jobs: JobState[], children: ChildState[]): boolean {
-  return blockingJobs(jobs).length > 0 || blockingChildren(children).length > 0;
+/**
+ * How long a finishing parent waits before it pings its unwatched children again (whether they still
+ * take signals), after `pings` pings: 30 s doubling to 1 h, so a long child costs its parent a few
+ * history events an hour, not five every 30 s (Temporal ended the parent at its history limit).
+ */
+export function childPingDelayMs(pings: number): number {
+  return Math.min(30_000 * 2 ** pings, 3_600_000);
+}
+
+export function isReleaseBlocked(
+  jobs: JobState[],
+  children: ChildState[],
+  statuses?: Record<string, RunStatus>,
+): boolean {
+  return blockingJobs(jobs).length > 0 || blockingChildren(children, statuses).length > 0;
 }
 
 // ---------------------------------------------------------------- receipts and retries

@@ -29,12 +29,13 @@ import {
   PATCH_CAN_YIELDS_TO_SUSPEND,
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
+  PATCH_FAILED_KEEPS,
   shared,
   type RunController,
 } from './run-controller';
 import { carriedAggregate, isTerminal, toAnswer } from './run-state';
 import { finish } from './run-ending';
-import { completeResume, keepsReleased, resumeWithJob, suspendAndWait } from './run-suspension';
+import { completeResume, keepsReleased, resumeWithJob, suspendAndWait, undoPendingResume } from './run-suspension';
 import { fusesWithResume } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
@@ -97,7 +98,9 @@ export async function agentLoop(c: RunController): Promise<void> {
     run.lastResult = await perform(c, step.action);
   }
   c.publishHeld();
-  await completeResume(c);
+  // A Run its agent failed keeps its sandbox where it is: a resume begun for its next action is given up.
+  if (!c.completed && c.patched(PATCH_FAILED_KEEPS)) undoPendingResume(c);
+  else await completeResume(c);
   await finish(c);
 }
 
@@ -137,7 +140,11 @@ async function wake(c: RunController): Promise<void> {
 async function perform(c: RunController, action: AgentAction): Promise<unknown> {
   // A deferred resume goes with a sandbox job (runJob), is skipped by a suspension that keeps the
   // sandbox released as it is (suspendAndWait), and comes before anything else.
-  if (c.pendingResume && !fusesWithResume(action) && !keepsReleased(c, suspensionOf(action))) await completeResume(c);
+  // A `fail` ends the Run with its workspace kept where it is (finish()): nothing to bring back for it.
+  const failsKept = action.type === 'fail' && c.patched(PATCH_FAILED_KEEPS);
+  if (c.pendingResume && !failsKept && !fusesWithResume(action) && !keepsReleased(c, suspensionOf(action))) {
+    await completeResume(c);
+  }
   switch (action.type) {
     case 'job':
       return runJob(c, action);

@@ -99,16 +99,34 @@ export const PATCH_CAN_YIELDS_TO_SUSPEND = 'stasis-run-can-yields-to-suspend';
 /**
  * A Run that ends cancelled (or failed) with a resume cut short finishes that resume, then releases the
  * sandbox: the record stayed RESTORING for good, and what the restore had started kept running.
- * Asked for only when a Run's end meets such a record (never in ASKED_AT_START_2): every other Run's
- * history is as before.
+ * In PATCH_RUN_BASELINE_3; a Run started before asks for it only when its end meets such a record.
  */
 export const PATCH_END_FINISHES_RESUME = 'stasis-run-end-finishes-resume';
 /**
  * A Run that ends cancelled (or failed) while its sandbox is still being provisioned destroys it: the
  * record stayed PROVISIONING (no capabilities learnt, so no pause mode chosen) and the sandbox's processes
- * kept running, reaped by no host. Asked for only on that path, as PATCH_END_FINISHES_RESUME.
+ * kept running, reaped by no host. In PATCH_RUN_BASELINE_3, as PATCH_END_FINISHES_RESUME.
  */
 export const PATCH_END_DESTROYS_PROVISIONING = 'stasis-run-end-destroys-provisioning';
+/** A completed Run's destroy is not cancelled by a cancel or a ttl that comes while it runs (run-ending.ts). */
+export const PATCH_UNCANCELLED_DESTROY = 'stasis-run-uncancelled-destroy';
+/** A Run that ends on a DETACH hold releases the compute it left running, with a snapshot (run-ending.ts). */
+export const PATCH_RELEASE_DETACHED = 'stasis-run-release-detached';
+/**
+ * A Run its agent fails keeps its workspace (compute released), as one failed by an error does; its
+ * sandbox is not brought back first. It was brought back and destroyed, checkpoints and all.
+ */
+export const PATCH_FAILED_KEEPS = 'stasis-run-failed-keeps';
+/**
+ * A child whose Run has ended blocks neither its parent's completion nor its release (blockingChildren):
+ * one that ended with its record kept ACTIVE or RETAINED held the parent for good.
+ */
+export const PATCH_ENDED_CHILDREN = 'stasis-run-ended-children';
+/**
+ * A finishing parent waits for children it watches with no timer, and pings unwatched ones backed off
+ * (childPingDelayMs): a 30 s ping grew its history until Temporal terminated it.
+ */
+export const PATCH_QUIET_CHILD_WAIT = 'stasis-run-quiet-child-wait';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -159,17 +177,19 @@ export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
 const ASKED_AT_START_2: string[] = [PATCH_CAN_YIELDS_TO_SUSPEND, PATCH_WEBHOOK_WORKFLOWS];
 
 /**
- * A Run started with this marker has every change of runBaseline2() and ASKED_AT_START_2 from its
- * start (runBaseline3()), with one marker for all of them (as PATCH_RUN_BASELINE_2, for issue 17).
- */
-export const PATCH_RUN_BASELINE_3 = 'stasis-run-baseline-3';
-
-/**
  * Changes to Run code made after PATCH_RUN_BASELINE_3: asked for in every Run's first activation
  * (one marker each for a new Run). Add each new Run patch here; fold them into a next baseline
  * when there are several.
  */
 const ASKED_AT_START_3: string[] = [];
+
+/**
+ * A Run started with this marker has every change of the second baseline and those of runBaseline3()
+ * from its start, with one marker (as PATCH_RUN_BASELINE_2, for issue 17). Why a third: the changes to how a Run ends are asked for after a
+ * local step (the agent's `complete` or `fail`), where a first patch() breaks replay (see
+ * PATCH_RUN_BASELINE), and ASKED_AT_START_2 would cost every new Run a marker each.
+ */
+export const PATCH_RUN_BASELINE_3 = 'stasis-run-baseline-3';
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -198,7 +218,17 @@ function runBaseline2(): string[] {
 
 /** The changes a Run started with PATCH_RUN_BASELINE_3 has from its start. Fixed: never add to it. */
 function runBaseline3(): string[] {
-  return [...runBaseline2(), ...ASKED_AT_START_2];
+  return [
+    ...runBaseline2(),
+    ...ASKED_AT_START_2,
+    PATCH_UNCANCELLED_DESTROY,
+    PATCH_RELEASE_DETACHED,
+    PATCH_FAILED_KEEPS,
+    PATCH_ENDED_CHILDREN,
+    PATCH_QUIET_CHILD_WAIT,
+    PATCH_END_FINISHES_RESUME,
+    PATCH_END_DESTROYS_PROVISIONING,
+  ];
 }
 
 /**

@@ -1,14 +1,26 @@
-import { ApplicationFailure, condition, getExternalWorkflowHandle, log } from '@temporalio/workflow';
+import {
+  ApplicationFailure,
+  CancellationScope,
+  condition,
+  getExternalWorkflowHandle,
+  isCancellation,
+  log,
+} from '@temporalio/workflow';
 import { END_REASON } from '../common/errors';
 import { failureMessage } from './failures';
-import { blockingChildren, choosePauseMode, settleAtEnd, type RunEvent } from './lifecycle';
+import { blockingChildren, childPingDelayMs, choosePauseMode, settleAtEnd, type RunEvent } from './lifecycle';
 import { childPingSignal } from './definitions';
 import {
   PATCH_CHILD_CLOSED_UNREPORTED,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_END_DESTROYS_PROVISIONING,
   PATCH_END_FINISHES_RESUME,
+  PATCH_ENDED_CHILDREN,
+  PATCH_FAILED_KEEPS,
   PATCH_KEEP_RETAINED,
+  PATCH_QUIET_CHILD_WAIT,
+  PATCH_RELEASE_DETACHED,
+  PATCH_UNCANCELLED_DESTROY,
   type RunController,
 } from './run-controller';
 import { isTerminal, liveChildren } from './run-state';
@@ -17,18 +29,31 @@ import { releaseKeepingNothing } from './run-suspension';
 // How a Run ends: completed, failed, cancelled or past its ttl. Each settles the
 // sandbox its own way; none leaves a job running.
 
-/** A finished Run waits for its children's compute, then destroys its own sandbox. */
+/**
+ * A finished Run: a completed one waits for its children's compute, then destroys its own sandbox; one
+ * its agent failed releases its compute and keeps its workspace.
+ */
 export async function finish(c: RunController): Promise<void> {
   const run = c.run;
+  const destroy = () => c.sandbox.destroy();
   if (!c.completed) {
-    await endWith(c, undefined, () => c.sandbox.destroy());
+    // Failed by its agent: its workspace is kept, only its compute goes (as endFailed).
+    if (c.patched(PATCH_FAILED_KEEPS)) {
+      const reason = run.error?.code ?? END_REASON.AGENT_FAILED;
+      await CancellationScope.nonCancellable(() => endWith(c, undefined, () => releaseCompute(c, reason)));
+    } else await endWith(c, undefined, destroy);
     return;
   }
   // Children first: their Runs end and their compute is released before the parent completes.
-  const settled = () => blockingChildren(run.children).length === 0 && liveChildren(run).length === 0;
+  const statuses = run.children.length > 0 && c.patched(PATCH_ENDED_CHILDREN) ? run.childStatus : undefined;
+  const settled = () => blockingChildren(run.children, statuses).length === 0 && liveChildren(run).length === 0;
   if (run.children.length === 0 || !c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) await condition(settled);
+  else if (c.patched(PATCH_QUIET_CHILD_WAIT)) await waitForChildren(c, settled);
   else while (!(await condition(settled, CHILD_PING_INTERVAL))) await pingUnwatchedChildren(c);
-  await endWith(c, undefined, () => c.sandbox.destroy());
+  // The Run is done: a cancel or a ttl that comes now does not stop its destroy halfway (DESTROYING for good).
+  if (c.patched(PATCH_UNCANCELLED_DESTROY))
+    await CancellationScope.nonCancellable(() => endWith(c, undefined, destroy));
+  else await endWith(c, undefined, destroy);
   run.output = c.completed.output;
   c.transition('complete');
 }
@@ -66,8 +91,10 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
   const sandbox = c.sandbox;
   await sandbox.cancelRelease();
   let state = sandbox.record.state;
-  if (state === 'RELEASED' || state === 'DESTROYED' || sandbox.record.fence === 0) return;
-  // Each asked for only on its path, so the end of a Run whose sandbox was settled gains no marker.
+  // A DETACH release (a hold's) left the compute running: released again, it goes, the workspace kept.
+  const detached = state === 'RELEASED' && sandbox.record.pauseMode === 'DETACH';
+  if (state === 'RELEASED' && !(detached && c.patched(PATCH_RELEASE_DETACHED))) return;
+  if (state === 'DESTROYED' || sandbox.record.fence === 0) return;
   const first = settleAtEnd(state);
   if (first === 'destroy' && c.patched(PATCH_END_DESTROYS_PROVISIONING)) {
     await sandbox.destroy();
@@ -88,7 +115,7 @@ async function releaseCompute(c: RunController, reason: string): Promise<void> {
     else await sandbox.destroy();
     return;
   }
-  if (state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
+  if (!detached && state !== 'ACTIVE' && state !== 'RETAINED' && state !== 'RELEASE_BLOCKED' && state !== 'RELEASING') {
     await sandbox.resume();
   }
   await sandbox.releaseUnderNewFence(decision.mode, reason, c.labels());
@@ -107,6 +134,8 @@ async function endWith(c: RunController, event: RunEvent | undefined, cleanup: (
   try {
     await cleanup();
   } catch (err) {
+    // A cleanup that was cancelled is not done: the Run does not go on as if it were.
+    if (isCancellation(err) && c.patched(PATCH_UNCANCELLED_DESTROY)) throw err;
     c.sandbox.noteError(failureMessage(err));
   }
   c.changed();
@@ -125,8 +154,22 @@ async function cancelChildren(c: RunController): Promise<void> {
   );
 }
 
-/** How often a parent checks that children it cannot watch (started before a continue-as-new) are still open. */
+/** How often a parent checked that children it cannot watch were still open (before PATCH_QUIET_CHILD_WAIT). */
 const CHILD_PING_INTERVAL = '30s';
+
+/**
+ * Waits until `settled`. A child this workflow run started tells of its close by its handle, so it needs
+ * no timer; one it cannot watch (started before a continue-as-new) is pinged, ever less often.
+ */
+async function waitForChildren(c: RunController, settled: () => boolean): Promise<void> {
+  const unwatched = () => liveChildren(c.run).some((ch) => !c.watchedChildren.has(ch.runId));
+  for (let pings = 0; !settled(); pings++) {
+    if (!unwatched()) await condition(settled);
+    else if (!(await condition(() => settled() || !unwatched(), childPingDelayMs(pings)))) {
+      await pingUnwatchedChildren(c);
+    }
+  }
+}
 
 /** A child started before this workflow run that no longer takes signals has closed without its final report. */
 async function pingUnwatchedChildren(c: RunController): Promise<void> {

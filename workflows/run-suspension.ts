@@ -15,6 +15,7 @@ import {
   type PauseDecision,
 } from './lifecycle';
 import {
+  PATCH_ENDED_CHILDREN,
   PATCH_EXPIRY_DESTROYS,
   PATCH_EXPIRY_FIRST,
   PATCH_IDLE_ATTACH,
@@ -71,7 +72,12 @@ export async function suspendAndWait(
   // A sandbox that stays released is so in this mode already, with the checkpoint the next resume restores.
   if (!stay) {
     if (decision.kind === 'retain') c.sandbox.retain(decision.why);
-    else c.sandbox.startRelease(decision.mode, reason, c.labels(), () => isReleaseBlocked(run.jobs, run.children));
+    else {
+      const statuses = run.children.length > 0 && c.patched(PATCH_ENDED_CHILDREN) ? run.childStatus : undefined;
+      c.sandbox.startRelease(decision.mode, reason, c.labels(), () =>
+        isReleaseBlocked(run.jobs, run.children, statuses),
+      );
+    }
   }
   c.transition('suspended');
 

@@ -5,7 +5,7 @@ import { PATCH_ONE_UPSERT } from './visibility';
 
 // Merges the search-attribute upserts of one activation into one command (one history event
 // instead of one per change). Only in workflows that set the PATCH_ONE_UPSERT marker, or a Run's
-// PATCH_RUN_BASELINE_2 or _3 that holds it, which their first activation does: histories recorded before
+// PATCH_RUN_BASELINE_2 or _3 that hold it, which their first activation does: histories recorded before
 // hold one upsert per change and must replay as they were. Registered in the bundle (workers/worker.ts, workflowInterceptorModules).
 
 type Command = coresdk.workflow_commands.IWorkflowCommand;

@@ -64,9 +64,11 @@ test('writeFile → ask → expectFile → exec → complete: released while wai
   expect(results).toContainEqual(expect.stringContaining('"stdout":"step one\\ndone\\n"'));
 });
 
-test('deny with onDeny fail ends the Run FAILED and destroys nothing it should keep', async () => {
+test('deny with onDeny fail ends the Run FAILED and keeps its workspace: no restore, the checkpoint stays', async () => {
   const { runId } = await stack.client.runs.start(spec('fail'));
-  await waitForRelease(runId);
+  const released = await waitForRelease(runId);
+  const checkpoints = await checkpointKeys(s3, released.record.sandboxId);
+  expect(checkpoints).not.toEqual([]);
   await stack.client.runs.respond(runId, 'int-1', { decision: 'deny', comment: 'not today' });
   await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
   const snapshot = await stack.client.runs.get(runId);
@@ -76,6 +78,16 @@ test('deny with onDeny fail ends the Run FAILED and destroys nothing it should k
     status: 'answered',
     response: { decision: 'deny', comment: 'not today' },
   });
+  // Released as it was, with the same checkpoint; the sandbox was never brought back to be failed.
+  const after = await stack.client.runs.resource(runId);
+  expect(after.record).toMatchObject({ state: 'RELEASED', checkpoint: released.record.checkpoint });
+  expect(await checkpointKeys(s3, released.record.sandboxId)).toEqual(checkpoints);
+  const history = await stack.temporal.workflow.getHandle(runId).fetchHistory();
+  const scheduled = (history.events ?? []).flatMap(
+    (e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? [],
+  );
+  expect(scheduled).not.toContain('restoreSandbox');
+  expect(scheduled).not.toContain('sandboxOp');
 });
 
 test('respond rejections leave no event in history and the Run unchanged', async () => {

@@ -106,3 +106,55 @@ test('while a child holds compute the parent is RELEASE_BLOCKED with a blocked a
   );
   expect((await stack.client.runs.get(parentId)).status).toBe('CANCELLED');
 });
+
+test('a completed parent waiting for a long child it watches adds nothing to its history meanwhile', async () => {
+  const parentId = `parent-quiet-${Date.now()}`;
+  const childId = `${parentId}.c1`;
+  await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [
+        {
+          spawn: {
+            runId: childId,
+            agent: { driver: 'scripted', steps: [{ exec: 'sleep 600' }, { complete: 'child' }] },
+            sandbox: { provider: 'local' },
+          },
+        },
+        { complete: 'parent done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const parent = stack.temporal.workflow.getHandle(parentId);
+  // The parent has taken its `complete` (its last step, a local activity marker) and waits in finish.
+  await eventually(
+    async () =>
+      ((await parent.fetchHistory()).events ?? []).filter(
+        (e) => e.markerRecordedEventAttributes?.markerName === 'core_local_activity',
+      ).length === 2,
+    60_000,
+    'parent waiting for its child',
+  );
+  await eventually(
+    async () => (await stack.client.runs.resource(childId)).record.state === 'ACTIVE',
+    60_000,
+    'child running',
+  );
+  await new Promise((r) => setTimeout(r, 3_000));
+  const before = (await parent.describe()).historyLength;
+  // Past two of the old 30 s pings.
+  await new Promise((r) => setTimeout(r, 65_000));
+  const described = await parent.describe();
+  expect(described.status.name).toBe('RUNNING');
+  expect(described.historyLength).toBe(before);
+  // The child's end still reaches it.
+  await stack.client.runs.cancel(childId);
+  await expect(parent.result()).resolves.toBe('parent done');
+  // Its baseline marker stands for the changes to how a parent waits: no marker of their own.
+  const patches = ((await parent.fetchHistory()).events ?? []).filter(
+    (e) => e.markerRecordedEventAttributes?.markerName === 'core_patch',
+  );
+  expect(patches).toHaveLength(1);
+}, 150_000);

@@ -4,6 +4,8 @@ import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
 import { suspendRunUpdate } from '../../workflows/definitions';
 import { useStack, startStack, eventually, saw } from '../helpers/stack';
+import { releasedView } from '../helpers/runs';
+import { checkpointKeys, testS3 } from '../helpers/s3';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
 
@@ -59,7 +61,41 @@ const noSnapshot = (deps: ProviderDeps): SandboxProvider => {
   return { ...local, capabilities: { ...local.capabilities, pauseModes: ['DETACH'] } };
 };
 
-const stack = useStack(() => startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot] } }));
+/** Lets a `holdsDestroy` destroy go on; set by the test that holds one. */
+let destroyHeld: { started: () => void; go: Promise<void> } | undefined;
+
+/** The local provider whose destroy waits for the test (it heartbeats, and stops if told to). */
+const holdsDestroy = (deps: ProviderDeps): SandboxProvider => {
+  const local = createLocalProvider(deps, { name: 'holds-destroy' });
+  return {
+    ...local,
+    async destroy(request, context) {
+      const held = destroyHeld;
+      if (held) {
+        held.started();
+        let going = false;
+        void held.go.then(() => (going = true));
+        while (!going) {
+          context.signal?.throwIfAborted();
+          context.heartbeat?.();
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      return local.destroy(request, context);
+    },
+  };
+};
+
+/** Whether the Run asked for an activity's cancellation (its held destroy is its only one under way). */
+const destroyCancelRequested = async (runId: string) =>
+  ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+    (e) => e.activityTaskCancelRequestedEventAttributes,
+  );
+
+const stack = useStack(() =>
+  startStack({ worker: { drivers: [quietThenHold, gated], providers: [noSnapshot, holdsDestroy] } }),
+);
+const s3 = testS3();
 
 const provider = (name = 'local') => stack.workers.get('host-a')!.registry.get(name);
 
@@ -199,4 +235,173 @@ test('retention expiry of a RELEASE_BLOCKED Run does not hang; answers after exp
   expect(snapshot).toMatchObject({ status: 'EXPIRED', error: { code: 'SUSPEND_EXPIRED' } });
   expect(snapshot.interactions[0].status).toBe('expired');
   expect(await provider().processCount(`${runId}-sbx`)).toBe(0);
+});
+
+test('a cancel that comes while a completing Run destroys its sandbox does not stop the destroy: COMPLETED, all gone', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go?' }, { exec: 'cat notes.txt' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'holds-destroy' },
+  });
+  const released = await releasedView(stack.client, runId, 60_000);
+  expect(await checkpointKeys(s3, released.record.sandboxId)).not.toEqual([]);
+  let go: () => void = () => undefined;
+  const destroying = new Promise<void>((started) => {
+    destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
+  });
+  try {
+    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+    await destroying;
+    await stack.client.runs.cancel(runId);
+    // The cancel is in the history before the destroy may finish.
+    await eventually(
+      async () =>
+        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+          (e) => e.workflowExecutionCancelRequestedEventAttributes,
+        ),
+      30_000,
+      'cancel requested',
+    );
+    await new Promise((r) => setTimeout(r, 2_000));
+    expect(await destroyCancelRequested(runId)).toBe(false);
+  } finally {
+    go();
+    destroyHeld = undefined;
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+  expect((await stack.client.runs.get(runId)).status).toBe('COMPLETED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record.state).toBe('DESTROYED');
+  expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, released.record.sandboxId)).toEqual([]);
+});
+
+test('a Run cancelled on a hold (DETACH, compute left running) releases its compute and keeps its workspace in a checkpoint', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const held = await eventually(
+    async () => {
+      const v = saw(await stack.client.runs.resource(runId));
+      return v.phase === 'SUSPENDED' && v.record.state === 'RELEASED' ? v : undefined;
+    },
+    60_000,
+    'held',
+  );
+  expect(held.record.pauseMode).toBe('DETACH');
+  expect(await provider().processCount(held.record.sandboxId)).toBeGreaterThan(0);
+  await stack.client.runs.cancel(runId);
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(runId)).status).toBe('CANCELLED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record).toMatchObject({ state: 'RELEASED', pauseMode: 'SNAPSHOT_AND_TERMINATE' });
+  expect(after.record.fence).toBeGreaterThan(held.record.fence);
+  expect(await provider().processCount(held.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, held.record.sandboxId)).not.toEqual([]);
+});
+
+test('a Run its agent fails with its sandbox active keeps the workspace in a checkpoint and releases its compute', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { writeFile: { path: 'work.txt', content: 'hours of work' } },
+        { expectFile: { path: 'work.txt', content: 'something else' } },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).rejects.toThrow();
+  expect(await stack.client.runs.get(runId)).toMatchObject({
+    status: 'FAILED',
+    error: { code: 'EXPECT_FILE_MISMATCH' },
+  });
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record).toMatchObject({ state: 'RELEASED', pauseMode: 'SNAPSHOT_AND_TERMINATE' });
+  expect(await provider().processCount(after.record.sandboxId)).toBe(0);
+  expect(await checkpointKeys(s3, after.record.sandboxId)).not.toEqual([]);
+});
+
+test('a child that ended keeping its compute (no snapshot) blocks neither its parent’s release nor its completion', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [
+        {
+          spawn: {
+            agent: { driver: 'scripted', steps: [{ exec: 'sleep 120' }, { complete: 'child done' }] },
+            sandbox: { provider: 'nosnap' },
+          },
+        },
+        { ask: 'go on?' },
+        { complete: 'parent done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const childId = `${runId}.child-1`;
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASE_BLOCKED',
+    60_000,
+    'parent blocked by its child',
+  );
+  await stack.client.runs.cancel(childId);
+  await expect(stack.temporal.workflow.getHandle(childId).result()).rejects.toThrow();
+  expect((await stack.client.runs.get(childId)).status).toBe('CANCELLED');
+  // Its workspace cannot be snapshotted: the cancelled child keeps its sandbox, for good.
+  expect((await stack.client.runs.resource(childId)).record.state).toBe('ACTIVE');
+  await eventually(
+    async () => (await stack.client.runs.resource(runId)).record.state === 'RELEASED',
+    30_000,
+    'parent released',
+  );
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+  const ended = await Promise.race([
+    stack.temporal.workflow.getHandle(runId).result(),
+    new Promise((resolve) => setTimeout(() => resolve('still waiting for its child'), 30_000)),
+  ]);
+  expect(ended).toBe('parent done');
+});
+
+test('a ttl that runs out while a completing Run destroys its sandbox does not stop the destroy either', async () => {
+  let go: () => void = () => undefined;
+  const destroying = new Promise<void>((started) => {
+    destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
+  });
+  let runId = '';
+  try {
+    ({ runId } = await stack.client.runs.start({
+      agent: { driver: 'scripted', steps: [{ exec: 'echo work > notes.txt' }, { complete: 'done' }] },
+      sandbox: { provider: 'holds-destroy' },
+      policy: { ttl: '5s' },
+    }));
+    await destroying;
+    // The ttl's timer fires while the destroy is held.
+    await eventually(
+      async () =>
+        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
+          (e) => e.timerFiredEventAttributes,
+        ),
+      30_000,
+      'ttl fired',
+    );
+    // The destroy goes on: the Run does not ask for its cancellation (whether that reaches the
+    // activity before the test lets it go depends on its heartbeats).
+    await new Promise((r) => setTimeout(r, 2_000));
+    expect(await destroyCancelRequested(runId)).toBe(false);
+  } finally {
+    go();
+    destroyHeld = undefined;
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+  expect((await stack.client.runs.get(runId)).status).toBe('COMPLETED');
+  const after = saw(await stack.client.runs.resource(runId));
+  expect(after.record.state).toBe('DESTROYED');
+  expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
 });

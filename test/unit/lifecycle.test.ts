@@ -1,10 +1,11 @@
 import fc from 'fast-check';
-import type { PauseMode, SandboxState } from '../../common/schemas';
+import type { PauseMode, RunStatus, SandboxState } from '../../common/schemas';
 import { RESOURCE_STATES } from '../../common/wire-checks';
 import {
   admitRunOp,
   blockingChildren,
   checkArity,
+  childPingDelayMs,
   blockingJobs,
   checkRespond,
   choosePauseMode,
@@ -201,6 +202,30 @@ describe('release blocking', () => {
     ).toBe(false);
     expect(isReleaseBlocked([], [{ runId: 'a', state: 'ACTIVE' }])).toBe(true);
   });
+
+  test.each([
+    // [child record, child's reported status, blocks with statuses, blocks without]
+    ['ACTIVE', 'RUNNING', true, true],
+    ['ACTIVE', 'WAITING', true, true],
+    ['RELEASE_BLOCKED', 'RUNNING', true, true],
+    ['ACTIVE', 'CANCELLED', false, true],
+    ['ACTIVE', 'FAILED', false, true],
+    ['RETAINED', 'CANCELLED', false, true],
+    ['RETAINED', 'COMPLETED', false, true],
+    ['RELEASING', 'EXPIRED', false, true],
+    ['RELEASED', 'RUNNING', false, false],
+    ['DESTROYED', 'COMPLETED', false, false],
+    ['ACTIVE', undefined, true, true],
+  ] as const)(
+    'a child whose record is %s and Run %s: blocks %s (%s without its status)',
+    (state, status, withStatus, without) => {
+      const children = [{ runId: 'c', state }];
+      const statuses: Record<string, RunStatus> = status ? { c: status } : {};
+      expect(blockingChildren(children, statuses).length > 0).toBe(withStatus);
+      expect(isReleaseBlocked([], children, statuses)).toBe(withStatus);
+      expect(blockingChildren(children).length > 0).toBe(without);
+    },
+  );
 });
 
 describe('receipts, retries and keys', () => {
@@ -254,6 +279,12 @@ describe('receipts, retries and keys', () => {
 
   test('backoff doubles from 1 s and stops at 5 min', () => {
     expect([1, 2, 3, 4, 5, 10, 50].map(releaseBackoffMs)).toEqual([0, 1_000, 2_000, 4_000, 8_000, 256_000, 300_000]);
+  });
+
+  test("a parent's pings of unwatched children back off from 30 s, doubling, to 1 h", () => {
+    expect([0, 1, 2, 6, 7, 20, 1000].map(childPingDelayMs)).toEqual([
+      30_000, 60_000, 120_000, 1_920_000, 3_600_000, 3_600_000, 3_600_000,
+    ]);
   });
 
   test('idempotency key names run, sandbox and fence', () => {
