@@ -1,4 +1,5 @@
 import { WorkflowUpdateStage } from '@temporalio/client';
+import type { temporal } from '@temporalio/proto';
 import type { AgentDriver, AgentAction } from '../../drivers/api';
 import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
@@ -237,33 +238,20 @@ test('retention expiry of a RELEASE_BLOCKED Run does not hang; answers after exp
   expect(await provider().processCount(`${runId}-sbx`)).toBe(0);
 });
 
-test('a cancel that comes while a completing Run destroys its sandbox does not stop the destroy: COMPLETED, all gone', async () => {
-  const { runId } = await stack.client.runs.start({
-    agent: {
-      driver: 'scripted',
-      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go?' }, { exec: 'cat notes.txt' }, { complete: 'done' }],
-    },
-    sandbox: { provider: 'holds-destroy' },
-  });
-  const released = await releasedView(stack.client, runId, 60_000);
-  expect(await checkpointKeys(s3, released.record.sandboxId)).not.toEqual([]);
+/**
+ * Holds the next destroy of the `holds-destroy` provider while `interrupt` starts a completing Run and
+ * interrupts it (resolving to its id once the interruption is in the Run's history): the Run asks for no
+ * cancellation of the destroy (whether one would reach the activity before the test lets it go depends
+ * on its heartbeats), then completes with its sandbox destroyed and no process left.
+ */
+async function destroyGoesOnThrough(interrupt: (destroying: Promise<void>) => Promise<string>) {
   let go: () => void = () => undefined;
   const destroying = new Promise<void>((started) => {
     destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
   });
+  let runId: string;
   try {
-    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
-    await destroying;
-    await stack.client.runs.cancel(runId);
-    // The cancel is in the history before the destroy may finish.
-    await eventually(
-      async () =>
-        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
-          (e) => e.workflowExecutionCancelRequestedEventAttributes,
-        ),
-      30_000,
-      'cancel requested',
-    );
+    runId = await interrupt(destroying);
     await new Promise((r) => setTimeout(r, 2_000));
     expect(await destroyCancelRequested(runId)).toBe(false);
   } finally {
@@ -275,6 +263,34 @@ test('a cancel that comes while a completing Run destroys its sandbox does not s
   const after = saw(await stack.client.runs.resource(runId));
   expect(after.record.state).toBe('DESTROYED');
   expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
+  return after;
+}
+
+/** Waits for an event `seen` picks out in the Run's history. */
+const inHistory = (runId: string, what: string, seen: (e: temporal.api.history.v1.IHistoryEvent) => unknown) =>
+  eventually(
+    async () => ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(seen) || undefined,
+    30_000,
+    what,
+  );
+
+test('a cancel that comes while a completing Run destroys its sandbox does not stop the destroy: COMPLETED, all gone', async () => {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo keep > notes.txt' }, { ask: 'go?' }, { exec: 'cat notes.txt' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'holds-destroy' },
+  });
+  const released = await releasedView(stack.client, runId, 60_000);
+  expect(await checkpointKeys(s3, released.record.sandboxId)).not.toEqual([]);
+  await destroyGoesOnThrough(async (destroying) => {
+    await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' });
+    await destroying;
+    await stack.client.runs.cancel(runId);
+    await inHistory(runId, 'cancel requested', (e) => e.workflowExecutionCancelRequestedEventAttributes);
+    return runId;
+  });
   expect(await checkpointKeys(s3, released.record.sandboxId)).toEqual([]);
 });
 
@@ -370,38 +386,15 @@ test('a child that ended keeping its compute (no snapshot) blocks neither its pa
 });
 
 test('a ttl that runs out while a completing Run destroys its sandbox does not stop the destroy either', async () => {
-  let go: () => void = () => undefined;
-  const destroying = new Promise<void>((started) => {
-    destroyHeld = { started, go: new Promise<void>((resolve) => (go = resolve)) };
-  });
-  let runId = '';
-  try {
-    ({ runId } = await stack.client.runs.start({
+  await destroyGoesOnThrough(async (destroying) => {
+    const { runId } = await stack.client.runs.start({
       agent: { driver: 'scripted', steps: [{ exec: 'echo work > notes.txt' }, { complete: 'done' }] },
       sandbox: { provider: 'holds-destroy' },
       policy: { ttl: '5s' },
-    }));
+    });
     await destroying;
     // The ttl's timer fires while the destroy is held.
-    await eventually(
-      async () =>
-        ((await stack.temporal.workflow.getHandle(runId).fetchHistory()).events ?? []).some(
-          (e) => e.timerFiredEventAttributes,
-        ),
-      30_000,
-      'ttl fired',
-    );
-    // The destroy goes on: the Run does not ask for its cancellation (whether that reaches the
-    // activity before the test lets it go depends on its heartbeats).
-    await new Promise((r) => setTimeout(r, 2_000));
-    expect(await destroyCancelRequested(runId)).toBe(false);
-  } finally {
-    go();
-    destroyHeld = undefined;
-  }
-  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
-  expect((await stack.client.runs.get(runId)).status).toBe('COMPLETED');
-  const after = saw(await stack.client.runs.resource(runId));
-  expect(after.record.state).toBe('DESTROYED');
-  expect(await provider('holds-destroy').processCount(after.record.sandboxId)).toBe(0);
+    await inHistory(runId, 'ttl fired', (e) => e.timerFiredEventAttributes);
+    return runId;
+  });
 });
