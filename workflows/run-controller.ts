@@ -127,6 +127,8 @@ export const PATCH_ENDED_CHILDREN = 'stasis-run-ended-children';
  * (childPingDelayMs): a 30 s ping grew its history until Temporal terminated it.
  */
 export const PATCH_QUIET_CHILD_WAIT = 'stasis-run-quiet-child-wait';
+/** A Run its agent fails cancels its live children, as one that fails by an error or is cancelled does. */
+export const PATCH_FAILED_CANCELS_CHILDREN = 'stasis-run-failed-cancels-children';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -226,6 +228,7 @@ function runBaseline3(): string[] {
     PATCH_FAILED_KEEPS,
     PATCH_ENDED_CHILDREN,
     PATCH_QUIET_CHILD_WAIT,
+    PATCH_FAILED_CANCELS_CHILDREN,
     PATCH_END_FINISHES_RESUME,
     PATCH_END_DESTROYS_PROVISIONING,
   ];

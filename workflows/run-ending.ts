@@ -16,6 +16,7 @@ import {
   PATCH_END_DESTROYS_PROVISIONING,
   PATCH_END_FINISHES_RESUME,
   PATCH_ENDED_CHILDREN,
+  PATCH_FAILED_CANCELS_CHILDREN,
   PATCH_FAILED_KEEPS,
   PATCH_KEEP_RETAINED,
   PATCH_QUIET_CHILD_WAIT,
@@ -40,7 +41,11 @@ export async function finish(c: RunController): Promise<void> {
     // Failed by its agent: its workspace is kept, only its compute goes (as endFailed).
     if (c.patched(PATCH_FAILED_KEEPS)) {
       const reason = run.error?.code ?? END_REASON.AGENT_FAILED;
-      await CancellationScope.nonCancellable(() => endWith(c, undefined, () => releaseCompute(c, reason)));
+      await CancellationScope.nonCancellable(async () => {
+        // A parent that ends other than by completing cancels its children (DESIGN, "Runs").
+        if (liveChildren(run).length > 0 && c.patched(PATCH_FAILED_CANCELS_CHILDREN)) await cancelChildren(c);
+        await endWith(c, undefined, () => releaseCompute(c, reason));
+      });
     } else await endWith(c, undefined, destroy);
     return;
   }

@@ -158,3 +158,41 @@ test('a completed parent waiting for a long child it watches adds nothing to its
   );
   expect(patches).toHaveLength(1);
 }, 150_000);
+
+test('a parent its agent fails (a denial) cancels its live children, as a cancelled parent does', async () => {
+  const parentId = `parent-denied-${Date.now()}`;
+  const childId = `${parentId}.c1`;
+  await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [
+        {
+          spawn: {
+            runId: childId,
+            agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] },
+            sandbox: { provider: 'local' },
+          },
+        },
+        { ask: 'go on?' },
+        { complete: 'parent done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  await eventually(async () => (await stack.client.runs.get(childId)).status === 'WAITING', 30_000, 'child waiting');
+  await eventually(
+    async () => (await stack.client.runs.get(parentId)).interactions.some((i) => i.status === 'pending'),
+    30_000,
+    'parent asks',
+  );
+  await stack.client.runs.respond(parentId, 'int-1', { decision: 'deny' });
+  await expect(stack.temporal.workflow.getHandle(parentId).result()).rejects.toThrow();
+  expect(await stack.client.runs.get(parentId)).toMatchObject({ status: 'FAILED', error: { code: 'DENIED' } });
+  await eventually(
+    async () => (await stack.client.runs.get(childId)).status === 'CANCELLED',
+    30_000,
+    'child cancelled',
+  );
+  expect((await stack.temporal.workflow.getHandle(childId).describe()).status.name).toBe('CANCELLED');
+});
