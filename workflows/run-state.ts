@@ -120,13 +120,8 @@ export const SETTLED_WHOLE_BYTES = 256 * 1024;
 /** How much of its prompt a settled interaction past SETTLED_WHOLE_BYTES keeps. */
 export const FORGOTTEN_PROMPT_CHARS = 1_000;
 
-/** JSON size of each settled interaction, measured once (a settled interaction no longer changes). */
-const settledBytes = new WeakMap<InteractionRequest, number>();
-const bytesOf = (interaction: InteractionRequest): number => {
-  let bytes = settledBytes.get(interaction);
-  if (bytes === undefined) settledBytes.set(interaction, (bytes = utf8Bytes(JSON.stringify(interaction))));
-  return bytes;
-};
+/** JSON size of a settled interaction (measured each time: shared workflow modules keep no state of their own). */
+const bytesOf = (interaction: InteractionRequest): number => utf8Bytes(JSON.stringify(interaction));
 
 /**
  * The interactions a Run shows (its snapshot) and carries through continue-as-new: every pending one

@@ -89,7 +89,11 @@ const interactionArb = fc
 const answerArb = (options: string[] | undefined) =>
   fc.oneof(
     fc.record({ decision: fc.constantFrom('approve' as const, 'deny' as const) }),
-    fc.record({ decision: fc.constant('edit' as const), action: fc.record({ command: fc.string({ minLength: 1 }) }) }),
+    fc.record({
+      decision: fc.constant('edit' as const),
+      // A well-formed edit: a blank command is refused by the wire checks (BLANK_COMMAND) before this.
+      action: fc.record({ command: fc.string({ minLength: 1 }).filter((c) => c.trim() !== '') }),
+    }),
     fc.record({ input: fc.string() }),
     fc.record({ option: options ? fc.oneof(fc.constantFrom(...options), optionText) : optionText }),
   );
