@@ -1,5 +1,5 @@
 import type { StasisClient } from '../../client';
-import type { ResourceView } from '../../common/schemas';
+import type { ResourceView, RunSpec, StepShape } from '../../common/schemas';
 import { eventually, saw } from './stack';
 
 // Waits on a Run's resource, shared by the Run tests and the fault suite.
@@ -14,4 +14,25 @@ export async function releasedView(client: StasisClient, runId: string, timeoutM
     timeoutMs,
     `${runId} released`,
   );
+}
+
+/**
+ * A scripted parent Run on the local provider, id `<prefix>-<now>`, that spawns one child (`<parent>.c1`,
+ * local, taking `childSteps`) and then takes `then`.
+ */
+export function parentWithChild(prefix: string, childSteps: StepShape[], then: StepShape[]) {
+  const parentId = `${prefix}-${Date.now()}`;
+  const childId = `${parentId}.c1`;
+  const spec: RunSpec = {
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { spawn: { runId: childId, agent: { driver: 'scripted', steps: childSteps }, sandbox: { provider: 'local' } } },
+        ...then,
+      ],
+    },
+    sandbox: { provider: 'local' },
+  };
+  return { parentId, childId, spec };
 }

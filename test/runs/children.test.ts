@@ -1,4 +1,5 @@
 import { useStack, eventually } from '../helpers/stack';
+import { parentWithChild } from '../helpers/runs';
 
 const stack = useStack();
 
@@ -108,25 +109,12 @@ test('while a child holds compute the parent is RELEASE_BLOCKED with a blocked a
 });
 
 test('a completed parent waiting for a long child it watches adds nothing to its history meanwhile', async () => {
-  const parentId = `parent-quiet-${Date.now()}`;
-  const childId = `${parentId}.c1`;
-  await stack.client.runs.start({
-    runId: parentId,
-    agent: {
-      driver: 'scripted',
-      steps: [
-        {
-          spawn: {
-            runId: childId,
-            agent: { driver: 'scripted', steps: [{ exec: 'sleep 600' }, { complete: 'child' }] },
-            sandbox: { provider: 'local' },
-          },
-        },
-        { complete: 'parent done' },
-      ],
-    },
-    sandbox: { provider: 'local' },
-  });
+  const { parentId, childId, spec } = parentWithChild(
+    'parent-quiet',
+    [{ exec: 'sleep 600' }, { complete: 'child' }],
+    [{ complete: 'parent done' }],
+  );
+  await stack.client.runs.start(spec);
   const parent = stack.temporal.workflow.getHandle(parentId);
   // The parent has taken its `complete` (its last step, a local activity marker) and waits in finish.
   await eventually(
@@ -160,26 +148,12 @@ test('a completed parent waiting for a long child it watches adds nothing to its
 }, 150_000);
 
 test('a parent its agent fails (a denial) cancels its live children, as a cancelled parent does', async () => {
-  const parentId = `parent-denied-${Date.now()}`;
-  const childId = `${parentId}.c1`;
-  await stack.client.runs.start({
-    runId: parentId,
-    agent: {
-      driver: 'scripted',
-      steps: [
-        {
-          spawn: {
-            runId: childId,
-            agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] },
-            sandbox: { provider: 'local' },
-          },
-        },
-        { ask: 'go on?' },
-        { complete: 'parent done' },
-      ],
-    },
-    sandbox: { provider: 'local' },
-  });
+  const { parentId, childId, spec } = parentWithChild(
+    'parent-denied',
+    [{ ask: 'never answered' }],
+    [{ ask: 'go on?' }, { complete: 'parent done' }],
+  );
+  await stack.client.runs.start(spec);
   await eventually(async () => (await stack.client.runs.get(childId)).status === 'WAITING', 30_000, 'child waiting');
   await eventually(
     async () => (await stack.client.runs.get(parentId)).interactions.some((i) => i.status === 'pending'),

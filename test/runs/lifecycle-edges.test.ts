@@ -5,7 +5,7 @@ import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
 import { suspendRunUpdate } from '../../workflows/definitions';
 import { useStack, startStack, eventually, saw } from '../helpers/stack';
-import { releasedView } from '../helpers/runs';
+import { parentWithChild, releasedView } from '../helpers/runs';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
@@ -188,25 +188,12 @@ test('a failed or cancelled Run keeps a RETAINED isolated workspace (no snapshot
 });
 
 test('a child that is terminated without its final report settles as such and unblocks its parent', async () => {
-  const parentId = `parent-term-${Date.now()}`;
-  const childId = `${parentId}.c1`;
-  await stack.client.runs.start({
-    runId: parentId,
-    agent: {
-      driver: 'scripted',
-      steps: [
-        {
-          spawn: {
-            runId: childId,
-            agent: { driver: 'scripted', steps: [{ ask: 'never answered' }] },
-            sandbox: { provider: 'local' },
-          },
-        },
-        { complete: 'parent done' },
-      ],
-    },
-    sandbox: { provider: 'local' },
-  });
+  const { parentId, childId, spec } = parentWithChild(
+    'parent-term',
+    [{ ask: 'never answered' }],
+    [{ complete: 'parent done' }],
+  );
+  await stack.client.runs.start(spec);
   await eventually(async () => saw(await stack.client.runs.get(childId)).status === 'WAITING', 30_000, 'child waiting');
   await stack.temporal.workflow.getHandle(childId).terminate('operator gave up');
   await expect(stack.temporal.workflow.getHandle(parentId).result()).resolves.toBe('parent done');
