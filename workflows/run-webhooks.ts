@@ -73,8 +73,7 @@ export function notify(c: RunController, event: WebhookEvent, interaction?: Inte
     (err: unknown) =>
       log.warn('webhook delivery given up', { deliveryId: delivery.deliveryId, error: failureMessage(err) }),
   );
-  c.webhookDeliveries.add(sent);
-  void sent.then(() => c.webhookDeliveries.delete(sent));
+  track(c.webhookDeliveries, sent);
 }
 
 /** Keeps `promise` in `set` until it settles. */
