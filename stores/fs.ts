@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream, type Dirent, type WriteStream } from 'node:fs';
+import { createReadStream, type Dirent } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { Readable } from 'node:stream';
@@ -11,7 +11,7 @@ import type { Checkpoint } from '../common/schemas';
 import type { CheckpointStore, DownloadCheck, StoredObject } from './api';
 import { abortReason } from './abort';
 import { hasErrorCode, isTempFile, makeDirDurable, removeStaleTemps, writeFileAtomic } from './atomic-file';
-import { HashingStream } from './hashing';
+import { downloadChecked, HashingStream } from './hashing';
 import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // A checkpoint store in a local (or shared, e.g. NFS) directory: the embedded
@@ -99,13 +99,9 @@ export class FsCheckpointStore implements CheckpointStore {
   ): Promise<{ labels: Record<string, string> }> {
     const source = this.fileOf(checkpoint.uri);
     const sidecar = await this.readSidecar(source, checkpoint.uri);
-    const hasher = new HashingStream(checkpoint, verify);
-    const out = createWriteStream(file, { mode: 0o600 });
     try {
-      await pipeline(createReadStream(source), hasher, out, signal ? { signal } : {});
-      hasher.check();
+      await downloadChecked(createReadStream(source), checkpoint, file, signal, verify);
     } catch (err) {
-      await removeAfterClose(out, file);
       if (hasErrorCode(err, 'ENOENT')) throw notFound(checkpoint.uri);
       throw err;
     }
@@ -224,7 +220,3 @@ function notFound(uri: string): StasisError {
  * Removes a partly written file once its stream has closed: an aborted stream may
  * still be opening its file, and removing it earlier would let the open re-create it.
  */
-async function removeAfterClose(stream: WriteStream, file: string): Promise<void> {
-  if (!stream.closed) await new Promise<void>((resolve) => stream.once('close', () => resolve()));
-  await fs.rm(file, { force: true });
-}

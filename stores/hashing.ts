@@ -1,5 +1,8 @@
 import { createHash, type Hash } from 'node:crypto';
-import { Transform, type TransformCallback } from 'node:stream';
+import { createWriteStream } from 'node:fs';
+import * as fs from 'node:fs/promises';
+import { Transform, type Readable, type TransformCallback } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
 import type { DownloadCheck } from './api';
@@ -59,5 +62,29 @@ function verifyDownload(checkpoint: Checkpoint, sha256: string, bytes: number): 
       'CHECKPOINT_INVALID',
       `checkpoint ${checkpoint.uri} is corrupt: expected sha256 ${checkpoint.sha256} (${checkpoint.bytes} bytes), got ${sha256} (${bytes} bytes)`,
     );
+  }
+}
+
+/**
+ * Streams a checkpoint's bytes into `file` (mode 0600) and checks them against its record. On any failure
+ * no file is left: it is removed only once the write stream has closed, since a stream destroyed early
+ * may still open (create) the file after a removal done at once.
+ */
+export async function downloadChecked(
+  source: Readable,
+  checkpoint: Checkpoint,
+  file: string,
+  signal?: AbortSignal,
+  verify?: DownloadCheck,
+): Promise<void> {
+  const hasher = new HashingStream(checkpoint, verify);
+  const out = createWriteStream(file, { mode: 0o600 });
+  try {
+    await pipeline(source, hasher, out, signal ? { signal } : {});
+    hasher.check();
+  } catch (err) {
+    if (!out.closed) await new Promise<void>((resolve) => out.once('close', () => resolve()));
+    await fs.rm(file, { force: true });
+    throw err;
   }
 }

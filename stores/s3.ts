@@ -12,8 +12,6 @@ import {
 } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
 import { createHash } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
-import * as fs from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { z } from 'zod';
@@ -21,7 +19,7 @@ import { StasisError } from '../common/errors';
 import type { Checkpoint } from '../common/schemas';
 import type { CheckpointStore, DownloadCheck, StoredObject } from './api';
 import { abortReason } from './abort';
-import { HashingStream } from './hashing';
+import { downloadChecked, HashingStream } from './hashing';
 import { checkKey, checkPrefix, checkPutBytes } from './keys';
 
 // Checkpoints in any S3-compatible store (MinIO locally, AWS S3 in production).
@@ -175,18 +173,15 @@ export class S3CheckpointStore implements CheckpointStore {
     verify?: DownloadCheck,
   ): Promise<{ labels: Record<string, string> }> {
     const { bucket, key } = parseUri(checkpoint.uri);
-    const hasher = new HashingStream(checkpoint, verify);
     try {
       const response = await this.client.send(
         new GetObjectCommand({ Bucket: bucket, Key: key }),
         signal ? { abortSignal: signal } : {},
       );
       if (!(response.Body instanceof Readable)) throw new Error(`GetObject for ${checkpoint.uri} returned no stream`);
-      await pipeline(response.Body, hasher, createWriteStream(file, { mode: 0o600 }), signal ? { signal } : {});
-      hasher.check();
+      await downloadChecked(response.Body, checkpoint, file, signal, verify);
       return { labels: decodeLabels(response.Metadata?.[LABELS_METADATA], checkpoint.uri) };
     } catch (err) {
-      await fs.rm(file, { force: true });
       if (isNotFound(err))
         throw new StasisError('NOT_FOUND', `checkpoint ${checkpoint.uri} does not exist in the store`);
       throw err;

@@ -123,6 +123,29 @@ describe.each(stores)('$kind checkpoint store', ({ make }) => {
     }
   });
 
+  it('leaves no file behind a download refused on its first chunk, however early it fails', async () => {
+    // The refusal can come before the target file is even opened: removing it at once raced the open (CI).
+    const { store } = await make();
+    const work = await tempDir('store-early');
+    const checkpoint = await store.put(
+      `checkpoints/${uniqueId('sbx')}/1-e.tar.gz`,
+      Readable.from([Buffer.from('hello')]),
+      {},
+    );
+    // Many at once, so the file system's thread pool is busy and an open can lag behind a removal.
+    for (let round = 0; round < 4; round++) {
+      await Promise.all(
+        Array.from({ length: 32 }, async (_, i) => {
+          const target = path.join(work, `copy-${round}-${i}`);
+          const bytes = 1 + (i % 4);
+          const verify = i % 2 === 0 ? 'size' : 'sha256';
+          await stasisError(store.download({ ...checkpoint, bytes }, target, undefined, verify), 'CHECKPOINT_INVALID');
+        }),
+      );
+    }
+    expect(await fs.readdir(work)).toEqual([]);
+  });
+
   it('leaves nothing under the key when the upload is cancelled or its source fails', async () => {
     const { store, leftovers } = await make();
     const prefix = `checkpoints/${uniqueId('cancel')}/`;
