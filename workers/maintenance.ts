@@ -74,56 +74,91 @@ async function callsUnder<T>(client: Client, signal: AbortSignal | undefined, fn
   }
 }
 
+/** Statuses of an owner workflow that has ended: nothing of it acts on its sandbox any more. */
+const ENDED = new Set(['COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT']);
+
 /**
- * The record of the sandbox's owner if that owner is done with it and its record says DESTROYED:
- * the owner has ended, or it is a standalone sandbox past retention (it stays only to answer stale).
+ * What maintenance does with one sandbox of this host, from its owner:
+ * - `remove`: the owner is done with it and its record says DESTROYED (the owner has ended, or it is a
+ *   standalone sandbox past retention, which stays only to answer stale): processes, directory and
+ *   checkpoints go.
+ * - `stop`: the owner has ended without releasing the sandbox's compute (terminated or timed out in
+ *   Temporal, or it kept a sandbox it could not snapshot) and processes still run: nothing can use them
+ *   any more, so they are stopped; the workspace stays.
+ * - `keep`: anything else, also an unknown owner or Temporal unreachable.
  */
-async function destroyedRecord(client: Client, sandboxId: string): Promise<ExecutionResourceRecord | undefined> {
+async function verdictOf(
+  client: Client,
+  sandboxId: string,
+  alive: boolean,
+): Promise<{ verdict: 'remove' | 'stop'; record: ExecutionResourceRecord; status: string } | undefined> {
   const owner = ownerOf(sandboxId);
   const handle = client.workflow.getHandle(owner.workflowId);
   try {
-    // A running owner still acts on its sandbox itself.
-    const running = (await handle.describe()).status.name === 'RUNNING';
+    const status = (await handle.describe()).status.name;
+    const ended = ENDED.has(status);
+    // A running Run still acts on its sandbox itself; a running standalone sandbox may be past retention.
+    if (owner.kind === 'run' && !ended) return undefined;
     let record: ExecutionResourceRecord;
+    let expired = false;
     if (owner.kind === 'run') {
-      if (running) return undefined;
       record = (await handle.query(resourceQuery)).record;
     } else {
       const view = await handle.query(sandboxQuery);
-      if (running && view.error?.code !== END_REASON.SUSPEND_EXPIRED) return undefined;
       record = view.record;
+      expired = view.error?.code === END_REASON.SUSPEND_EXPIRED;
     }
-    return record.state === 'DESTROYED' && record.sandboxId === sandboxId ? record : undefined;
+    if (record.sandboxId !== sandboxId) return undefined;
+    if (record.state === 'DESTROYED' && (ended || expired)) return { verdict: 'remove', record, status };
+    if (ended && alive) return { verdict: 'stop', record, status };
+    return undefined;
   } catch {
     return undefined; // unknown owner or Temporal unreachable: keep the sandbox
   }
 }
 
 /**
- * Sandboxes on this host whose owner was destroyed while this host was gone or failing (its
- * record says DESTROYED, its workflow has ended): their processes, directory and checkpoints
- * are removed now, through the provider that made them.
+ * Sandboxes on this host whose owner was destroyed while this host was gone or failing (its record
+ * says DESTROYED, its workflow has ended) are removed now, through the provider that made them; the
+ * processes of sandboxes whose owner ended without releasing them are stopped (see verdictOf). One
+ * sandbox's failure is logged and does not hold up the others.
  */
-export async function removeDestroyed(
+export async function settleEnded(
   { registry, client, hostId }: HostContext,
   signal?: AbortSignal,
-): Promise<string[]> {
+): Promise<{ removed: string[]; stopped: string[] }> {
   const seen = new Set<string>();
   const removed: string[] = [];
+  const stopped: string[] = [];
   for (const provider of registry.names().map((name) => registry.get(name))) {
-    for (const { sandboxId } of await provider.listSandboxes()) {
+    for (const { sandboxId, alive } of await provider.listSandboxes()) {
       signal?.throwIfAborted();
       if (seen.has(sandboxId)) continue;
       seen.add(sandboxId);
-      const record = await callsUnder(client, signal, () => destroyedRecord(client, sandboxId));
-      if (!record) continue;
-      await registry
-        .get(record.provider)
-        .destroy({ sandboxId, fence: record.fence }, { ownerId: ownerOf(sandboxId).workflowId, hostId });
-      removed.push(sandboxId);
+      const found = await callsUnder(client, signal, () => verdictOf(client, sandboxId, alive));
+      if (!found) continue;
+      const { verdict, record, status } = found;
+      const request = { sandboxId, fence: record.fence };
+      const context = { ownerId: ownerOf(sandboxId).workflowId, hostId };
+      try {
+        if (verdict === 'remove') {
+          await registry.get(record.provider).destroy(request, context);
+          removed.push(sandboxId);
+        } else {
+          await registry.get(record.provider).stop(request, context);
+          stopped.push(sandboxId);
+          console.warn(
+            `host maintenance on ${hostId} stopped the processes of sandbox ${sandboxId}: its owner ${context.ownerId} ` +
+              `has ended (${status}) with its record ${record.state}; the workspace stays on this host`,
+          );
+        }
+      } catch (err) {
+        signal?.throwIfAborted();
+        console.warn(`host maintenance on ${hostId} could not ${verdict} sandbox ${sandboxId}: ${String(err)}`);
+      }
     }
   }
-  return removed;
+  return { removed, stopped };
 }
 
 export interface MaintenanceOptions extends HostContext {
@@ -133,11 +168,14 @@ export interface MaintenanceOptions extends HostContext {
   store: CheckpointStore;
 }
 
-/** One maintenance pass: what destroy left behind, orphaned dormant copies, disk pressure, then idle mounts. */
+/**
+ * One maintenance pass: what destroy left behind and compute an ended owner left running, orphaned dormant
+ * copies, disk pressure, then idle mounts.
+ */
 export async function maintainHost(options: MaintenanceOptions, now?: () => Date, signal?: AbortSignal) {
   const dir = sandboxesDir(options.dataDir);
   await mkdir(dir, { recursive: true });
-  const destroyed = await removeDestroyed(options, signal);
+  const { removed: destroyed, stopped } = await settleEnded(options, signal);
   const orphans = await orphanSweep({
     sandboxesDir: dir,
     isLive: (sandboxId) => {
@@ -153,7 +191,7 @@ export async function maintainHost(options: MaintenanceOptions, now?: () => Date
     checkpointExists: (uri) => options.store.exists(uri),
   });
   const unmounted = await unmountIdleVolumes(dir);
-  return { destroyed, orphans, eviction, unmounted };
+  return { destroyed, stopped, orphans, eviction, unmounted };
 }
 
 /**

@@ -1,0 +1,82 @@
+import { readFile } from 'node:fs/promises';
+import * as path from 'node:path';
+import { sandboxPaths } from '../../providers/sandbox-state';
+import { createCheckpointStore } from '../../stores';
+import { maintainHost } from '../../workers/maintenance';
+import { sandboxWorkflowId } from '../../workflows/definitions';
+import { hostDataDir, leftOn } from '../helpers/hosts';
+import { useStack, startStack, eventually, saw } from '../helpers/stack';
+
+// An owner that ends without releasing its sandbox (terminated from Temporal Web, a workflow timeout)
+// can no longer stop its processes: its host's maintenance does, and keeps the workspace.
+
+const stack = useStack(() => startStack({ hostId: 'host-a' }));
+
+/** One maintenance pass of host-a, with the stack's own worker. */
+async function maintain() {
+  const worker = stack.workers.get('host-a');
+  if (!worker) throw new Error('no worker for host-a');
+  return maintainHost({
+    config: stack.config,
+    dataDir: hostDataDir(stack, 'host-a'),
+    hostId: 'host-a',
+    client: stack.temporal,
+    registry: worker.registry,
+    store: createCheckpointStore(stack.config),
+  });
+}
+
+const workspaceFile = (sandboxId: string, name: string) =>
+  readFile(path.join(sandboxPaths(hostDataDir(stack, 'host-a'), sandboxId).workspace, name), 'utf8');
+
+/** Starts a Run that writes `notes.txt` and holds (DETACH: its compute keeps running); its sandbox id. */
+async function heldRun(): Promise<{ runId: string; sandboxId: string }> {
+  const { runId } = await stack.client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo kept > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const held = await eventually(
+    async () => {
+      const view = saw(await stack.client.runs.resource(runId));
+      return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' ? view : undefined;
+    },
+    60_000,
+    'held',
+  );
+  expect(held.record.pauseMode).toBe('DETACH');
+  return { runId, sandboxId: held.record.sandboxId };
+}
+
+test('a Run terminated while its compute runs has its processes stopped by its host, its workspace kept; a live neighbour is untouched', async () => {
+  const ended = await heldRun();
+  const neighbour = await heldRun();
+  expect((await leftOn(stack, 'host-a', ended.sandboxId)).processes).toBeGreaterThan(0);
+
+  await stack.temporal.workflow.getHandle(ended.runId).terminate('an operator in Temporal Web');
+  const pass = await maintain();
+  // The worker's own pass (every minute) may have come first; none stops anything else.
+  expect(pass.stopped.filter((id) => id !== ended.sandboxId)).toEqual([]);
+  expect(await leftOn(stack, 'host-a', ended.sandboxId)).toEqual({ directory: true, processes: 0 });
+  expect(await workspaceFile(ended.sandboxId, 'notes.txt')).toBe('kept\n');
+  expect((await leftOn(stack, 'host-a', neighbour.sandboxId)).processes).toBeGreaterThan(0);
+
+  // Nothing is left to do for it: the next pass stops nothing and removes nothing.
+  expect(await maintain()).toMatchObject({ stopped: [], destroyed: [] });
+  await stack.client.runs.cancel(neighbour.runId);
+}, 180_000);
+
+test('a standalone sandbox whose workflow was terminated has its processes stopped, its files kept', async () => {
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(sandboxId);
+  await stack.client.sandboxes.exec(sandboxId, { command: 'echo mine > f.txt; (sleep 600 > /dev/null 2>&1 &)' });
+  expect((await leftOn(stack, 'host-a', sandboxId)).processes).toBeGreaterThan(0);
+
+  await stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId)).terminate('an operator');
+  const pass = await maintain();
+  expect(pass.stopped.filter((id) => id !== sandboxId)).toEqual([]);
+  expect(await leftOn(stack, 'host-a', sandboxId)).toEqual({ directory: true, processes: 0 });
+  expect(await workspaceFile(sandboxId, 'f.txt')).toBe('mine\n');
+}, 120_000);
