@@ -17,6 +17,29 @@ export async function releasedView(client: StasisClient, runId: string, timeoutM
 }
 
 /**
+ * Starts a scripted Run on the local provider that writes `notes.txt` (`kept`) and holds: its compute keeps
+ * running (DETACH). Resolves once it is held, with its id and that view.
+ */
+export async function startHeld(client: StasisClient): Promise<{ runId: string; held: ResourceView }> {
+  const { runId } = await client.runs.start({
+    agent: {
+      driver: 'scripted',
+      steps: [{ exec: 'echo kept > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const held = await eventually(
+    async () => {
+      const view = saw(await client.runs.resource(runId));
+      return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' ? view : undefined;
+    },
+    60_000,
+    'held',
+  );
+  return { runId, held };
+}
+
+/**
  * A scripted parent Run on the local provider, id `<prefix>-<now>`, that spawns one child (`<parent>.c1`,
  * local, taking `childSteps`) and then takes `then`.
  */

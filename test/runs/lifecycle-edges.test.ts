@@ -5,7 +5,7 @@ import type { ProviderDeps, SandboxProvider } from '../../providers/api';
 import { createLocalProvider } from '../../providers/local';
 import { suspendRunUpdate } from '../../workflows/definitions';
 import { useStack, startStack, eventually, saw } from '../helpers/stack';
-import { parentWithChild, releasedView } from '../helpers/runs';
+import { parentWithChild, releasedView, startHeld } from '../helpers/runs';
 import { checkpointKeys, testS3 } from '../helpers/s3';
 
 // Edges of a Run's lifecycle where a Run hung or lost its workspace.
@@ -282,21 +282,7 @@ test('a cancel that comes while a completing Run destroys its sandbox does not s
 });
 
 test('a Run cancelled on a hold (DETACH, compute left running) releases its compute and keeps its workspace in a checkpoint', async () => {
-  const { runId } = await stack.client.runs.start({
-    agent: {
-      driver: 'scripted',
-      steps: [{ exec: 'echo keep > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
-    },
-    sandbox: { provider: 'local' },
-  });
-  const held = await eventually(
-    async () => {
-      const v = saw(await stack.client.runs.resource(runId));
-      return v.phase === 'SUSPENDED' && v.record.state === 'RELEASED' ? v : undefined;
-    },
-    60_000,
-    'held',
-  );
+  const { runId, held } = await startHeld(stack.client);
   expect(held.record.pauseMode).toBe('DETACH');
   expect(await provider().processCount(held.record.sandboxId)).toBeGreaterThan(0);
   await stack.client.runs.cancel(runId);

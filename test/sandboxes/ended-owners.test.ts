@@ -5,7 +5,8 @@ import { createCheckpointStore } from '../../stores';
 import { maintainHost } from '../../workers/maintenance';
 import { sandboxWorkflowId } from '../../workflows/definitions';
 import { hostDataDir, leftOn } from '../helpers/hosts';
-import { useStack, startStack, eventually, saw } from '../helpers/stack';
+import { startHeld } from '../helpers/runs';
+import { useStack, startStack } from '../helpers/stack';
 
 // An owner that ends without releasing its sandbox (terminated from Temporal Web, a workflow timeout)
 // can no longer stop its processes: its host's maintenance does, and keeps the workspace.
@@ -29,23 +30,9 @@ async function maintain() {
 const workspaceFile = (sandboxId: string, name: string) =>
   readFile(path.join(sandboxPaths(hostDataDir(stack, 'host-a'), sandboxId).workspace, name), 'utf8');
 
-/** Starts a Run that writes `notes.txt` and holds (DETACH: its compute keeps running); its sandbox id. */
+/** A held Run (DETACH: its compute keeps running); its id and sandbox id. */
 async function heldRun(): Promise<{ runId: string; sandboxId: string }> {
-  const { runId } = await stack.client.runs.start({
-    agent: {
-      driver: 'scripted',
-      steps: [{ exec: 'echo kept > notes.txt' }, { hold: 'review' }, { complete: 'done' }],
-    },
-    sandbox: { provider: 'local' },
-  });
-  const held = await eventually(
-    async () => {
-      const view = saw(await stack.client.runs.resource(runId));
-      return view.phase === 'SUSPENDED' && view.record.state === 'RELEASED' ? view : undefined;
-    },
-    60_000,
-    'held',
-  );
+  const { runId, held } = await startHeld(stack.client);
   expect(held.record.pauseMode).toBe('DETACH');
   return { runId, sandboxId: held.record.sandboxId };
 }
