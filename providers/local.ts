@@ -549,18 +549,26 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
             ...(context.signal ? { signal: context.signal } : {}),
           });
           const grant = state.grant;
+          // Under the lock: a release that killed the command has finished recording it by then, and a destroy
+          // has removed the sandbox; its journal is then not written (that would bring back its directory).
+          const recordEnd = (end: (after: HostSandboxState | undefined) => Parameters<JobJournal['finish']>[1]) =>
+            withLifecycleLock(request.sandboxId, async () => {
+              const after = await readState(paths).catch(() => undefined);
+              const result = end(after);
+              if (after) await journal.finish(request, result).catch(() => undefined);
+            });
           const finishing = (async () => {
             try {
               const result = await running;
-              // Under the lock: a release that killed the command has finished recording it by then.
-              const after = await withLifecycleLock(request.sandboxId, () => readState(paths)).catch(() => undefined);
-              if (after?.grant !== grant) {
-                result.stderr += `${result.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
-              }
-              await journal.finish(request, { outcome: result }).catch(() => undefined); // a destroyed sandbox has no journal
+              await recordEnd((after) => {
+                if (after?.grant !== grant) {
+                  result.stderr += `${result.stderr ? '\n' : ''}[stasis: the sandbox's compute was released while the command ran]`;
+                }
+                return { outcome: result };
+              }).catch(() => undefined);
               return result;
             } catch (err) {
-              await journal.finish(request, { error: String(err) }).catch(() => undefined);
+              await recordEnd(() => ({ error: String(err) })).catch(() => undefined);
               throw err;
             } finally {
               runningJobs.delete(key);

@@ -90,3 +90,15 @@ test('destroy while the host is gone ends promptly; the host removes the sandbox
   expect(await leftOn(stack, 'host-a', sandboxId)).toEqual({ directory: false, processes: 0 });
   await stack.stopWorker('host-b');
 }, 180_000);
+
+test('destroy while a command runs leaves nothing of the sandbox on its host, also once the command has ended', async () => {
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(sandboxId);
+  const exec = stack.client.sandboxes.exec(sandboxId, { command: 'sleep 30' }).catch((err: unknown) => err);
+  await eventually(async () => (await leftOn(stack, 'host-a', sandboxId)).processes > 1, 20_000, 'command running');
+  expect(await stack.client.sandboxes.destroy(sandboxId)).toMatchObject({ state: 'destroyed' });
+  await exec;
+  // The killed command's end was recorded after the destroy: its job journal (with its output) brought
+  // back the sandbox's directory, which no maintenance pass removed.
+  expect(await leftOn(stack, 'host-a', sandboxId)).toEqual({ directory: false, processes: 0 });
+}, 120_000);
