@@ -16,6 +16,8 @@ import type {
   SandboxReleaseReceipt,
   SandboxReleaseRequest,
 } from '../providers/api';
+import { StasisError } from '../common/errors';
+import { FILE_LIMIT_BYTES } from '../common/payload-limits';
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Hashes, Workspace } from '../common/schemas';
 import { hashMismatches, receiptProblem, recordedHashes } from '../workflows/lifecycle';
@@ -242,9 +244,16 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
 
     /** Files cross as text: utf8 for agents' text files, base64 for raw bytes (workflows have no Buffer). */
     async readSandboxFile(input: Owner & FileAt & { encoding: FileEncoding }): Promise<{ content: string }> {
-      return call(input, async (p, ctx) => ({
-        content: (await p.readFile(fileRequest(input), ctx)).toString(input.encoding),
-      }));
+      return call(input, async (p, ctx) => {
+        const bytes = await p.readFile(fileRequest(input), ctx).catch((err: unknown) => {
+          throw err instanceof StasisError && err.code === 'PAYLOAD_TOO_LARGE' ? tooLargeToCarry(err.message) : err;
+        });
+        // Whatever the provider (a plugin) handed back: more would fail the activity's completion, retried for minutes.
+        if (bytes.length > FILE_LIMIT_BYTES) {
+          throw tooLargeToCarry(`path ${JSON.stringify(input.path)}: more than ${FILE_LIMIT_BYTES} bytes`);
+        }
+        return { content: bytes.toString(input.encoding) };
+      });
     },
 
     async writeSandboxFile(input: Owner & FileAt & { content: string; encoding: FileEncoding }): Promise<void> {
@@ -256,3 +265,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
 }
 
 export type ProviderActivities = ReturnType<typeof createProviderActivities>;
+
+/** A file too large for a payload is refused at once: another attempt reads the same file. */
+function tooLargeToCarry(message: string): ApplicationFailure {
+  return ApplicationFailure.create({ type: 'PAYLOAD_TOO_LARGE', message, nonRetryable: true });
+}

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { constants, type Stats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import { StasisError } from '../common/errors';
+import { FILE_LIMIT_BYTES } from '../common/payload-limits';
 import { hasErrorCode } from '../stores/atomic-file';
 import { at, magic, missingOwnerBits, O_PATH, openBeneath, procReady, type Opened } from '../stores/descriptors';
 import { isLeased, leasedError } from '../stores/leases';
@@ -13,8 +14,8 @@ import { isLeased, leasedError } from '../stores/leases';
 // time from a descriptor of the directory before, never following a symlink
 // (stores/descriptors.ts says how), and touch only regular files.
 
-/** Largest file readFile hands back in one piece. */
-export const MAX_FILE_BYTES = 64 * 1024 * 1024;
+/** Largest file readFile hands back: what a file call carries through a Temporal payload. */
+const MAX_FILE_BYTES = FILE_LIMIT_BYTES;
 
 /** Prefix of the temp file a write renames into place (in the same directory). */
 const TEMP_PREFIX = '.stasis-write-';

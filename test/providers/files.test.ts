@@ -4,7 +4,8 @@ import { createServer, type Server } from 'node:net';
 import * as path from 'node:path';
 import * as fc from 'fast-check';
 import { StasisError } from '../../common/errors';
-import { MAX_FILE_BYTES, readWorkspaceFile, writeWorkspaceFile } from '../../providers/files';
+import { readWorkspaceFile, writeWorkspaceFile } from '../../providers/files';
+import { FILE_LIMIT_BYTES } from '../../common/payload-limits';
 import { swapLoop, swapping, tempDir } from './helpers';
 
 // The worker's file access to a sandbox's workspace (providers/files.ts),
@@ -178,13 +179,13 @@ test('a write keeps the permission bits of the file it replaces, without setuid 
   expect(await fs.readFile(path.join(workspace, 'run.sh'), 'utf8')).toBe('new');
 });
 
-test('a file of MAX_FILE_BYTES is read whole; one byte more is PAYLOAD_TOO_LARGE naming it', async () => {
+test('a file of FILE_LIMIT_BYTES (what a payload carries) is read whole; one byte more is PAYLOAD_TOO_LARGE naming it', async () => {
   const workspace = await tempDir('ws');
   await fs.writeFile(path.join(workspace, 'max.bin'), '');
-  await fs.truncate(path.join(workspace, 'max.bin'), MAX_FILE_BYTES);
+  await fs.truncate(path.join(workspace, 'max.bin'), FILE_LIMIT_BYTES);
   await fs.writeFile(path.join(workspace, 'over.bin'), '');
-  await fs.truncate(path.join(workspace, 'over.bin'), MAX_FILE_BYTES + 1);
-  expect((await readWorkspaceFile(workspace, 'max.bin')).length).toBe(MAX_FILE_BYTES);
+  await fs.truncate(path.join(workspace, 'over.bin'), FILE_LIMIT_BYTES + 1);
+  expect((await readWorkspaceFile(workspace, 'max.bin')).length).toBe(FILE_LIMIT_BYTES);
   await expect(readWorkspaceFile(workspace, 'over.bin')).rejects.toMatchObject({
     code: 'PAYLOAD_TOO_LARGE',
     message: expect.stringContaining('"over.bin"'),

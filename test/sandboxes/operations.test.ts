@@ -1,3 +1,5 @@
+import { temporal } from '@temporalio/proto';
+import { FILE_LIMIT_BYTES } from '../../common/payload-limits';
 import { execSandboxUpdate, sandboxWorkflowId } from '../../workflows/definitions';
 import { noPauseProvider } from '../api/no-pause-provider';
 import { checkpointKeys, storedKeys, testS3 } from '../helpers/s3';
@@ -184,6 +186,28 @@ test('an input too large for Temporal is 413 PAYLOAD_TOO_LARGE at the client, an
     stack.client.runs.start({ runId, agent: { driver: 'scripted', steps }, sandbox: { provider: 'local' } }),
   ).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE', message: expect.stringContaining('spec: must be at most') });
   await expect(stack.client.runs.get(runId)).rejects.toMatchObject({ code: 'NOT_FOUND' });
+});
+
+test('a workspace file the sandbox made larger than a file call carries is 413 at once, and the sandbox stays free', async () => {
+  const id = await running();
+  // 1 MiB + 1 byte failed the activity's completion (a 500); 3 MiB and more were retried for minutes, the
+  // sandbox busy meanwhile (a suspend refused with SANDBOX_SUSPEND_BUSY).
+  for (const bytes of [FILE_LIMIT_BYTES, FILE_LIMIT_BYTES + 1, 3 * FILE_LIMIT_BYTES, 20 * FILE_LIMIT_BYTES]) {
+    await stack.client.sandboxes.exec(id, { command: `head -c ${bytes} /dev/urandom > big.bin` });
+    const read = stack.client.sandboxes.readFile(id, 'big.bin');
+    if (bytes === FILE_LIMIT_BYTES) {
+      expect((await read).length).toBe(bytes);
+      continue;
+    }
+    await expect(read).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE', httpStatus: 413 });
+    const history = await stack.temporal.workflow.getHandle(sandboxWorkflowId(id)).fetchHistory();
+    const failed = (history.events ?? []).filter((e) => e.activityTaskFailedEventAttributes).at(-1);
+    expect(failed?.activityTaskFailedEventAttributes?.retryState).toBe(
+      temporal.api.enums.v1.RetryState.RETRY_STATE_NON_RETRYABLE_FAILURE,
+    );
+  }
+  expect(await stack.client.sandboxes.suspend(id)).toMatchObject({ state: 'suspended' });
+  await stack.client.sandboxes.destroy(id);
 });
 
 test('a raw Temporal client sending an exec too large to carry is refused by the validator; the sandbox keeps working', async () => {
