@@ -20,6 +20,8 @@ import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 // workflows, providers) takes its types from here with z.infer.
 
 export const Identifier = z.string().min(1).max(128).regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM);
+/** A Run id: an identifier that is not a standalone sandbox's workflow id. */
+export const RunId = Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM);
 
 export const Duration = z.string().regex(DURATION_RE, DURATION_PROBLEM);
 
@@ -246,7 +248,7 @@ const OtherAgent = z
 export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
   z
     .object({
-      runId: Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM).optional(),
+      runId: RunId.optional(),
       agent: z.union([ScriptedAgent, ExternalAgent, OtherAgent]),
       sandbox: SandboxSpec,
       policy: RunPolicy.optional(),

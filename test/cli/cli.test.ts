@@ -225,6 +225,28 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
 });
 
+test('ids that cannot be Run ids: run get and approve say INVALID_ARGUMENT or NOT_FOUND naming the id, never INTERNAL', async () => {
+  for (const id of ['', ' ', 'a'.repeat(2000), 'ü/..', 'run.1/x', 'run-1\u001b[2J']) {
+    for (const args of [
+      ['run', 'get', id],
+      ['approve', id, 'int-1'],
+    ]) {
+      const r = await stasis(...args);
+      expect([args, r.code, r.stderr]).toEqual([
+        args,
+        1,
+        expect.stringMatching(/^stasis: INVALID_ARGUMENT: runId ".*": not a Run id \(.+\)\n$/),
+      ]);
+      expect(r.stderr).toContain(JSON.stringify(id.slice(0, 10)).slice(0, -1));
+    }
+  }
+  const sandboxId = await stasis('run', 'get', 'sandbox-abc');
+  expect({ code: sandboxId.code, stderr: sandboxId.stderr }).toEqual({
+    code: 1,
+    stderr: 'stasis: NOT_FOUND: run sandbox-abc not found\n',
+  });
+});
+
 test('sandbox create, exec, suspend, resume (with progress on stderr), exec, destroy', async () => {
   const created = await json<SandboxView>('sandbox', 'create', '--env', 'WHO=cli');
   expect(created).toMatchObject({ state: 'running', provider: 'local', hostId: 'cli-host' });
