@@ -24,6 +24,7 @@ import {
   Identifier,
   InteractionResponse,
   RunId,
+  RunListLimit,
   RunSpec,
   type ExecResult,
   type InteractionRequest,
@@ -106,6 +107,11 @@ function checkRunId(runId: string): void {
   if (Identifier.safeParse(runId).success) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
   const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
   throw new StasisError('INVALID_ARGUMENT', `runId ${shown}: not a Run id (${problems})`);
+}
+
+/** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
+function checkLimit(limit: number | undefined): void {
+  if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }
 
 /** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
@@ -294,8 +300,9 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. */
+  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `limit`. */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
+    checkLimit(filter.limit);
     const query = [`StasisKind = 'run'`, filter.status ? `StasisStatus = '${filter.status}'` : undefined]
       .filter(Boolean)
       .join(' AND ');
@@ -330,6 +337,7 @@ export class RunsApi {
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
   ): Promise<{ interactions: PendingInteraction[]; next?: string }> {
+    checkLimit(page.limit);
     const after = page.after === undefined ? undefined : decodeCursor(page.after);
     if (after === null) throw new StasisError('INVALID_ARGUMENT', 'after: not a page cursor this API gave');
     const items: PendingInteraction[] = [];

@@ -385,6 +385,11 @@ export type ExecutionResourceRecord = z.infer<typeof ExecutionResourceRecord>;
 
 export const RunStatus = z.enum(RUN_STATUSES);
 export type RunStatus = z.infer<typeof RunStatus>;
+
+/** The most Runs (or pending interactions) one list answers. */
+export const MAX_RUN_LIST_LIMIT = 1000;
+/** How many Runs (or pending interactions) a list may be asked for. */
+export const RunListLimit = z.number().int().min(1).max(MAX_RUN_LIST_LIMIT);
 /** The childState signal: a child Run reports its record state (and status) to its parent. */
 export const ChildStateInput = z
   .object({ runId: z.string().min(1), state: ResourceState, status: RunStatus.optional() })

@@ -225,6 +225,21 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
 });
 
+test('whole-number options take decimal digits in their range only: anything else is a usage error naming the option', async () => {
+  const cases: [string[], string][] = [
+    ...['abc', '0', '-1', '2x', '1e2', ' 5', '1001'].map((v): [string[], string] => [
+      ['run', 'list', '--limit', v],
+      '--limit',
+    ]),
+  ];
+  for (const [args, option] of cases) {
+    const r = await stasis(...args);
+    expect([args, r.code, r.stdout, r.stderr.includes(`option '${option} <`)]).toEqual([args, 2, '', true]);
+  }
+  const within = await json<{ runs: unknown[] }>('run', 'list', '--limit', '1000');
+  expect(Array.isArray(within.runs)).toBe(true);
+});
+
 test('ids that cannot be Run ids: run get and approve say INVALID_ARGUMENT or NOT_FOUND naming the id, never INTERNAL', async () => {
   for (const id of ['', ' ', 'a'.repeat(2000), 'ü/..', 'run.1/x', 'run-1\u001b[2J']) {
     for (const args of [

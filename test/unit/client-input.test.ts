@@ -3,9 +3,9 @@ import * as fc from 'fast-check';
 import { StasisClient } from '../../client';
 import { RunId } from '../../common/schemas';
 
-// The typed client refuses a Run id no Run can have itself, with a clear code,
-// before Temporal is asked: Temporal answered an empty or oversized workflow id
-// with an opaque INTERNAL ("Workflow Update failed").
+// The typed client refuses a Run id no Run can have and a list limit out of bounds
+// itself, with a clear code, before Temporal is asked: Temporal answered an empty or
+// oversized workflow id with an opaque INTERNAL ("Workflow Update failed").
 
 /** A Temporal client that notes being asked anything and then fails. */
 function untouchable(): { client: Client; asked: () => boolean } {
@@ -69,4 +69,21 @@ test('an id that is not a Run id is INVALID_ARGUMENT naming it, for every Run op
     asked: false,
   });
   expect((await outcomes('run-1.child-2')).asked).toBe(true);
+});
+
+test('list and pendingInteractions refuse a limit that is not a whole number from 1 to the REST bound', async () => {
+  for (const limit of [0, -1, 1.5, Number.NaN, Number.POSITIVE_INFINITY, 1001]) {
+    const temporal = untouchable();
+    const runs = new StasisClient(temporal.client).runs;
+    await expect(runs.list({ limit })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: /^limit: / });
+    await expect(runs.pendingInteractions({ limit })).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: /^limit: /,
+    });
+    expect([limit, temporal.asked()]).toEqual([limit, false]);
+  }
+  // Within the bound the list goes on to Temporal.
+  const temporal = untouchable();
+  await new StasisClient(temporal.client).runs.list({ limit: 1000 }).catch(() => undefined);
+  expect(temporal.asked()).toBe(true);
 });
