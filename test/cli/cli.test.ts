@@ -231,6 +231,11 @@ test('whole-number options take decimal digits in their range only: anything els
       ['run', 'list', '--limit', v],
       '--limit',
     ]),
+    ...['10s', '0', '1.5', ''].map((v): [string[], string] => [
+      ['sandbox', 'exec', 'sbx-x', '--timeout-ms', v, '--', 'true'],
+      '--timeout-ms',
+    ]),
+    ...['2x', '0', '1001'].map((v): [string[], string] => [['sandbox', 'list', '--page-size', v], '--page-size']),
   ];
   for (const [args, option] of cases) {
     const r = await stasis(...args);
