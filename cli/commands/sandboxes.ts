@@ -135,10 +135,12 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
         ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
         ...(env ? { env } : {}),
       });
+      // The command's exit code is the CLI's, with --json too: scripts test `$?` either way.
+      ctx.exitCode = result.exitCode;
       if (ctx.json) return ctx.print(result, '');
+      // The command's own output, raw: the user asked for it.
       ctx.io.stdout.write(result.stdout);
       ctx.io.stderr.write(result.stderr);
-      ctx.exitCode = result.exitCode;
     });
 
   sandbox

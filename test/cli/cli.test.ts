@@ -279,6 +279,15 @@ test('sandbox create, exec, suspend, resume (with progress on stderr), exec, des
   // Human exec: the command's output and exit code are the CLI's.
   const failing = await stasis('sandbox', 'exec', id, '--', 'echo', 'out;', 'echo', 'err', '>&2;', 'exit', '7');
   expect(failing).toEqual({ code: 7, stdout: 'out\n', stderr: 'err\n' });
+  // With --json too: the exit code is the command's, the output is the JSON result.
+  const failingJson = await stasis('sandbox', 'exec', id, '--json', '--', 'echo', 'out;', 'exit', '7');
+  expect({ code: failingJson.code, result: JSON.parse(failingJson.stdout) as unknown }).toEqual({
+    code: 7,
+    result: { exitCode: 7, stdout: 'out\n', stderr: '' },
+  });
+  // The command's own output stays raw: the user asked for it.
+  const raw = await stasis('sandbox', 'exec', id, '--', 'printf', "'\\033[1mbold\\n'");
+  expect(raw).toEqual({ code: 0, stdout: '\u001b[1mbold\n', stderr: '' });
 
   const suspend = await stasis('sandbox', 'suspend', id, '--json');
   expect(suspend.code).toBe(0);
