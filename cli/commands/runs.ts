@@ -4,7 +4,7 @@ import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
 import { MAX_RUN_LIST_LIMIT, RunStatus, type InteractionResponse } from '../../common/schemas';
 import type { CliContext } from '../context';
-import { interactionLine, runText } from '../format';
+import { interactionLine, runText, terminalSafe } from '../format';
 import { wholeNumber } from '../options';
 
 // `stasis run start|get|list` and `stasis approve`.
@@ -67,10 +67,10 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
               .map((r) =>
                 opts.waiting
                   ? [
-                      `${r.runId}  ${r.status}`,
+                      `${terminalSafe(r.runId)}  ${r.status}`,
                       ...r.interactions.filter((i) => i.status === 'pending').map((i) => interactionLine(r.runId, i)),
                     ].join('\n')
-                  : `${r.runId}  ${r.status}`,
+                  : `${terminalSafe(r.runId)}  ${r.status}`,
               )
               .join('\n');
       ctx.print({ runs }, human);

@@ -1,6 +1,6 @@
-import type { ChildProcess } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { InteractionRequest, MetricsSnapshot, RunSnapshot, SandboxView } from '../../common/schemas';
@@ -208,7 +208,7 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   const { runId } = await json<{ runId: string }>('run', 'start', file);
   const listed = await waitingList(runId);
   expect(listed).toContain(
-    `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option "tonight"]`,
+    `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option tonight]`,
   );
   const two = await stasis('approve', runId, 'int-1', '--deny', '--option', 'tonight');
   expect(two.code).toBe(1);
@@ -223,6 +223,52 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   });
   const done = await completed(runId);
   expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
+});
+
+test('agent-chosen text (a prompt, options, an output, a refusal naming the options) reaches the terminal escaped, and the answer line pasted into a shell runs nothing', async () => {
+  // eslint-disable-next-line no-control-regex
+  const unsafe = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'stasis-cli-evil-'));
+  const marker = path.join(dir, 'pwned');
+  const file = path.join(dir, 'evil.json');
+  const evil = '\u001b]0;title\u0007\u009b2K\u202egood\u2066';
+  writeFileSync(
+    file,
+    JSON.stringify({
+      agent: {
+        driver: 'scripted',
+        steps: [
+          { ask: `Pick ${evil}`, options: [`$(touch ${marker})`, `b${evil}`], accepts: ['option'] },
+          { complete: `done ${evil}` },
+        ],
+      },
+      sandbox: { provider: 'local' },
+    }),
+  );
+  const { runId } = await json<{ runId: string }>('run', 'start', file);
+  const listed = await waitingList(runId);
+  expect(listed).not.toMatch(unsafe);
+  const line = listed.split('\n').find((l) => l.includes('answer: '))!;
+  expect(line).toBe(
+    `    answer: stasis approve ${runId} int-1 [--option '$(touch ${marker})'|'b\\u001b]0;title\\u0007\\u009b2K\\u202egood\\u2066']`,
+  );
+  // The first choice, pasted into bash with a stand-in `stasis` that prints its arguments.
+  const pasted = line.replace(/^.*answer: /, '').replace(/\[--option ('[^']*')\|.*\]$/, '--option $1');
+  const words = execFileSync('bash', ['-c', `stasis() { printf '%s\\n' "$@"; }; ${pasted}`], { encoding: 'utf8' });
+  expect({ words: words.split('\n'), ran: existsSync(marker) }).toEqual({
+    words: ['approve', runId, 'int-1', '--option', `$(touch ${marker})`, ''],
+    ran: false,
+  });
+  // A refusal that names the agent's options goes through the error report.
+  const refused = await stasis('approve', runId, 'int-1', '--option', 'nope');
+  expect(refused.code).toBe(1);
+  expect(refused.stderr).toMatch(/^stasis: INVALID_ARGUMENT: response.option: "nope" is not one of the options/);
+  expect(refused.stderr.trimEnd()).not.toMatch(unsafe);
+  expect((await stasis('approve', runId, 'int-1', '--option', `$(touch ${marker})`)).code).toBe(0);
+  await completed(runId);
+  const got = await stasis('run', 'get', runId);
+  expect(got.stdout).toContain('output: "done \\u001b]0;title\\u0007\\u009b2K\\u202egood\\u2066"');
+  expect(got.stdout).not.toMatch(unsafe);
 });
 
 test('whole-number options take decimal digits in their range only: anything else is a usage error naming the option', async () => {
