@@ -7,6 +7,7 @@ import {
   Identifier,
   MAX_PAGE_SIZE,
   PendingInteraction,
+  RunListLimit,
   RunSnapshot,
   RunStatus,
   SandboxState,
@@ -36,7 +37,7 @@ export const ListRunsQuery = z.object({
     .string()
     .regex(/^[0-9]+$/, 'must be a whole number')
     .transform(Number)
-    .pipe(z.number().int().min(1).max(1000))
+    .pipe(RunListLimit)
     .optional(),
 });
 export const FileQuery = z.object({ path: WorkspacePath });

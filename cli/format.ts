@@ -1,7 +1,29 @@
 import { resolveAccepts } from '../common/interactions';
 import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '../common/schemas';
 
-// Human renderings of the wire types, shared by the commands.
+// Human renderings of the wire types, shared by the commands. Text an agent or a
+// remote caller chose goes through `terminalSafe`, words of a command to paste
+// through `shellWord`.
+
+// C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates.
+// eslint-disable-next-line no-control-regex
+const UNSAFE_FOR_TERMINAL = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+
+/**
+ * Text made safe to print on a terminal: each control character is shown as `\uXXXX`, so an
+ * agent's text cannot move the cursor, rewrite lines, set the title or the clipboard (ANSI/OSC
+ * escapes), start a line of its own, or reorder what is shown (bidi overrides).
+ */
+export function terminalSafe(text: string): string {
+  return text.replace(UNSAFE_FOR_TERMINAL, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
+
+/** One word for a POSIX shell: bare when it has no special characters, single-quoted otherwise. */
+export function shellWord(word: string): string {
+  if (/^[A-Za-z0-9._/:=@%+,-]+$/.test(word)) return word;
+  // Inside single quotes nothing is special but the quote itself: end, an escaped quote, reopen.
+  return `'${word.replace(/'/g, `'\\''`)}'`;
+}
 
 export function ago(iso: string): string {
   const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
@@ -12,39 +34,51 @@ export function ago(iso: string): string {
 }
 
 export function interactionLine(runId: string, i: InteractionRequest): string {
-  const head = `  ${i.id}  ${i.status}  ${i.kind}  ${JSON.stringify(i.prompt)}  (asked ${ago(i.createdAt)})`;
-  if (i.status === 'pending') return `${head}\n    answer: stasis approve ${runId} ${i.id}${answerHint(i)}`;
-  return i.respondedBy ? `${head} by ${i.respondedBy}: ${JSON.stringify(i.response)}` : head;
+  const head = `  ${terminalSafe(i.id)}  ${i.status}  ${i.kind}  ${terminalSafe(JSON.stringify(i.prompt))}  (asked ${ago(i.createdAt)})`;
+  if (i.status === 'pending') return `${head}\n    answer: ${terminalSafe(answerCommand(runId, i))}`;
+  return i.respondedBy
+    ? `${head} by ${terminalSafe(i.respondedBy)}: ${terminalSafe(JSON.stringify(i.response))}`
+    : head;
 }
 
-/** The options of `stasis approve` that give the answers an interaction accepts. */
-function answerHint(i: InteractionRequest): string {
+/**
+ * The `stasis approve` command that answers an interaction, with the answers it accepts; a person
+ * pastes it into a shell, so each word an agent chose is quoted for the shell.
+ */
+function answerCommand(runId: string, i: InteractionRequest): string {
   const accepts = resolveAccepts(i);
   const parts = [
     accepts.includes('input') ? (accepts.length === 1 ? '--input <text>' : '[--input <text>]') : undefined,
     accepts.includes('deny') ? '[--deny]' : undefined,
     accepts.includes('edit') ? '[--edit-command <command>]' : undefined,
-    accepts.includes('option') ? `[--option ${(i.options ?? []).map((o) => JSON.stringify(o)).join('|')}]` : undefined,
+    accepts.includes('option') ? `[--option ${(i.options ?? []).map(shellWord).join('|')}]` : undefined,
   ].filter((p) => p !== undefined);
-  return parts.map((p) => ` ${p}`).join('');
+  return ['stasis approve', shellWord(runId), shellWord(i.id), ...parts].join(' ');
 }
 
 export function runText(run: RunSnapshot): string {
-  const lines = [`${run.runId}  ${run.status}`];
-  if (run.parentRunId) lines.push(`  parent: ${run.parentRunId}`);
-  if (run.childRunIds.length > 0) lines.push(`  children: ${run.childRunIds.join(', ')}`);
+  const lines = [`${terminalSafe(run.runId)}  ${run.status}`];
+  if (run.parentRunId) lines.push(`  parent: ${terminalSafe(run.parentRunId)}`);
+  if (run.childRunIds.length > 0) lines.push(`  children: ${terminalSafe(run.childRunIds.join(', '))}`);
   for (const i of run.interactions) lines.push(interactionLine(run.runId, i));
-  if (run.output !== undefined) lines.push(`  output: ${JSON.stringify(run.output)}`);
-  if (run.error) lines.push(`  error: ${run.error.code}: ${run.error.message}`);
+  if (run.output !== undefined) lines.push(`  output: ${terminalSafe(JSON.stringify(run.output))}`);
+  if (run.error) lines.push(`  error: ${errorText(run.error)}`);
   return lines.join('\n');
+}
+
+/** A refusal or failure as `CODE: message`; both may come from an agent or a remote server. */
+export function errorText(error: { code: string; message: string }): string {
+  return terminalSafe(`${error.code}: ${error.message}`);
 }
 
 export function sandboxText(sandbox: SandboxView): string {
   const where = sandbox.hostId ? ` on ${sandbox.hostId}` : '';
-  const lines = [`${sandbox.sandboxId}  ${sandbox.state}  (${sandbox.provider}${where})`];
+  const lines = [terminalSafe(`${sandbox.sandboxId}  ${sandbox.state}  (${sandbox.provider}${where})`)];
   if (sandbox.record.checkpoint)
-    lines.push(`  checkpoint: ${sandbox.record.checkpoint.uri} (${bytes(sandbox.record.checkpoint.bytes)})`);
-  if (sandbox.error) lines.push(`  error: ${sandbox.error.code}: ${sandbox.error.message}`);
+    lines.push(
+      `  checkpoint: ${terminalSafe(sandbox.record.checkpoint.uri)} (${bytes(sandbox.record.checkpoint.bytes)})`,
+    );
+  if (sandbox.error) lines.push(`  error: ${errorText(sandbox.error)}`);
   return lines.join('\n');
 }
 
@@ -52,10 +86,12 @@ export function sandboxListText(page: SandboxPage): string {
   const lines = page.sandboxes.map((s) => {
     const labels = Object.entries(s.labels).map(([key, value]) => `${key}:${value}`);
     const where = s.hostId ? ` on ${s.hostId}` : '';
-    return `${s.sandboxId}  ${s.state}  (${s.provider ?? '?'}${where})${labels.length ? `  ${labels.join(' ')}` : ''}`;
+    return terminalSafe(
+      `${s.sandboxId}  ${s.state}  (${s.provider ?? '?'}${where})${labels.length ? `  ${labels.join(' ')}` : ''}`,
+    );
   });
   if (lines.length === 0) lines.push('no sandboxes');
-  if (page.nextPageToken) lines.push(`more: --page-token ${page.nextPageToken}`);
+  if (page.nextPageToken) lines.push(`more: --page-token ${shellWord(terminalSafe(page.nextPageToken))}`);
   return lines.join('\n');
 }
 

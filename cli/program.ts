@@ -10,6 +10,7 @@ import { runCommands } from './commands/runs';
 import { sandboxCommands } from './commands/sandboxes';
 import { workerCommand } from './commands/worker';
 import { CliContext, type CliIo } from './context';
+import { errorText } from './format';
 
 // The `stasis` command line. Exit codes: 0 success (for `sandbox exec`, the
 // command's own), 1 a refused or failed operation, 2 a usage or configuration error.
@@ -46,7 +47,7 @@ function report(ctx: CliContext, err: unknown): number {
   const failure = toInternal(err);
   if (ctx.json)
     ctx.io.stdout.write(`${JSON.stringify({ error: { code: failure.code, message: failure.message } }, null, 2)}\n`);
-  else ctx.io.stderr.write(`stasis: ${failure.code}: ${failure.message}\n`);
+  else ctx.io.stderr.write(`stasis: ${errorText(failure)}\n`);
   return 1;
 }
 

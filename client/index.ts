@@ -21,7 +21,10 @@ import {
   type ActionView,
   CreateSandboxInput,
   ExecInput,
+  Identifier,
   InteractionResponse,
+  RunId,
+  RunListLimit,
   RunSpec,
   type ExecResult,
   type InteractionRequest,
@@ -37,7 +40,6 @@ import {
 } from '../common/schemas';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
-import { SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
 import {
   actionQuery,
   actUpdate,
@@ -90,6 +92,26 @@ function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: stri
   const tooLarge = inputTooLarge(what, valid);
   if (tooLarge) throw new StasisError('PAYLOAD_TOO_LARGE', tooLarge);
   return valid;
+}
+
+/**
+ * Refuses an id no Run can have before Temporal is asked: Temporal would answer an empty or
+ * oversized workflow id with an opaque failure (INTERNAL), and a sandbox's workflow id with
+ * whatever that workflow answers to a Run's query or Update.
+ */
+function checkRunId(runId: string): void {
+  const parsed = RunId.safeParse(runId);
+  if (parsed.success) return;
+  const shown = JSON.stringify(runId.length > 64 ? `${runId.slice(0, 64)}…` : runId);
+  // A sandbox's workflow id is a well-formed id that names no Run (a RunSpec may not take one).
+  if (Identifier.safeParse(runId).success) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
+  const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
+  throw new StasisError('INVALID_ARGUMENT', `runId ${shown}: not a Run id (${problems})`);
+}
+
+/** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
+function checkLimit(limit: number | undefined): void {
+  if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }
 
 /** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
@@ -198,9 +220,7 @@ export class RunsApi {
   ) {}
 
   private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
-    // A sandbox's workflow id names no Run (a RunSpec may not take one): not found, rather
-    // than whatever the sandbox's workflow answers to a Run's query or Update.
-    if (runId.startsWith(SANDBOX_WORKFLOW_PREFIX)) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
+    checkRunId(runId);
     return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
   }
 
@@ -280,8 +300,9 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. */
+  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `limit`. */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
+    checkLimit(filter.limit);
     const query = [`StasisKind = 'run'`, filter.status ? `StasisStatus = '${filter.status}'` : undefined]
       .filter(Boolean)
       .join(' AND ');
@@ -294,7 +315,15 @@ export class RunsApi {
     } catch (err) {
       throw toStasisError(err, 'runs');
     }
-    const snapshots = await Promise.all(ids.map((id) => this.get(id).catch(() => undefined)));
+    // The ids come from Temporal itself: asked as they are, not through the checks of an id a caller gives.
+    const snapshots = await Promise.all(
+      ids.map((id) =>
+        this.temporal.workflow
+          .getHandle<typeof runWorkflow>(id)
+          .query(snapshotQuery)
+          .catch(() => undefined),
+      ),
+    );
     // Visibility lags the workflow a little: trust the snapshot for the status filter.
     return snapshots.filter((s): s is RunSnapshot => s !== undefined && (!filter.status || s.status === filter.status));
   }
@@ -308,6 +337,7 @@ export class RunsApi {
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
   ): Promise<{ interactions: PendingInteraction[]; next?: string }> {
+    checkLimit(page.limit);
     const after = page.after === undefined ? undefined : decodeCursor(page.after);
     if (after === null) throw new StasisError('INVALID_ARGUMENT', 'after: not a page cursor this API gave');
     const items: PendingInteraction[] = [];

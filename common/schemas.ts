@@ -20,6 +20,8 @@ import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 // workflows, providers) takes its types from here with z.infer.
 
 export const Identifier = z.string().min(1).max(128).regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM);
+/** A Run id: an identifier that is not a standalone sandbox's workflow id. */
+export const RunId = Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM);
 
 export const Duration = z.string().regex(DURATION_RE, DURATION_PROBLEM);
 
@@ -246,7 +248,7 @@ const OtherAgent = z
 export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
   z
     .object({
-      runId: Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM).optional(),
+      runId: RunId.optional(),
       agent: z.union([ScriptedAgent, ExternalAgent, OtherAgent]),
       sandbox: SandboxSpec,
       policy: RunPolicy.optional(),
@@ -383,6 +385,11 @@ export type ExecutionResourceRecord = z.infer<typeof ExecutionResourceRecord>;
 
 export const RunStatus = z.enum(RUN_STATUSES);
 export type RunStatus = z.infer<typeof RunStatus>;
+
+/** The most Runs (or pending interactions) one list answers. */
+export const MAX_RUN_LIST_LIMIT = 1000;
+/** How many Runs (or pending interactions) a list may be asked for. */
+export const RunListLimit = z.number().int().min(1).max(MAX_RUN_LIST_LIMIT);
 /** The childState signal: a child Run reports its record state (and status) to its parent. */
 export const ChildStateInput = z
   .object({ runId: z.string().min(1), state: ResourceState, status: RunStatus.optional() })

@@ -2,9 +2,10 @@ import { readFile } from 'node:fs/promises';
 import * as os from 'node:os';
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
-import { RunStatus, type InteractionResponse } from '../../common/schemas';
+import { MAX_RUN_LIST_LIMIT, RunStatus, type InteractionResponse } from '../../common/schemas';
 import type { CliContext } from '../context';
-import { interactionLine, runText } from '../format';
+import { interactionLine, runText, terminalSafe } from '../format';
+import { wholeNumber } from '../options';
 
 // `stasis run start|get|list` and `stasis approve`.
 
@@ -49,7 +50,7 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
     .description('Runs, newest first')
     .option('--waiting', 'only Runs waiting on a person, with their pending interactions')
     .option('--status <status>', `only Runs with this status (${RunStatus.options.join(', ')})`)
-    .option('--limit <n>', 'at most n Runs', (v) => Number.parseInt(v, 10), 50)
+    .option('--limit <n>', `at most n Runs (1-${MAX_RUN_LIST_LIMIT})`, wholeNumber(1, MAX_RUN_LIST_LIMIT), 50)
     .action(async (opts: { waiting?: boolean; status?: string; limit: number }, cmd: Command) => {
       const ctx = begin(cmd);
       const status = opts.waiting ? 'WAITING' : opts.status;
@@ -66,10 +67,10 @@ export function runCommands(program: Command, begin: (cmd: Command) => CliContex
               .map((r) =>
                 opts.waiting
                   ? [
-                      `${r.runId}  ${r.status}`,
+                      `${terminalSafe(r.runId)}  ${r.status}`,
                       ...r.interactions.filter((i) => i.status === 'pending').map((i) => interactionLine(r.runId, i)),
                     ].join('\n')
-                  : `${r.runId}  ${r.status}`,
+                  : `${terminalSafe(r.runId)}  ${r.status}`,
               )
               .join('\n');
       ctx.print({ runs }, human);

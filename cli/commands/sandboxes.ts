@@ -1,8 +1,9 @@
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
-import type { CreateSandboxInput, SandboxState } from '../../common/schemas';
+import { MAX_PAGE_SIZE, type CreateSandboxInput, type SandboxState } from '../../common/schemas';
 import type { CliContext } from '../context';
 import { bytes, sandboxListText, sandboxText } from '../format';
+import { wholeNumber } from '../options';
 import { withProgress } from '../progress';
 
 // `stasis sandbox create|list|get|exec|suspend|resume|destroy`.
@@ -92,7 +93,7 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
     .description('sandboxes, newest first (all but destroyed unless --state says), one page at a time')
     .option('--state <state>', 'only sandboxes in this state')
     .option('--label <key:value>', 'only sandboxes with this label (repeatable: all must match)', collect, [])
-    .option('--page-size <n>', 'sandboxes per page (1-1000, default 100)', (v) => Number(v))
+    .option('--page-size <n>', `sandboxes per page (1-${MAX_PAGE_SIZE}, default 100)`, wholeNumber(1, MAX_PAGE_SIZE))
     .option('--page-token <token>', 'the next page: the token the previous page printed')
     .action(async (opts: ListOptions, cmd: Command) => {
       const ctx = begin(cmd);
@@ -122,7 +123,7 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
   sandbox
     .command('exec <sandboxId> <command...>')
     .description("run a shell command in the sandbox; its output is printed and its exit code is the CLI's")
-    .option('--timeout-ms <ms>', 'kill the command after this long', (v) => Number.parseInt(v, 10))
+    .option('--timeout-ms <ms>', 'kill the command after this many milliseconds', wholeNumber(1))
     .option('--env <NAME=value>', 'environment variable (repeatable)', collect, [])
     .action(async (sandboxId: string, words: string[], opts: { timeoutMs?: number; env: string[] }, cmd: Command) => {
       const ctx = begin(cmd);
@@ -134,10 +135,12 @@ export function sandboxCommands(program: Command, begin: (cmd: Command) => CliCo
         ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
         ...(env ? { env } : {}),
       });
+      // The command's exit code is the CLI's, with --json too: scripts test `$?` either way.
+      ctx.exitCode = result.exitCode;
       if (ctx.json) return ctx.print(result, '');
+      // The command's own output, raw: the user asked for it.
       ctx.io.stdout.write(result.stdout);
       ctx.io.stderr.write(result.stderr);
-      ctx.exitCode = result.exitCode;
     });
 
   sandbox

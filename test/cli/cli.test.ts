@@ -1,6 +1,6 @@
-import type { ChildProcess } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import type { InteractionRequest, MetricsSnapshot, RunSnapshot, SandboxView } from '../../common/schemas';
@@ -208,7 +208,7 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   const { runId } = await json<{ runId: string }>('run', 'start', file);
   const listed = await waitingList(runId);
   expect(listed).toContain(
-    `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option "tonight"]`,
+    `answer: stasis approve ${runId} int-1 [--deny] [--edit-command <command>] [--option tonight]`,
   );
   const two = await stasis('approve', runId, 'int-1', '--deny', '--option', 'tonight');
   expect(two.code).toBe(1);
@@ -225,6 +225,94 @@ test('approve --option and --edit-command: the waiting list names them, a wrong 
   expect(done.output).toMatchObject({ stdout: 'cleanup tmp only\n' });
 });
 
+test('agent-chosen text (a prompt, options, an output, a refusal naming the options) reaches the terminal escaped, and the answer line pasted into a shell runs nothing', async () => {
+  // eslint-disable-next-line no-control-regex
+  const unsafe = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'stasis-cli-evil-'));
+  const marker = path.join(dir, 'pwned');
+  const file = path.join(dir, 'evil.json');
+  const evil = '\u001b]0;title\u0007\u009b2K\u202egood\u2066';
+  writeFileSync(
+    file,
+    JSON.stringify({
+      agent: {
+        driver: 'scripted',
+        steps: [
+          { ask: `Pick ${evil}`, options: [`$(touch ${marker})`, `b${evil}`], accepts: ['option'] },
+          { complete: `done ${evil}` },
+        ],
+      },
+      sandbox: { provider: 'local' },
+    }),
+  );
+  const { runId } = await json<{ runId: string }>('run', 'start', file);
+  const listed = await waitingList(runId);
+  expect(listed).not.toMatch(unsafe);
+  const line = listed.split('\n').find((l) => l.includes('answer: '))!;
+  expect(line).toBe(
+    `    answer: stasis approve ${runId} int-1 [--option '$(touch ${marker})'|'b\\u001b]0;title\\u0007\\u009b2K\\u202egood\\u2066']`,
+  );
+  // The first choice, pasted into bash with a stand-in `stasis` that prints its arguments.
+  const pasted = line.replace(/^.*answer: /, '').replace(/\[--option ('[^']*')\|.*\]$/, '--option $1');
+  const words = execFileSync('bash', ['-c', `stasis() { printf '%s\\n' "$@"; }; ${pasted}`], { encoding: 'utf8' });
+  expect({ words: words.split('\n'), ran: existsSync(marker) }).toEqual({
+    words: ['approve', runId, 'int-1', '--option', `$(touch ${marker})`, ''],
+    ran: false,
+  });
+  // A refusal that names the agent's options goes through the error report.
+  const refused = await stasis('approve', runId, 'int-1', '--option', 'nope');
+  expect(refused.code).toBe(1);
+  expect(refused.stderr).toMatch(/^stasis: INVALID_ARGUMENT: response.option: "nope" is not one of the options/);
+  expect(refused.stderr.trimEnd()).not.toMatch(unsafe);
+  expect((await stasis('approve', runId, 'int-1', '--option', `$(touch ${marker})`)).code).toBe(0);
+  await completed(runId);
+  const got = await stasis('run', 'get', runId);
+  expect(got.stdout).toContain('output: "done \\u001b]0;title\\u0007\\u009b2K\\u202egood\\u2066"');
+  expect(got.stdout).not.toMatch(unsafe);
+});
+
+test('whole-number options take decimal digits in their range only: anything else is a usage error naming the option', async () => {
+  const cases: [string[], string][] = [
+    ...['abc', '0', '-1', '2x', '1e2', ' 5', '1001'].map((v): [string[], string] => [
+      ['run', 'list', '--limit', v],
+      '--limit',
+    ]),
+    ...['10s', '0', '1.5', ''].map((v): [string[], string] => [
+      ['sandbox', 'exec', 'sbx-x', '--timeout-ms', v, '--', 'true'],
+      '--timeout-ms',
+    ]),
+    ...['2x', '0', '1001'].map((v): [string[], string] => [['sandbox', 'list', '--page-size', v], '--page-size']),
+  ];
+  for (const [args, option] of cases) {
+    const r = await stasis(...args);
+    expect([args, r.code, r.stdout, r.stderr.includes(`option '${option} <`)]).toEqual([args, 2, '', true]);
+  }
+  const within = await json<{ runs: unknown[] }>('run', 'list', '--limit', '1000');
+  expect(Array.isArray(within.runs)).toBe(true);
+});
+
+test('ids that cannot be Run ids: run get and approve say INVALID_ARGUMENT or NOT_FOUND naming the id, never INTERNAL', async () => {
+  for (const id of ['', ' ', 'a'.repeat(2000), 'ü/..', 'run.1/x', 'run-1\u001b[2J']) {
+    for (const args of [
+      ['run', 'get', id],
+      ['approve', id, 'int-1'],
+    ]) {
+      const r = await stasis(...args);
+      expect([args, r.code, r.stderr]).toEqual([
+        args,
+        1,
+        expect.stringMatching(/^stasis: INVALID_ARGUMENT: runId ".*": not a Run id \(.+\)\n$/),
+      ]);
+      expect(r.stderr).toContain(JSON.stringify(id.slice(0, 10)).slice(0, -1));
+    }
+  }
+  const sandboxId = await stasis('run', 'get', 'sandbox-abc');
+  expect({ code: sandboxId.code, stderr: sandboxId.stderr }).toEqual({
+    code: 1,
+    stderr: 'stasis: NOT_FOUND: run sandbox-abc not found\n',
+  });
+});
+
 test('sandbox create, exec, suspend, resume (with progress on stderr), exec, destroy', async () => {
   const created = await json<SandboxView>('sandbox', 'create', '--env', 'WHO=cli');
   expect(created).toMatchObject({ state: 'running', provider: 'local', hostId: 'cli-host' });
@@ -237,6 +325,15 @@ test('sandbox create, exec, suspend, resume (with progress on stderr), exec, des
   // Human exec: the command's output and exit code are the CLI's.
   const failing = await stasis('sandbox', 'exec', id, '--', 'echo', 'out;', 'echo', 'err', '>&2;', 'exit', '7');
   expect(failing).toEqual({ code: 7, stdout: 'out\n', stderr: 'err\n' });
+  // With --json too: the exit code is the command's, the output is the JSON result.
+  const failingJson = await stasis('sandbox', 'exec', id, '--json', '--', 'echo', 'out;', 'exit', '7');
+  expect({ code: failingJson.code, result: JSON.parse(failingJson.stdout) as unknown }).toEqual({
+    code: 7,
+    result: { exitCode: 7, stdout: 'out\n', stderr: '' },
+  });
+  // The command's own output stays raw: the user asked for it.
+  const raw = await stasis('sandbox', 'exec', id, '--', 'printf', "'\\033[1mbold\\n'");
+  expect(raw).toEqual({ code: 0, stdout: '\u001b[1mbold\n', stderr: '' });
 
   const suspend = await stasis('sandbox', 'suspend', id, '--json');
   expect(suspend.code).toBe(0);

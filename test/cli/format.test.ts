@@ -1,0 +1,187 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import * as fc from 'fast-check';
+import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '../../common/schemas';
+import {
+  errorText,
+  interactionLine,
+  runText,
+  sandboxListText,
+  sandboxText,
+  shellWord,
+  terminalSafe,
+} from '../../cli/format';
+
+// The human output of the CLI: what an agent chose (a prompt, options, an error
+// message, labels) must neither drive the terminal nor run as a command when a
+// person pastes the answer line into a shell.
+
+// eslint-disable-next-line no-control-regex
+const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
+/** Strings an attacker would write: shell syntax, quotes, escapes, controls, bidi, plus any other text. */
+const hostile = fc.string({
+  unit: fc.oneof(
+    fc.constantFrom(
+      ...["'", '"', '$', '(', ')', '`', '|', '[', ']', '\\', ' ', ';', '&', '*', '~', '!', '#', '<', '>', '\t'],
+      ...['\n', '\r', '\u001b', '\u0007', '\u009b', '\u0085', '\u007f', '\u202e', '\u2066', '\u2069', '\u0001'],
+      ...['$(touch x)', '\u001b]0;title\u0007', '\u001b[2K\u001b[1A'],
+    ),
+    fc.string({ unit: 'binary', maxLength: 2 }),
+  ),
+  maxLength: 30,
+});
+const noNul = (s: string) => !s.includes('\u0000');
+const at = '2026-01-01T00:00:00.000Z';
+
+/** The words bash makes of `script`'s printf arguments, NUL-separated. */
+function bashWords(script: string, cwd?: string): string[] {
+  const out = execFileSync('bash', ['-c', script], { encoding: 'utf8', ...(cwd ? { cwd } : {}) });
+  return out.split('\u0000').slice(0, -1);
+}
+
+describe('terminalSafe', () => {
+  test('leaves no control character, DEL, C1 control or bidi override in any text', () => {
+    fc.assert(fc.property(hostile, (text) => !UNSAFE.test(terminalSafe(text))));
+  });
+
+  test('shows each one visibly as \\uXXXX and leaves other text (any Unicode) as it is', () => {
+    expect(terminalSafe('a\u001b[31mb\nc\u202ed\u009b')).toBe('a\\u001b[31mb\\u000ac\\u202ed\\u009b');
+    fc.assert(
+      fc.property(
+        fc.string({ unit: 'binary' }).filter((s) => !UNSAFE.test(s)),
+        (text) => terminalSafe(text) === text,
+      ),
+    );
+  });
+});
+
+describe('shellWord', () => {
+  test('bash reads back exactly the word that was quoted, whatever it holds', () => {
+    fc.assert(
+      fc.property(fc.array(hostile.filter(noNul), { minLength: 1, maxLength: 5 }), (words) => {
+        expect(bashWords(`printf '%s\\0' ${words.map(shellWord).join(' ')}`)).toEqual(words);
+      }),
+      { numRuns: 60 },
+    );
+  });
+});
+
+describe('the answer line of a pending interaction', () => {
+  // Where the pasted commands run: a file an agent's command would create shows up here.
+  let dir: string;
+  beforeAll(() => (dir = mkdtempSync(path.join(os.tmpdir(), 'stasis-paste-'))));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  const pending = (options: string[], id = 'int-1'): InteractionRequest => ({
+    id,
+    kind: 'approval',
+    prompt: 'Pick one',
+    options,
+    accepts: ['option'],
+    createdAt: at,
+    status: 'pending',
+  });
+
+  /** Each command the `[--option a|b]` alternatives of an answer line stand for, as a person would paste it. */
+  function pastedCommands(line: string): string[] {
+    const start = line.indexOf(' [--option ');
+    expect(start).toBeGreaterThan(0);
+    expect(line.endsWith(']')).toBe(true);
+    const command = line.slice(0, start).replace(/^\s*answer: /, '');
+    const region = line.slice(start + ' [--option '.length, -1);
+    // A word is bare characters, single-quoted runs and escaped quotes; `|` between words separates choices.
+    const choices = [...region.matchAll(/(?:'[^']*'|\\'|[^'|\\\s])+/g)].map((m) => m[0]);
+    expect(choices.join('|')).toBe(region);
+    return choices.map((choice) => `${command} --option ${choice}`);
+  }
+
+  test('pasted into bash, runs nothing an agent chose and passes each option as one word', () => {
+    fc.assert(
+      fc.property(fc.uniqueArray(hostile.filter(noNul), { minLength: 1, maxLength: 3 }), (options) => {
+        const line = interactionLine('run-1', pending(options)).split('\n')[1]!;
+        expect(line).not.toMatch(UNSAFE);
+        // A stand-in for `stasis` that prints its arguments: what matters is what the shell does first.
+        const script = ['stasis() { printf "%s\\0" "$@"; }', ...pastedCommands(line)].join('\n');
+        const words = bashWords(script, dir);
+        expect(existsSync(path.join(dir, 'x'))).toBe(false);
+        expect(words).toEqual(options.flatMap((o) => ['approve', 'run-1', 'int-1', '--option', terminalSafe(o)]));
+      }),
+      { numRuns: 60 },
+    );
+  });
+
+  test('the repro of the review: a command substitution in an option stays text', () => {
+    const line = interactionLine('run-1', pending(['$(touch pwned)', 'b'])).split('\n')[1]!;
+    expect(line).toBe("    answer: stasis approve run-1 int-1 [--option '$(touch pwned)'|b]");
+    bashWords(['stasis() { printf "%s\\0" "$@"; }', ...pastedCommands(line)].join('\n'), dir);
+    expect(existsSync(path.join(dir, 'pwned'))).toBe(false);
+  });
+
+  test('quotes an interaction id that is not a plain word', () => {
+    const line = interactionLine('run-1', pending(['a'], 'int-1;touch x')).split('\n')[1]!;
+    expect(line).toBe("    answer: stasis approve run-1 'int-1;touch x' [--option a]");
+  });
+});
+
+describe('renderings of agent-chosen text', () => {
+  test('runText: an agent-chosen failure, output, prompt and answer cannot add a line or drive the terminal', () => {
+    fc.assert(
+      fc.property(hostile, hostile, hostile, hostile, hostile, (code, message, output, prompt, by) => {
+        const run: RunSnapshot = {
+          runId: 'run-1',
+          status: 'FAILED',
+          childRunIds: [],
+          interactions: [
+            {
+              id: 'int-1',
+              kind: 'input',
+              prompt,
+              createdAt: at,
+              status: 'answered',
+              respondedBy: by,
+              response: output,
+            },
+            { id: 'int-2', kind: 'input', prompt, createdAt: at, status: 'pending' },
+          ],
+          output,
+          error: { code, message },
+        } as RunSnapshot;
+        const lines = runText(run).split('\n');
+        // The Run, two interactions (a pending one has its answer line too), output and error.
+        expect(lines).toHaveLength(6);
+        for (const line of lines) expect(line).not.toMatch(UNSAFE);
+      }),
+    );
+  });
+
+  test('sandboxText and sandboxListText: an error, labels and a page token stay on their lines', () => {
+    fc.assert(
+      fc.property(hostile, hostile, hostile, hostile, (message, key, value, token) => {
+        const view = {
+          sandboxId: 'sbx-1',
+          state: 'failed',
+          provider: 'local',
+          hostId: 'h',
+          record: { checkpoint: { uri: `s3://b/${value}`, bytes: 10 } },
+          error: { code: 'X', message },
+        } as unknown as SandboxView;
+        const page = {
+          sandboxes: [{ sandboxId: 'sbx-1', state: 'running', provider: 'local', labels: { [key]: value } }],
+          nextPageToken: token || 't',
+        } as unknown as SandboxPage;
+        const shown = [sandboxText(view), sandboxListText(page)].join('\n').split('\n');
+        expect(shown).toHaveLength(5);
+        for (const line of shown) expect(line).not.toMatch(UNSAFE);
+      }),
+    );
+  });
+
+  test('errorText: the repro of the review', () => {
+    const evil = 'ok\u001b]0;pwned-title\u0007\u001b[2K\u001b[1A\rCOMPLETED  all good\u001b]52;c;cm0gLXJmIH4=\u0007';
+    expect(errorText({ code: 'X\u001b[31mRED', message: evil })).toBe(
+      'X\\u001b[31mRED: ok\\u001b]0;pwned-title\\u0007\\u001b[2K\\u001b[1A\\u000dCOMPLETED  all good\\u001b]52;c;cm0gLXJmIH4=\\u0007',
+    );
+  });
+});
