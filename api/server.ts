@@ -48,8 +48,24 @@ declare module 'fastify' {
 
 const API_PATH = /^\/api(\/|\?|$)/;
 
-/** A `?token=` sign-in link must not end up in a log line. */
-const redactUrl = (url: string): string => url.replace(/([?&]token=)[^&#]*/gi, '$1[redacted]');
+/**
+ * A `?token=` sign-in link must not end up in a log line. The page reads the link with
+ * URLSearchParams, which percent-decodes names (`?%74oken=` signs in too), so each
+ * parameter is judged by its name decoded the same way.
+ */
+export function redactUrl(url: string): string {
+  const at = url.indexOf('?');
+  if (at < 0) return url;
+  const params = url
+    .slice(at + 1)
+    .split('&')
+    .map((param) => (isTokenParam(param) ? `${param.split('=')[0]}=[redacted]` : param));
+  return `${url.slice(0, at + 1)}${params.join('&')}`;
+}
+
+/** True when one `name=value` of a query is the sign-in token (any case: redacting more is harmless). */
+const isTokenParam = (param: string): boolean =>
+  [...new URLSearchParams(param).keys()].some((name) => name.toLowerCase() === 'token');
 
 function loggerOptions(options: ApiLogOptions | false | undefined) {
   if (options === false) return false;
