@@ -14,3 +14,13 @@ export function httpFailure(err: unknown, bodyLimit: number): StasisError {
   }
   return new StasisError('INTERNAL', 'internal error; see the server log');
 }
+
+/** What Node's HTTP parser refuses before fastify sees a request, in the contract's terms. */
+export function clientFailure(err: { code?: string }): StasisError {
+  if (err.code === 'HPE_HEADER_OVERFLOW')
+    return new StasisError('HEADERS_TOO_LARGE', 'headers: larger than the server takes');
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT')
+    return new StasisError('REQUEST_TIMEOUT', 'request: not received in time');
+  // The parser's code names the fault (HPE_INVALID_HEADER_TOKEN, ...); its message may quote the bytes.
+  return new StasisError('INVALID_ARGUMENT', `request: not valid HTTP (${err.code ?? 'unreadable'})`);
+}

@@ -1,4 +1,12 @@
-import fastify, { type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { STATUS_CODES } from 'node:http';
+import type { Socket } from 'node:net';
+import fastify, {
+  type ConnectionError,
+  type FastifyError,
+  type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
+} from 'fastify';
 import type { DestinationStream, LevelWithSilent } from 'pino';
 import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
@@ -8,7 +16,7 @@ import { duplicateKey, jsonValueProblem } from '../common/wire-json';
 import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
-import { httpFailure } from './errors';
+import { clientFailure, httpFailure } from './errors';
 import { PROMETHEUS_CONTENT_TYPE } from './prometheus';
 import { refusal, type RouteDef } from './route';
 import { apiRoutes } from './routes';
@@ -48,8 +56,24 @@ declare module 'fastify' {
 
 const API_PATH = /^\/api(\/|\?|$)/;
 
-/** A `?token=` sign-in link must not end up in a log line. */
-const redactUrl = (url: string): string => url.replace(/([?&]token=)[^&#]*/gi, '$1[redacted]');
+/**
+ * A `?token=` sign-in link must not end up in a log line. The page reads the link with
+ * URLSearchParams, which percent-decodes names (`?%74oken=` signs in too), so each
+ * parameter is judged by its name decoded the same way.
+ */
+export function redactUrl(url: string): string {
+  const at = url.indexOf('?');
+  if (at < 0) return url;
+  const params = url
+    .slice(at + 1)
+    .split('&')
+    .map((param) => (isTokenParam(param) ? `${param.split('=')[0]}=[redacted]` : param));
+  return `${url.slice(0, at + 1)}${params.join('&')}`;
+}
+
+/** True when one `name=value` of a query is the sign-in token (any case: redacting more is harmless). */
+const isTokenParam = (param: string): boolean =>
+  [...new URLSearchParams(param).keys()].some((name) => name.toLowerCase() === 'token');
 
 function loggerOptions(options: ApiLogOptions | false | undefined) {
   if (options === false) return false;
@@ -84,6 +108,9 @@ export function buildApi(options: ApiOptions): FastifyInstance {
           : frameworkRefusal(err);
       void (reply as FastifyReply).code(refusal.httpStatus).send(errorBody(refusal));
     },
+    // What Node's HTTP parser refuses (a control character in a header, headers too large)
+    // never becomes a request: answer it on the socket, in the contract's shape too.
+    clientErrorHandler: answerClientError,
   });
   const routes = apiRoutes();
 
@@ -158,6 +185,21 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   });
   registerWebPage(app);
   return app;
+}
+
+/** Answers a request the HTTP parser refused, then closes the connection (its bytes cannot be trusted). */
+function answerClientError(err: ConnectionError, socket: Socket): void {
+  // A reset connection has no one to answer.
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const failure = clientFailure(err);
+  const body = JSON.stringify(errorBody(failure));
+  if (socket.writable)
+    socket.write(
+      `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
+        `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+        `Connection: close\r\n\r\n${body}`,
+    );
+  socket.destroy(err);
 }
 
 /** True when every part of a query string percent-decodes to well-formed UTF-8. */

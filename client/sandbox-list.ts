@@ -54,23 +54,31 @@ export async function listSandboxes(client: Client, filter: ParsedFilter): Promi
   return { sandboxes, ...(next ? { nextPageToken: sealToken(next, query) } : {}) };
 }
 
-// A page token is Temporal's, prefixed with a digest of the query it belongs to: a token
-// of another list (other filters) or a made-up one is a clear 400, not a server error.
-const DIGEST_BYTES = 8;
-const digest = (query: string) => createHash('sha256').update(query).digest().subarray(0, DIGEST_BYTES);
+// A page token is Temporal's, sealed with a digest of the query it belongs to and of the
+// token itself: a token of another list (other filters), a made-up one, or one damaged on
+// the way (cut short, bytes added or changed) is a clear 400 before Temporal sees it, not a
+// server error. The digest holds no secret: it catches mistakes, and the token stays opaque.
+const DIGEST_BYTES = 16;
+const NOT_THIS_LIST =
+  'nextPageToken: not a token of this list, or damaged (give it whole, with the same filters as the page it came with)';
 
-function sealToken(token: Uint8Array, query: string): string {
-  return Buffer.concat([digest(query), token]).toString('base64url');
+const digest = (query: string, token: Uint8Array) =>
+  createHash('sha256').update(query).update('\0').update(token).digest().subarray(0, DIGEST_BYTES);
+
+/** Temporal's page token, sealed for the list of `query`. */
+export function sealToken(token: Uint8Array, query: string): string {
+  return Buffer.concat([digest(query, token), token]).toString('base64url');
 }
 
-function openToken(sealed: string, query: string): Buffer {
+/** Temporal's page token inside `sealed`; INVALID_ARGUMENT unless it is whole and of this list. */
+export function openToken(sealed: string, query: string): Buffer {
   const bytes = Buffer.from(sealed, 'base64url');
-  if (bytes.length <= DIGEST_BYTES || !bytes.subarray(0, DIGEST_BYTES).equals(digest(query)))
-    throw new StasisError(
-      'INVALID_ARGUMENT',
-      'nextPageToken: not a token of this list (give the same filters as the page it came with)',
-    );
-  return bytes.subarray(DIGEST_BYTES);
+  const token = bytes.subarray(DIGEST_BYTES);
+  // Base64url decoding skips stray characters; only the one spelling of these bytes is the token.
+  const whole = bytes.toString('base64url') === sealed && token.length > 0;
+  if (!whole || !bytes.subarray(0, DIGEST_BYTES).equals(digest(query, token)))
+    throw new StasisError('INVALID_ARGUMENT', NOT_THIS_LIST);
+  return token;
 }
 
 function summary(raw: ExecutionInfo): SandboxSummary {

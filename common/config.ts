@@ -21,6 +21,13 @@ const hostPort = z.string().regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:p
 // An IPv6 address goes in brackets, [::1]:7233; the port defaults to 7233.
 const temporalAddress = z.string().regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
 
+/**
+ * The characters of an API secret: visible ASCII. Anything else cannot sign in: a browser's or
+ * Node's fetch refuses a header above U+00FF, and Node's HTTP parser refuses control characters.
+ * (`:` and `,` separate the entries of STASIS_API_TOKENS, so they cannot be in a secret there.)
+ */
+const TOKEN_SECRET = /^[\x21-\x7e]+$/;
+
 /** Cached Runs per worker: a few hundred MiB at most for the Runs answered soonest, however many wait. */
 export const DEFAULT_MAX_CACHED_WORKFLOWS = 1_000;
 
@@ -88,7 +95,10 @@ export const Env = z.object({
     .optional(),
   /** `stasis mcp`: the REST API it acts through, and the token it acts with. */
   STASIS_API_URL: z.url({ message: 'must be a URL such as http://127.0.0.1:8080' }).optional(),
-  STASIS_API_TOKEN: z.string().regex(/^\S+$/, 'must be one secret of STASIS_API_TOKENS').optional(),
+  STASIS_API_TOKEN: z
+    .string()
+    .regex(TOKEN_SECRET, 'must be one secret of STASIS_API_TOKENS (visible ASCII characters only)')
+    .optional(),
   /** The Temporal SDK's Prometheus exporter of `stasis worker` / `stasis dev`; `off` disables it. */
   STASIS_WORKER_METRICS_ADDR: z
     .string()
@@ -196,7 +206,6 @@ const SECRET_VARIABLES = new Set([
 /** Shortest secret of STASIS_API_TOKENS. */
 export const MIN_SECRET_LENGTH = 16;
 const TOKEN_NAME = /^[A-Za-z0-9._@-]{1,64}$/;
-const TOKEN_SECRET = /^[^\s:,]+$/;
 
 /**
  * Parses `STASIS_API_TOKENS` (`name:secret[:role],...`). A problem names the
@@ -212,7 +221,9 @@ export function parseTokens(value: string): { tokens: ApiToken[]; problems: stri
     else if (!TOKEN_NAME.test(name))
       problems.push(`${at}: the name must be 1-64 letters, digits, ".", "_", "@" or "-"`);
     else if (secret.length < MIN_SECRET_LENGTH || !TOKEN_SECRET.test(secret))
-      problems.push(`${at}: the secret must be at least ${MIN_SECRET_LENGTH} characters, without spaces, ":" or ","`);
+      problems.push(
+        `${at}: the secret must be at least ${MIN_SECRET_LENGTH} characters of visible ASCII (letters, digits, punctuation), without ":" or ","`,
+      );
     else if (!isRole(role)) problems.push(`${at}: the role must be one of ${ROLES.join(', ')}`);
     else if (tokens.some((t) => t.name === name)) problems.push(`${at}: its name is given by an earlier entry too`);
     else if (tokens.some((t) => t.secret === secret))

@@ -27,6 +27,10 @@ const CODES = {
   JOB_INTERRUPTED: { status: 409, retryable: false },
   CHECKPOINT_INVALID: { status: 422, retryable: false },
   PAYLOAD_TOO_LARGE: { status: 413, retryable: true },
+  /** The request's headers are larger than the HTTP server takes. */
+  HEADERS_TOO_LARGE: { status: 431, retryable: false },
+  /** The request did not arrive whole in the HTTP server's time. */
+  REQUEST_TIMEOUT: { status: 408, retryable: false },
   NOT_SUPPORTED: { status: 501, retryable: false },
   INTERNAL: { status: 500, retryable: true },
   /** A provider's word that a sandbox broke beyond repair (the sandbox becomes `failed`). */

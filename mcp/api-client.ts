@@ -73,10 +73,7 @@ export class ApiClient {
         ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
       });
     } catch (err) {
-      throw new StasisError(
-        'UNAVAILABLE',
-        `the Stasis API at ${this.base} is not reachable (${(err as Error).message})`,
-      );
+      throw sendFailure(err, this.base);
     }
     const text = await response.text();
     let json: unknown;
@@ -93,3 +90,24 @@ export class ApiClient {
 }
 
 const enc = encodeURIComponent;
+
+/**
+ * Why fetch threw. It says "fetch failed" (with the network error as cause) when the request
+ * went out and no answer came: the API is unreachable, and a retry may get through. Any other
+ * throw is a request that could not be built (a header value fetch cannot carry, a bad URL),
+ * which no retry fixes: not "unreachable".
+ */
+function sendFailure(err: unknown, base: string): StasisError {
+  // Read by shape: fetch's errors may come from another realm (a test VM), where instanceof fails.
+  const message = messageOf(err);
+  if (message === 'fetch failed') {
+    const cause = messageOf((err as { cause?: unknown }).cause);
+    return new StasisError('UNAVAILABLE', `the Stasis API at ${base} is not reachable (${cause})`);
+  }
+  return new StasisError('INTERNAL', `no request could be made to the Stasis API at ${base} (${message})`);
+}
+
+const messageOf = (err: unknown): string =>
+  typeof (err as { message?: unknown } | undefined)?.message === 'string'
+    ? (err as { message: string }).message
+    : String(err);

@@ -11,7 +11,10 @@
   const TOKEN_KEY = 'stasis.token';
   const ANSWERED_KEY = 'stasis.answered';
   const ANSWERED_KEEP = 20;
-  const PAGE_SIZE = Number(new URLSearchParams(window.location.search).get('per')) || 25;
+  const DEFAULT_PAGE_SIZE = 25;
+  /** The page's own bound on `?per=`, well within the API's `limit`. */
+  const MAX_PAGE_SIZE = 100;
+  const PAGE_SIZE = pageSize(new URLSearchParams(window.location.search).get('per'));
   const $ = (id) => document.getElementById(id);
   let pollTimer;
   let generation = 0; // bumped on sign-in/out and navigation so a stale poll does not render
@@ -20,6 +23,15 @@
   let nextCursor;
   /** Answers given from this page: a list that lags a moment behind does not offer them again. */
   const answeredHere = new Set();
+
+  /**
+   * The page size a `?per=` link asks for, when it is a whole number from 1 to MAX_PAGE_SIZE.
+   * Anything else is ignored: the API would refuse it at every refresh, and the page would never list.
+   */
+  function pageSize(per) {
+    const n = Number(per);
+    return per !== null && Number.isInteger(n) && n >= 1 && n <= MAX_PAGE_SIZE ? n : DEFAULT_PAGE_SIZE;
+  }
 
   /** A `?token=` link (printed by `stasis dev`) signs in and is removed from the address bar. */
   function takeTokenFromUrl() {

@@ -160,6 +160,13 @@ test('sandbox_list finds sandboxes by label, page by page, and names a bad filte
     code: 'INVALID_ARGUMENT',
     message: expect.stringContaining('label'),
   });
+  // A real token damaged on the way (bytes added, cut short) is refused before Temporal sees it.
+  const real = first.nextPageToken ?? '';
+  for (const damaged of [`${real}AAAA`, real.slice(0, -4)])
+    expect(await refusal('sandbox_list', { label: [tag], pageSize: 1, nextPageToken: damaged })).toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringContaining('nextPageToken'),
+    });
 });
 
 test("run_start → run_status → interaction_respond, recorded under the token's name", async () => {

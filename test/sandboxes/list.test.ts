@@ -145,6 +145,19 @@ test('a bad filter is a 400 naming it, over REST and the client', async () => {
     ],
     ['status=running', /status/],
   ];
+  // A real token of this very list, damaged as a bad copy does (cut short, bytes added, one changed),
+  // is refused before Temporal sees it: Temporal answered such a token with a 500.
+  const tag = suite();
+  for (let i = 0; i < 3; i += 1) await stack.client.sandboxes.create({ provider: 'local', labels: labelsOf(tag) });
+  const q = `label=${encodeURIComponent(tag)}&pageSize=1`;
+  const real = await eventually(
+    async () => (await get(`/api/v1/sandboxes?${q}`)).nextPageToken,
+    30_000,
+    'a page with a token',
+  );
+  const changed = `${real.slice(0, 12)}${real[12] === 'A' ? 'B' : 'A'}${real.slice(13)}`;
+  for (const damaged of [real.slice(0, -4), real.slice(0, 20), `${real}AAAA`, `${real}A`, changed])
+    bad.push([`${q}&nextPageToken=${damaged}`, /nextPageToken/]);
   for (const [query, names] of bad) {
     const result = await call('GET', `/api/v1/sandboxes?${query}`);
     expect({ query, status: result.status, code: errorCode(result) }).toEqual({

@@ -70,6 +70,36 @@ test('no configuration error ever contains a secret, whatever is wrong around it
   expect(line).not.toContain('space-0123456789');
 });
 
+test.each([
+  ['a euro sign (beyond Latin-1: fetch cannot send it)', 'pässwörd-€-0123456789'],
+  ['a Latin-1 letter (curl sends it as UTF-8, fetch as one byte)', 'päss-0123456789abcdef'],
+  ['a control character (the HTTP parser refuses it)', 'control\u0001char-0123456789'],
+  ['DEL', 'delete\u007fchar-0123456789'],
+])('a secret with %s can never sign in: refused by the configuration, naming the entry', (_what, secretText) => {
+  expect(problems({ STASIS_API_TOKENS: `ok:aaaaaaaaaaaaaaaa,ana:${secretText}:approver` })).toEqual([
+    expect.stringMatching(/^STASIS_API_TOKENS: entry 2: .*visible ASCII/),
+  ]);
+  expect(problems({ STASIS_API_TOKEN: secretText })).toEqual([
+    expect.stringMatching(/^STASIS_API_TOKEN: .*visible ASCII/),
+  ]);
+});
+
+test('only visible ASCII makes a secret: one other character anywhere is refused, and never printed', () => {
+  const outside = fc.string({ unit: 'grapheme', minLength: 1, maxLength: 1 }).filter((c) => !/^[\x21-\x7e]$/.test(c));
+  fc.assert(
+    fc.property(secret, outside, fc.nat(), (s, c, at) => {
+      // Inside the secret: spaces around an entry are trimmed, as in `a:…, b:…`.
+      const i = 1 + (at % (s.length - 1));
+      const bad = s.slice(0, i) + c + s.slice(i);
+      const lines = problems({ STASIS_API_TOKENS: `ana:${bad}` });
+      expect(lines).toEqual([expect.stringMatching(/^STASIS_API_TOKENS: entry 1: /)]);
+      expect(lines[0]).not.toContain(s);
+      expect(problems({ STASIS_API_TOKEN: bad })).toEqual([expect.stringMatching(/^STASIS_API_TOKEN: /)]);
+    }),
+    { numRuns: 300 },
+  );
+});
+
 test('STASIS_HOST_PATHS: absolute directories other than /', () => {
   expect(loadConfig({ STASIS_HOST_PATHS: '/srv/projects,/home/ana/work/' }).STASIS_HOST_PATHS).toEqual([
     '/srv/projects',

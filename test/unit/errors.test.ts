@@ -38,6 +38,8 @@ const TABLE: [ErrorCode, number, 'retryable' | 'final'][] = [
   ['JOB_INTERRUPTED', 409, 'final'],
   ['CHECKPOINT_INVALID', 422, 'final'],
   ['PAYLOAD_TOO_LARGE', 413, 'retryable'],
+  ['HEADERS_TOO_LARGE', 431, 'final'],
+  ['REQUEST_TIMEOUT', 408, 'final'],
   ['NOT_SUPPORTED', 501, 'final'],
   ['INTERNAL', 500, 'retryable'],
   ['SANDBOX_FAILED', 500, 'final'],

@@ -309,6 +309,38 @@ test('a deep link opens one interaction; option buttons answer it; the approver 
   await page.close();
 });
 
+test('a ?per= link the API would refuse (out of range, not whole) is ignored: the page lists, 25 a page', async () => {
+  await startWaiting(askSpec({ ask: 'Per?' }));
+  const outcomes: Record<string, string> = {};
+  for (const per of ['-1', '0', '2.5', '5000', '101', 'ten', '100', '3']) {
+    const page = await browser.context.newPage();
+    const limits: (string | null)[] = [];
+    page.on('request', (request) => {
+      const url = new URL(request.url());
+      if (url.pathname === '/api/v1/interactions') limits.push(url.searchParams.get('limit'));
+    });
+    await page.goto(`${base}/?token=${TOKEN}&per=${per}`);
+    const listed = await page
+      .locator('li.interaction')
+      .first()
+      .waitFor({ timeout: 15_000 })
+      .then(() => 'listed')
+      .catch(async () => `not listed: ${await page.locator('#connection').innerText()}`);
+    outcomes[per] = `${listed}, limit ${limits[0]}`;
+    await page.close();
+  }
+  expect(outcomes).toEqual({
+    '-1': 'listed, limit 25',
+    '0': 'listed, limit 25',
+    '2.5': 'listed, limit 25',
+    '5000': 'listed, limit 25',
+    '101': 'listed, limit 25',
+    ten: 'listed, limit 25',
+    '100': 'listed, limit 100',
+    '3': 'listed, limit 3',
+  });
+});
+
 test('oldest first, a page at a time, with one list request per refresh', async () => {
   // Two older waiting Runs stand for what other test files leave on the shared server.
   const older = [await startWaiting(askSpec({ ask: 'Older 1?' })), await startWaiting(askSpec({ ask: 'Older 2?' }))];

@@ -1,0 +1,82 @@
+import * as net from 'node:net';
+import fc from 'fast-check';
+import type { FastifyInstance } from 'fastify';
+import { buildApi } from '../../api/server';
+import type { StasisClient } from '../../client';
+
+// Requests Node's HTTP parser refuses never reach fastify's routes or hooks; their answers
+// must still be the API's `{error: {code, message}}` with the status of the code.
+
+const TOKEN = { name: 'ops', secret: 'operator-secret-0123456789', role: 'operator' } as const;
+let app: FastifyInstance;
+let port: number;
+
+beforeAll(async () => {
+  // No request here gets as far as the client.
+  app = buildApi({ client: {} as StasisClient, tokens: [TOKEN], logger: false });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  port = (app.server.address() as net.AddressInfo).port;
+});
+afterAll(async () => {
+  await app?.close();
+});
+
+/** Sends these exact bytes and reads the whole answer (the server closes the connection). */
+function raw(request: Buffer): Promise<{ status: number; type: string; body: string }> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    const socket = net.connect(port, '127.0.0.1', () => socket.write(request));
+    socket.on('data', (chunk: Buffer) => chunks.push(chunk));
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const text = Buffer.concat(chunks).toString('utf8');
+      const [head, ...body] = text.split('\r\n\r\n');
+      resolve({
+        status: Number(/^HTTP\/1\.1 (\d+)/.exec(head)?.[1] ?? 0),
+        type: /^content-type: *(.*)$/im.exec(head)?.[1] ?? '',
+        body: body.join('\r\n\r\n'),
+      });
+    });
+  });
+}
+
+const withAuthorization = (value: Buffer) =>
+  Buffer.concat([
+    Buffer.from('GET /api/v1/me HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: '),
+    value,
+    Buffer.from('\r\n\r\n'),
+  ]);
+
+/** status, code: the answer as the contract has it, or what it was instead. */
+function answer(r: { status: number; type: string; body: string }): string {
+  try {
+    const { error } = JSON.parse(r.body) as { error?: { code?: unknown; message?: unknown } };
+    if (typeof error?.code === 'string' && typeof error.message === 'string' && r.type.startsWith('application/json'))
+      return `${r.status} ${error.code}`;
+  } catch {
+    // not JSON: shown below
+  }
+  return `${r.status} not the contract: ${r.type} ${JSON.stringify(r.body.slice(0, 80))}`;
+}
+
+test('a header with a control character is 400 INVALID_ARGUMENT, oversized headers 431 HEADERS_TOO_LARGE', async () => {
+  const control = await raw(withAuthorization(Buffer.from('Bearer abc\u0001def', 'latin1')));
+  const oversized = await raw(withAuthorization(Buffer.from(`Bearer ${'a'.repeat(20_000)}`, 'latin1')));
+  const garbage = await raw(Buffer.from('NOT HTTP AT ALL\r\n\r\n'));
+  expect({ control: answer(control), oversized: answer(oversized), garbage: answer(garbage) }).toEqual({
+    control: '400 INVALID_ARGUMENT',
+    oversized: '431 HEADERS_TOO_LARGE',
+    garbage: '400 INVALID_ARGUMENT',
+  });
+});
+
+test('property: any control character in a header value is answered in the contract', async () => {
+  const controls = [...Array(32).keys()].filter((c) => c !== 9 && c !== 10 && c !== 13);
+  await fc.assert(
+    fc.asyncProperty(fc.constantFrom(...controls), fc.string({ maxLength: 20 }), async (c, rest) => {
+      const value = Buffer.concat([Buffer.from(`Bearer ${rest.replace(/[^ -~]/g, '')}`), Buffer.from([c])]);
+      expect(answer(await raw(withAuthorization(value)))).toBe('400 INVALID_ARGUMENT');
+    }),
+    { numRuns: 60 },
+  );
+});
