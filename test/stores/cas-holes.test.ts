@@ -4,7 +4,7 @@ import * as path from 'node:path';
 import { createLocalProvider } from '../../providers/local';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { dataRuns, HOLE_BLOCK } from '../../stores/zeros';
-import { context, mountsUnder, s3StoreFromEnv, sha256File, tempDir, uniqueId } from '../providers/helpers';
+import { context, manifest, mountsUnder, s3StoreFromEnv, sha256File, tempDir, uniqueId } from '../providers/helpers';
 import { describeTree, newSandboxRoot, restoreFresh, take } from './cas-helpers';
 
 // A sparse file (its size far above the disk it takes) must come back from the store taking about
@@ -168,4 +168,34 @@ test('sparse files far larger than a sandbox volume restore onto it through the 
     await provider.destroy({ sandboxId, fence: 3 }, ctx);
   }
   expect(mountsUnder(dataDir)).toEqual([]);
+}, 180_000);
+
+test('an active workspace filled from the store onto another filesystem than the volume (copied, not renamed) keeps its holes, modes, times and links', async () => {
+  const root = await newSandboxRoot();
+  const sandboxId = uniqueId('holes-active');
+  const workspace = path.join(root, 'workspace');
+  await writePieces(path.join(workspace, 'sparse'), [
+    { kind: 'data', bytes: Buffer.from('head') },
+    { kind: 'hole', length: 100 * MiB },
+  ]);
+  await fs.mkdir(path.join(workspace, 'dir'), { mode: 0o750 });
+  await fs.writeFile(path.join(workspace, 'dir', 'run.sh'), 'echo hi\n', { mode: 0o755 });
+  await fs.utimes(path.join(workspace, 'dir', 'run.sh'), 1_000_000_000, 1_000_000_000);
+  await fs.symlink('../outside', path.join(workspace, 'dir', 'link'));
+  const { checkpoint } = await take(store, root, sandboxId);
+  const dataDir = await tempDir('holes-active-host');
+  // On the temporary directory's filesystem: the volume is another, so the restore copies the workspace.
+  const hostPath = path.join(await tempDir('holes-active-ws'), 'ws');
+  const hostId = uniqueId('host');
+  const provider = createLocalProvider({ hostId, dataDir, store, volumes: 'required' });
+  const ctx = context({ hostId, ownerId: sandboxId });
+  await provider.restore({ sandboxId, fence: 2, checkpoint, workspace: { kind: 'active', hostPath } }, ctx);
+  try {
+    expect(await manifest(hostPath)).toEqual(await manifest(workspace));
+    expect(await diskBytes(path.join(hostPath, 'sparse'))).toBeLessThanOrEqual(
+      (await diskBytes(path.join(workspace, 'sparse'))) + 2 * HOLE_BLOCK,
+    );
+  } finally {
+    await provider.destroy({ sandboxId, fence: 3 }, ctx);
+  }
 }, 180_000);
