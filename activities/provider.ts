@@ -21,7 +21,7 @@ import { FILE_LIMIT_BYTES } from '../common/payload-limits';
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Hashes, Workspace } from '../common/schemas';
 import { hashMismatches, receiptProblem, recordedHashes } from '../workflows/lifecycle';
-import { toFailure } from './failures';
+import { toFailure, toRestoreFailure } from './failures';
 import { boundExecOutcome } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
@@ -129,6 +129,10 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     }
   }
 
+  function throwRestoreFailure(err: unknown): never {
+    throw toRestoreFailure(err);
+  }
+
   /** An active workspace outside STASIS_HOST_PATHS is refused (non-retryable) before the provider touches it. */
   async function checkWorkspace(workspace: Workspace | undefined): Promise<void> {
     if (workspace?.kind === 'active')
@@ -190,7 +194,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     ): Promise<RestoreResult & { hostId: string; capabilities: Capabilities }> {
       await checkWorkspace(input.request.workspace);
       return call(input, async (p, ctx) => ({
-        ...(await p.restore(input.request, ctx)),
+        ...(await p.restore(input.request, ctx).catch(throwRestoreFailure)),
         hostId: deps.hostId,
         capabilities: p.capabilities,
       }));
@@ -212,7 +216,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
         const request = input.bringBack.request;
         await checkWorkspace(request.workspace);
         resumed = await call(input, async (p, ctx) => ({
-          restored: await p.restore(request, ctx),
+          restored: await p.restore(request, ctx).catch(throwRestoreFailure),
           hostId: deps.hostId,
           capabilities: p.capabilities,
         }));

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import type { Stats } from 'node:fs';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { pipeline, Transform } from 'node:stream';
@@ -8,13 +9,14 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeAll, writeFileAtomic } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
 import { markStage, restoreCheckpointFiles } from '../stores/cas/restore';
 import { repeatCheckpoint, takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
+import { dataRuns } from '../stores/zeros';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
 import { sameWrites, syncFilesystem, volumeWrites, writeCount, type VolumeWrites } from './volume';
@@ -413,21 +415,68 @@ async function fillIfEmpty(src: string, hostPath: string): Promise<void> {
   }
 }
 
-/** Renames `src` to `dest`, or copies it there (links verbatim) when they are on different filesystems. */
+/** Renames `src` to `dest`, or copies it there (copyTree) when they are on different filesystems. */
 async function moveTree(src: string, dest: string): Promise<void> {
   try {
     await fs.rename(src, dest);
   } catch (err) {
     if (!hasErrorCode(err, 'EXDEV')) throw err;
-    await fs.cp(src, dest, {
-      recursive: true,
-      verbatimSymlinks: true,
-      preserveTimestamps: true,
-      errorOnExist: true,
-      force: false,
-    });
+    await copyTree(src, dest);
   }
 }
+
+/**
+ * Copies the tree at `src` (a restore's own, nothing else writes it) to `dest` (new): symlinks verbatim,
+ * modes and mtimes kept, and a file's holes (stores/zeros.ts). Not fs.cp: it writes a sparse file's zeros
+ * out, so a sandbox's `truncate -s 20G` would take 20 GiB of the host path's disk.
+ */
+async function copyTree(src: string, dest: string): Promise<void> {
+  const stat = await fs.lstat(src);
+  if (stat.isSymbolicLink()) {
+    await fs.symlink(await fs.readlink(src), dest);
+    await fs.lutimes(dest, stat.atime, stat.mtime);
+  } else if (stat.isDirectory()) {
+    await fs.mkdir(dest, { mode: 0o700 });
+    for (const name of await fs.readdir(src)) await copyTree(path.join(src, name), path.join(dest, name));
+    await fs.chmod(dest, stat.mode & 0o7777);
+    await fs.utimes(dest, stat.atime, stat.mtime);
+  } else if (stat.isFile()) {
+    await copyFile(src, dest, stat);
+  } else {
+    throw new Error(`${src} is not a file, directory or symlink`);
+  }
+}
+
+/** Copies a file, leaving its blocks of zeros holes, with its mode and times. */
+async function copyFile(src: string, dest: string, stat: Stats): Promise<void> {
+  const from = await fs.open(src, 'r');
+  try {
+    const to = await fs.open(dest, 'wx', 0o600);
+    try {
+      const buffer = Buffer.allocUnsafe(COPY_BYTES);
+      let position = 0;
+      for (;;) {
+        const { bytesRead } = await from.read(buffer, 0, buffer.length, position);
+        if (bytesRead === 0) break;
+        const piece = buffer.subarray(0, bytesRead);
+        for (const [start, end] of dataRuns(piece, position)) {
+          await writeAll(to, piece.subarray(start, end), position + start);
+        }
+        position += bytesRead;
+      }
+      await to.truncate(position);
+      await to.chmod(stat.mode & 0o7777);
+      await to.utimes(stat.atime, stat.mtime);
+    } finally {
+      await to.close();
+    }
+  } finally {
+    await from.close();
+  }
+}
+
+/** A file is copied this much at a time. */
+const COPY_BYTES = 1024 * 1024;
 
 /** Removes the entries of `dir` whose name `matches` (symlinks as links: nothing is followed). */
 async function removeEntries(dir: string, matches: (name: string) => boolean): Promise<void> {

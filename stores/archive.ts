@@ -7,6 +7,7 @@ import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
 import { writeAll } from './atomic-file';
 import { walkSandbox, readExactly } from './walk';
+import { dataRuns } from './zeros';
 
 // Checkpoint archives: a gzipped tar of a sandbox's top directories. A checkpoint
 // reproduces the workspace as packed: files with their modes (setuid and setgid
@@ -415,10 +416,19 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
     case 'file': {
       const handle = await fs.open(absolute, NEW_FILE, 0o600);
       try {
+        // Its bytes so far (holes included), and the end of the last ones written: blocks of zeros are left holes (stores/zeros.ts).
         let written = 0;
-        for await (const chunk of data) written += await writeAll(handle, chunk as Buffer);
+        let end = 0;
+        for await (const chunk of data as AsyncIterable<Buffer>) {
+          for (const [start, stop] of dataRuns(chunk, written)) {
+            await writeAll(handle, chunk.subarray(start, stop), written + start);
+            end = written + stop;
+          }
+          written += chunk.length;
+        }
         // A short write (a full disk can end one without an error) must never pass for the whole file.
         if (written !== entry.size) throw new Error(`${absolute}: wrote ${written} of ${entry.size} bytes`);
+        if (end < written) await handle.truncate(written);
         await handle.chmod(entry.mode);
         if (entry.mtime) await handle.utimes(entry.mtime, entry.mtime);
       } finally {

@@ -82,10 +82,14 @@ async function writeStream(handle: fs.FileHandle, source: Readable, signal: Abor
   }
 }
 
-/** Writes all of `chunk` at the handle's position (one write(2) may take only part of it); returns its length. */
-export async function writeAll(handle: fs.FileHandle, chunk: Buffer): Promise<number> {
+/**
+ * Writes all of `chunk` at `position` in the file, or at the handle's position without one (one write(2)
+ * may take only part of it); returns its length.
+ */
+export async function writeAll(handle: fs.FileHandle, chunk: Buffer, position?: number): Promise<number> {
   for (let offset = 0; offset < chunk.length;) {
-    const { bytesWritten } = await handle.write(chunk, offset, chunk.length - offset);
+    const at = position === undefined ? null : position + offset;
+    const { bytesWritten } = await handle.write(chunk, offset, chunk.length - offset, at);
     if (bytesWritten === 0) {
       throw Object.assign(new Error(`no space left to write ${chunk.length - offset} bytes`), { code: 'ENOSPC' });
     }

@@ -10,6 +10,7 @@ import type { Checkpoint } from '../../common/schemas';
 import type { CheckpointStore, DownloadCheck } from '../index';
 import type { ArchiveLimits } from '../archive';
 import { Slicer } from '../walk';
+import { dataRuns } from '../zeros';
 import { nowNs, racyUntilNs, type Baseline } from './baseline';
 import { chunkHash, hashSpans } from './hasher';
 import { Lanes } from './lanes';
@@ -374,16 +375,16 @@ function writeFile(
   let handedOver = false;
   try {
     const hashes = entry.c ?? [];
-    let written = 0;
+    const at: FileAt = { written: 0, end: 0 };
     for (let i = 0; i < hashes.length; i += 1) {
       const chunk = packs.chunkNow(hashes[i], entry.p);
       if (chunk === undefined) {
         handedOver = true;
-        return writeRest(fd, file, entry, packs, i, written);
+        return writeRest(fd, file, entry, packs, i, at);
       }
-      written += writeAll(fd, chunk);
+      writeChunk(fd, chunk, at);
     }
-    return finishFile(fd, file, entry, written);
+    return finishFile(fd, file, entry, at);
   } finally {
     if (!handedOver) fsSync.closeSync(fd);
   }
@@ -396,21 +397,40 @@ async function writeRest(
   entry: ManifestEntry,
   packs: PackReader,
   from: number,
-  written: number,
+  at: FileAt,
 ): Promise<fsSync.BigIntStats> {
   try {
     const hashes = entry.c ?? [];
-    for (let i = from; i < hashes.length; i += 1) written += writeAll(fd, await packs.chunk(hashes[i], entry.p));
-    return finishFile(fd, file, entry, written);
+    for (let i = from; i < hashes.length; i += 1) writeChunk(fd, await packs.chunk(hashes[i], entry.p), at);
+    return finishFile(fd, file, entry, at);
   } finally {
     fsSync.closeSync(fd);
   }
 }
 
-/** Checks a written file's length, sets its mtime (and mode if the umask took bits) and returns its stat. */
-function finishFile(fd: number, file: string, entry: ManifestEntry, written: number): fsSync.BigIntStats {
+/** Where a file being written is: its bytes so far (holes included), and the end of the last one written. */
+interface FileAt {
+  written: number;
+  end: number;
+}
+
+/** Writes a chunk where the file is, leaving its blocks of zeros holes (stores/zeros.ts). */
+function writeChunk(fd: number, chunk: Buffer, at: FileAt): void {
+  for (const [start, end] of dataRuns(chunk, at.written)) {
+    writeAll(fd, chunk.subarray(start, end), at.written + start);
+    at.end = at.written + end;
+  }
+  at.written += chunk.length;
+}
+
+/**
+ * Checks a written file's length, gives it its length if it ends in a hole, sets its mtime (and mode
+ * if the umask took bits) and returns its stat.
+ */
+function finishFile(fd: number, file: string, entry: ManifestEntry, { written, end }: FileAt): fsSync.BigIntStats {
   // A short write (a full disk can end one without an error) must never pass for the whole file.
   if (written !== entry.s) throw new Error(`${file}: wrote ${written} of ${entry.s} bytes`);
+  if (end < written) fsSync.ftruncateSync(fd, written);
   const time = seconds(entry.mt);
   fsSync.futimesSync(fd, time, time);
   // The stat is the baseline's (its ctime after the last change): taken again only after an fchmod.
@@ -420,16 +440,15 @@ function finishFile(fd: number, file: string, entry: ManifestEntry, written: num
   return fsSync.fstatSync(fd, { bigint: true });
 }
 
-/** Writes all of `chunk` at the descriptor's position (one write(2) may take only part of it); returns its length. */
-function writeAll(fd: number, chunk: Buffer): number {
+/** Writes all of `chunk` at `position` in the file (one write(2) may take only part of it). */
+function writeAll(fd: number, chunk: Buffer, position: number): void {
   for (let offset = 0; offset < chunk.length;) {
-    const bytesWritten = fsSync.writeSync(fd, chunk, offset, chunk.length - offset);
+    const bytesWritten = fsSync.writeSync(fd, chunk, offset, chunk.length - offset, position + offset);
     if (bytesWritten === 0) {
       throw Object.assign(new Error(`no space left to write ${chunk.length - offset} bytes`), { code: 'ENOSPC' });
     }
     offset += bytesWritten;
   }
-  return chunk.length;
 }
 
 /**
@@ -602,7 +621,7 @@ class PackReader {
     const file = `${this.tempPrefix}.pack-${pack}.spilled`;
     const fd = fsSync.openSync(file, SPILL_FILE, 0o600);
     try {
-      writeAll(fd, bytes);
+      writeAll(fd, bytes, 0);
     } catch (err) {
       fsSync.closeSync(fd);
       fsSync.rmSync(file, { force: true });

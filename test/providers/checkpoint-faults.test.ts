@@ -71,11 +71,16 @@ async function rejection(promise: Promise<unknown>): Promise<unknown> {
 }
 
 describe('a restore that hits a full disk', () => {
-  it('fails retryably (not CHECKPOINT_INVALID), leaves nothing, and the retry restores everything', async () => {
+  it('fails with ENOSPC (not CHECKPOINT_INVALID), leaves nothing, and a later restore restores everything', async () => {
     const source = await makeHost();
     const id = await source.sandbox();
-    // Compresses to almost nothing: the download fits on the small disk, the unpacked files do not.
-    await sh(source.provider, id, 'head -c 4000000 /dev/zero > zeros.bin; echo hi > small.txt');
+    // One chunk for all nine copies: the download and its decompressed pack fit on the small disk, the
+    // unpacked files do not (not zeros, which a restore leaves holes, nor a pack larger than the disk).
+    await sh(
+      source.provider,
+      id,
+      'head -c 300000 /dev/urandom > copy0.bin; for i in 1 2 3 4 5 6 7 8; do cp copy0.bin copy$i.bin; done; echo hi > small.txt',
+    );
     const { checkpoint } = await source.provider.release(snapshot(id, 2), context());
 
     const disk = await smallDisk(1024);
@@ -89,7 +94,7 @@ describe('a restore that hits a full disk', () => {
 
     grow(disk, 64 * 1024);
     await target.provider.restore({ sandboxId: id, fence: 3, checkpoint: checkpoint! }, context());
-    expect(await sh(target.provider, id, 'wc -c < zeros.bin; cat small.txt', 3)).toBe('4000000\nhi\n');
+    expect(await sh(target.provider, id, 'cat copy*.bin | wc -c; cat small.txt', 3)).toBe('2700000\nhi\n');
     expect((await fs.readdir(sandboxPaths(disk, id).root)).sort()).toEqual(['meta', 'volume']);
     expect((await fs.readdir(sandboxPaths(disk, id).volume)).sort()).toEqual(['envs', 'home', 'workspace']);
   });
@@ -97,7 +102,8 @@ describe('a restore that hits a full disk', () => {
   it('never passes for done while a file entry is still being written (more entries follow it)', async () => {
     const root = await tempDir('pack-full');
     await fs.mkdir(path.join(root, 'workspace'));
-    await fs.writeFile(path.join(root, 'workspace', 'big.bin'), Buffer.alloc(3_000_000));
+    // Not zeros, which a restore leaves holes.
+    await fs.writeFile(path.join(root, 'workspace', 'big.bin'), Buffer.alloc(3_000_000, 1));
     await fs.mkdir(path.join(root, 'home', 'later'), { recursive: true });
     const archive = path.join(await tempDir('pack-full-archive'), 'c.tar.gz');
     await pipeline(packSandbox(root, ['workspace', 'home']), createWriteStream(archive));

@@ -92,6 +92,25 @@ describe('packSandbox / unpackCheckpoint', () => {
     expect(a.ino).toBe(b.ino);
   });
 
+  it('keeps a sparse file’s holes: it takes about the disk it took, not its size (a byte every MiB, ending in a hole)', async () => {
+    const root = await tempDir('pack-sparse');
+    await fs.mkdir(path.join(root, 'workspace'));
+    const sparse = path.join(root, 'workspace', 'sparse');
+    const handle = await fs.open(sparse, 'wx');
+    for (let i = 0; i < 64; i++) await handle.write(Buffer.from([i + 1]), 0, 1, i * 1024 * 1024 + i);
+    await handle.truncate(70 * 1024 * 1024);
+    await handle.close();
+    const archive = path.join(await tempDir('archive'), 'c.tar.gz');
+    await pipeline(packSandbox(root, ['workspace']), createWriteStream(archive));
+    const target = await tempDir('unpack');
+    await unpackCheckpoint(archive, target);
+    const restored = path.join(target, 'workspace', 'sparse');
+    expect(await manifest(path.join(target, 'workspace'))).toEqual(await manifest(path.join(root, 'workspace')));
+    expect((await fs.stat(restored)).size).toBe(70 * 1024 * 1024);
+    // 64 blocks of data (4 KiB each) and a few of the filesystem's own, not 70 MiB.
+    expect((await fs.stat(restored)).blocks * 512).toBeLessThanOrEqual((await fs.stat(sparse)).blocks * 512 + 8192);
+  });
+
   describe('refuses hostile archives before writing anything', () => {
     const cases: {
       name: string;
