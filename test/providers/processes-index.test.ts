@@ -220,7 +220,16 @@ test.each(forkers)('$name is frozen whole: nothing runs or forks until it is tha
     // Nothing new was forked: the same processes, all still stopped.
     expect(ofScript(tagged).sort()).toEqual([...frozen].sort());
     await byIndex.thaw(marker);
-    await waitFor('the forker to run again', async () => ofScript(tagged).some((pid) => !frozen.includes(pid)));
+    // Thawed, nothing stays stopped, and the chain forks again, unless the kernel hung it up: a process
+    // stopped in a job-control group (`set -m`) whose parent exits while it is stopped gets SIGHUP when its
+    // group becomes orphaned (README, Tracking). Seen in 1 of ~20 runs under load, as its only process gone.
+    await waitFor(
+      'the forker to run again, or be gone',
+      async () =>
+        ofScript(tagged).some((pid) => !frozen.includes(pid)) ||
+        frozen.every((pid) => stateOf(pid) === undefined || stateOf(pid) === 'Z'),
+    );
+    for (const pid of ofScript(tagged)) expect(stateOf(pid) ?? 'gone').not.toMatch(/^[Tt]$/);
     await byIndex.kill(marker);
     expect(ofScript(tagged)).toEqual([]);
   });
