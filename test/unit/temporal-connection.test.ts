@@ -190,3 +190,35 @@ describe('TEMPORAL_CONFIG_FILE', () => {
     expect(configProblems(isolated({ TEMPORAL_CONFIG_FILE: d }))).toEqual([`TEMPORAL_CONFIG_FILE: ${d}: not a file`]);
   });
 });
+
+describe('the Temporal address and namespace', () => {
+  test('TEMPORAL_ADDRESS with a port outside 1 to 65535 is an error naming it', () => {
+    fc.assert(
+      fc.property(fc.constantFrom('temporal.internal', '[::1]'), fc.integer({ min: 0, max: 99999 }), (host, port) => {
+        const address = `${host}:${port}`;
+        if (port >= 1 && port <= 65535)
+          expect(loadConfig(isolated({ TEMPORAL_ADDRESS: address })).TEMPORAL_ADDRESS).toBe(address);
+        else
+          expect(configProblems(isolated({ TEMPORAL_ADDRESS: address }))).toEqual([
+            expect.stringMatching(/^TEMPORAL_ADDRESS: the port must be from 1 to 65535/),
+          ]);
+      }),
+      {
+        examples: [
+          ['temporal.internal', 0],
+          ['temporal.internal', 65535],
+          ['[::1]', 65536],
+        ],
+      },
+    );
+  });
+
+  test.each([
+    ['address = "not an address"', /^the temporal\.toml profile's address: must be host:port/],
+    ['address = "h:70000"', /^the temporal\.toml profile's address: the port must be from 1 to 65535/],
+    ['address = "h:7233"\nnamespace = ""', /^the temporal\.toml profile's namespace: /],
+  ])("a profile's %s gets the environment's checks", (fields, line) => {
+    const toml = file('profile-checks.toml', `[profile.default]\n${fields}\n`);
+    expect(configProblems(isolated({ TEMPORAL_CONFIG_FILE: toml }))).toEqual([expect.stringMatching(line)]);
+  });
+});
