@@ -19,7 +19,14 @@ const seconds = (fallback: number) =>
 const hostPort = z.string().regex(/^[A-Za-z0-9.-]+:[0-9]{1,5}$/, 'must be host:port');
 
 // An IPv6 address goes in brackets, [::1]:7233; the port defaults to 7233.
-const temporalAddress = z.string().regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port');
+const temporalAddress = z
+  .string()
+  .regex(/^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$/, 'must be host:port')
+  .refine((address) => {
+    const port = /:([0-9]+)$/.exec(address)?.[1];
+    return port === undefined || (Number(port) >= 1 && Number(port) <= 65535);
+  }, 'the port must be from 1 to 65535');
+const temporalNamespace = z.string().min(1);
 
 /**
  * The characters of an API secret: visible ASCII. Anything else cannot sign in: a browser's or
@@ -34,7 +41,7 @@ export const DEFAULT_MAX_CACHED_WORKFLOWS = 1_000;
 export const Env = z.object({
   // Read again, with the temporal.toml profile and TEMPORAL_TLS_*, by temporalConnectConfig.
   TEMPORAL_ADDRESS: temporalAddress.optional(),
-  TEMPORAL_NAMESPACE: z.string().min(1).optional(),
+  TEMPORAL_NAMESPACE: temporalNamespace.optional(),
   STASIS_TASK_QUEUE: z
     .string()
     .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
@@ -163,6 +170,23 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   } catch (err) {
     throw new ConfigError([(err as Error).message]);
   }
+  // A profile's address and namespace (where the environment names none) pass the environment's checks.
+  const profileProblems: string[] = [];
+  const checks = [
+    [
+      'address',
+      temporalAddress,
+      temporal.addressConfigured && !config.TEMPORAL_ADDRESS,
+      temporal.connectionOptions.address,
+    ],
+    ['namespace', temporalNamespace, !config.TEMPORAL_NAMESPACE, temporal.namespace],
+  ] as const;
+  for (const [field, schema, fromProfile, value] of checks) {
+    const issue = fromProfile ? schema.safeParse(value).error?.issues[0] : undefined;
+    if (issue)
+      profileProblems.push(`the temporal.toml profile's ${field}: ${issue.message} (got ${JSON.stringify(value)})`);
+  }
+  if (profileProblems.length > 0) throw new ConfigError(profileProblems);
   const snapshotStore = config.STASIS_SNAPSHOT_STORE ?? (config.STASIS_S3_ENDPOINT ? 's3' : 'fs');
   if (snapshotStore === 's3' && !config.STASIS_S3_ENDPOINT && !env.AWS_REGION) {
     throw new ConfigError([

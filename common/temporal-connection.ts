@@ -1,4 +1,11 @@
-import { loadClientConfigProfile, toClientOptions } from '@temporalio/envconfig';
+import { readFileSync, statSync } from 'node:fs';
+import * as path from 'node:path';
+import {
+  loadClientConfigProfile,
+  toClientOptions,
+  type ClientConfigProfile,
+  type ClientConfigTLS,
+} from '@temporalio/envconfig';
 import type { TLSConfig } from '@temporalio/common/lib/internal-non-workflow';
 
 // How every Stasis process reaches Temporal, as every Temporal application does:
@@ -26,39 +33,132 @@ export interface TemporalConnectConfig {
   addressConfigured: boolean;
 }
 
+/** The TLS material of a profile, each with the variable (and temporal.toml key) that gives it. */
+const TLS_FILES = [
+  { field: 'serverCACert', variable: 'TEMPORAL_TLS_SERVER_CA_CERT', key: 'server_ca_cert' },
+  { field: 'clientCert', variable: 'TEMPORAL_TLS_CLIENT_CERT', key: 'client_cert' },
+  { field: 'clientKey', variable: 'TEMPORAL_TLS_CLIENT_KEY', key: 'client_key' },
+] as const;
+
 /**
  * The connection of the profile and environment in `env`. Empty variables count as
- * unset. Throws an Error naming the variable or profile that is wrong (an unknown
- * TEMPORAL_PROFILE, a TLS file that cannot be read).
+ * unset. Throws an Error naming the variable, file or profile that is wrong (an unknown
+ * TEMPORAL_PROFILE, a TLS file that cannot be read, TLS off next to TLS material); the
+ * contents of temporal.toml and of the TLS files are never quoted.
  */
 export function temporalConnectConfig(env: NodeJS.ProcessEnv = process.env): TemporalConnectConfig {
   const set = Object.fromEntries(
     Object.entries(env).filter((entry): entry is [string, string] => entry[1] !== undefined && entry[1] !== ''),
   );
-  let profile;
+  // envconfig takes only exactly "true" or "1" as TLS on: anything else (TRUE, yes) would be TLS off.
+  if (set.TEMPORAL_TLS !== undefined) {
+    const tls = set.TEMPORAL_TLS.toLowerCase();
+    if (!['true', '1', 'false', '0'].includes(tls))
+      throw new Error(`TEMPORAL_TLS: must be true, false, 1 or 0 (got ${JSON.stringify(set.TEMPORAL_TLS)})`);
+    set.TEMPORAL_TLS = tls === 'true' || tls === '1' ? 'true' : 'false';
+  }
+  // envconfig looks the profile up in a plain object: "__proto__" or "constructor" would
+  // find Object's own members and write the connection's fields onto them.
+  const profileName = set.TEMPORAL_PROFILE;
+  if (profileName !== undefined && (!/^[A-Za-z0-9_.-]+$/.test(profileName) || profileName in Object.prototype))
+    throw new Error('TEMPORAL_PROFILE: must be a profile name (letters, digits, "_", "-" or ".")');
+  const file = configFile(set);
+  if (set.TEMPORAL_CONFIG_FILE !== undefined) {
+    // envconfig ignores a missing file; one named explicitly must be there.
+    let problem;
+    try {
+      if (!statSync(set.TEMPORAL_CONFIG_FILE).isFile()) problem = 'not a file';
+    } catch (err) {
+      problem = `cannot read (${(err as NodeJS.ErrnoException).code})`;
+    }
+    if (problem !== undefined) throw new Error(`${file.label}: ${problem}`);
+  }
+  let profile: ClientConfigProfile;
   try {
     profile = loadClientConfigProfile({ overrideEnvVars: set });
   } catch (err) {
-    throw new Error(`TEMPORAL_PROFILE: ${errorText(err)}`, { cause: err });
+    throw new Error(profileError(err, file.label, profileName), { cause: err });
   }
-  let converted;
-  try {
-    converted = toClientOptions(profile);
-  } catch (err) {
-    throw new Error(`TEMPORAL_TLS: ${errorText(err)}`, { cause: err });
-  }
-  const { address, tls, apiKey } = converted.connectionOptions;
+  const tls = profile.tls;
+  if (tls !== undefined) checkTls(tls, set, file.path);
+  const { address, tls: tlsOptions, apiKey } = toClientOptions(profile).connectionOptions;
   const metadata = profile.grpcMeta;
   return {
     connectionOptions: {
       address: address ?? DEFAULT_TEMPORAL_ADDRESS,
-      ...(tls !== undefined && tls !== null ? { tls } : {}),
+      ...(tlsOptions !== undefined && tlsOptions !== null ? { tls: tlsOptions } : {}),
       ...(apiKey !== undefined && typeof apiKey === 'string' ? { apiKey } : {}),
       ...(metadata !== undefined ? { metadata } : {}),
     },
-    namespace: converted.namespace ?? DEFAULT_TEMPORAL_NAMESPACE,
+    namespace: profile.namespace ?? DEFAULT_TEMPORAL_NAMESPACE,
     addressConfigured: address !== undefined,
   };
+}
+
+/**
+ * Refuses TLS off next to TLS material and a client certificate without its key (or the reverse),
+ * and reads the TLS files, so that an unreadable one names the variable or key that gave it.
+ * The files' contents replace their paths in `tls`.
+ */
+function checkTls(tls: ClientConfigTLS, env: Record<string, string>, file: string): void {
+  // Where a field came from: the variable when it is set (it wins over the profile), else the profile.
+  const origin = ({ variable, key }: (typeof TLS_FILES)[number]) => {
+    const given = [`${variable}_PATH`, `${variable}_DATA`].filter((name) => env[name] !== undefined);
+    return given.length > 0 ? given.join(' and ') : `tls.${key}_path/_data of ${file}`;
+  };
+  const material = TLS_FILES.filter((f) => tls[f.field] !== undefined);
+  if (tls.disabled === true && material.length > 0) {
+    const off = env.TEMPORAL_TLS !== undefined ? 'TEMPORAL_TLS' : `tls.disabled of ${file}`;
+    throw new Error(`${off}: TLS is off, but ${material.map(origin).join(', ')} give TLS material`);
+  }
+  const [, cert, key] = TLS_FILES;
+  for (const [given, missing] of [
+    [cert, key],
+    [key, cert],
+  ]) {
+    if (tls[given.field] !== undefined && tls[missing.field] === undefined)
+      throw new Error(
+        `${missing.variable}_PATH (or ${missing.variable}_DATA): must be set with ${origin(given)} (mTLS needs both the certificate and its key)`,
+      );
+  }
+  for (const f of material) {
+    const source = tls[f.field];
+    if (source === undefined || !('path' in source)) continue;
+    try {
+      tls[f.field] = { data: Uint8Array.from(readFileSync(source.path)) };
+    } catch (err) {
+      const reason = (err as NodeJS.ErrnoException).code ?? errorText(err);
+      throw new Error(`${origin(f)}: cannot read ${source.path} (${reason})`, { cause: err });
+    }
+  }
+}
+
+/** The line for an error of envconfig's loading: the TOML parser's message quotes the file's lines, secrets too. */
+function profileError(err: unknown, file: string, profileName: string | undefined): string {
+  const { line, column, code } = err as { line?: unknown; column?: unknown; code?: unknown };
+  if (typeof line === 'number' && typeof column === 'number')
+    return `${file}: not valid TOML (line ${line}, column ${column})`;
+  if (typeof code === 'string') return `${file}: cannot read (${code})`;
+  // envconfig's own messages ("Profile 'x' not found", "Cannot specify both client_cert_path and
+  // client_cert_data") quote no values.
+  return `${profileName !== undefined && /not found/.test(errorText(err)) ? 'TEMPORAL_PROFILE' : file}: ${errorText(err)}`;
+}
+
+/**
+ * temporal.toml as errors name it: TEMPORAL_CONFIG_FILE and its path, or the default path
+ * (where envconfig looks; its function for that is not exported).
+ */
+function configFile(env: Record<string, string>): { label: string; path: string } {
+  if (env.TEMPORAL_CONFIG_FILE !== undefined)
+    return { label: `TEMPORAL_CONFIG_FILE: ${env.TEMPORAL_CONFIG_FILE}`, path: env.TEMPORAL_CONFIG_FILE };
+  const base =
+    process.platform === 'win32'
+      ? env.APPDATA
+      : process.platform === 'darwin'
+        ? env.HOME && path.join(env.HOME, 'Library', 'Application Support')
+        : (env.XDG_CONFIG_HOME ?? (env.HOME && path.join(env.HOME, '.config')));
+  const file = base ? path.join(base, 'temporalio', 'temporal.toml') : 'temporal.toml';
+  return { label: file, path: file };
 }
 
 function errorText(err: unknown): string {

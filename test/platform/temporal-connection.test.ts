@@ -96,7 +96,7 @@ test.each([
   [{ TEMPORAL_PROFILE: 'nope' }, /^TEMPORAL_PROFILE: .*nope/],
   [
     { TEMPORAL_TLS_CLIENT_CERT_PATH: path.join(dir, 'missing.pem'), TEMPORAL_TLS_CLIENT_KEY_PATH: key },
-    /^TEMPORAL_TLS: .*missing\.pem/,
+    /^TEMPORAL_TLS_CLIENT_CERT_PATH: .*missing\.pem/,
   ],
   [{ TEMPORAL_ADDRESS: '::1:7233' }, /^TEMPORAL_ADDRESS: must be host:port/],
 ])('a bad connection setting is one line naming it: %j', (vars, line) => {
