@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -7,20 +7,13 @@ import { NativeConnection } from '@temporalio/worker';
 import { StasisClient } from '../../client';
 import { loadConfig } from '../../common/config';
 import { DEFAULT_TEMPORAL_ADDRESS, temporalConnectConfig } from '../../common/temporal-connection';
-import { configProblems } from '../helpers/config';
+import { configProblems, pemFiles } from '../helpers/config';
 
 // The Temporal connection comes from @temporalio/envconfig: the temporal.toml
 // profile, then TEMPORAL_* variables over it; IPv6 addresses work end to end.
 
 const dir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'envconfig-'));
-const file = (name: string, content: string): string => {
-  const p = path.join(dir, name);
-  writeFileSync(p, content);
-  return p;
-};
-const ca = file('ca.pem', '-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n');
-const crt = file('client.pem', '-----BEGIN CERTIFICATE-----\nclient\n-----END CERTIFICATE-----\n');
-const key = file('client.key', '-----BEGIN PRIVATE KEY-----\nkey\n-----END PRIVATE KEY-----\n');
+const { file, ca, crt, key } = pemFiles(dir);
 const toml = file(
   'temporal.toml',
   `[profile.default]

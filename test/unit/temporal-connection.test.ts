@@ -3,21 +3,14 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import fc from 'fast-check';
 import { loadConfig } from '../../common/config';
-import { configProblems } from '../helpers/config';
+import { configProblems, pemFiles } from '../helpers/config';
 
 // The Temporal connection's configuration (temporal.toml, TEMPORAL_*) as loadConfig reports it:
 // every mistake is one line naming the variable or file, never quoting a secret, and TLS asked
 // for is never silently off. No server is needed.
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'temporal-connection-'));
-const file = (name: string, content: string): string => {
-  const p = path.join(dir, name);
-  writeFileSync(p, content);
-  return p;
-};
-const ca = file('ca.pem', '-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n');
-const crt = file('client.pem', '-----BEGIN CERTIFICATE-----\nclient\n-----END CERTIFICATE-----\n');
-const key = file('client.key', '-----BEGIN PRIVATE KEY-----\nkey\n-----END PRIVATE KEY-----\n');
+const { file, ca, crt, key } = pemFiles(dir);
 // Only the variables given: the machine's own temporal.toml must not leak in (HOME has none).
 const isolated = (vars: Record<string, string>) => ({ HOME: dir, ...vars });
 const ADDRESS = { TEMPORAL_ADDRESS: 'temporal.internal:7233' };
