@@ -193,8 +193,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       'STASIS_S3_ENDPOINT: must be set when STASIS_SNAPSHOT_STORE is s3 (or set AWS_REGION for AWS S3)',
     ]);
   }
+  // Half a key pair was dropped, and the AWS SDK then took whatever other credentials it found.
+  const [keyId, secret] = [config.AWS_ACCESS_KEY_ID, config.AWS_SECRET_ACCESS_KEY];
+  if ((keyId === undefined) !== (secret === undefined)) {
+    const missing = keyId === undefined ? 'AWS_ACCESS_KEY_ID' : 'AWS_SECRET_ACCESS_KEY';
+    const given = keyId === undefined ? 'AWS_SECRET_ACCESS_KEY' : 'AWS_ACCESS_KEY_ID';
+    throw new ConfigError([`${missing}: must be set with ${given} (an S3 key pair is given whole)`]);
+  }
   return {
     ...config,
+    // AWS S3 (no endpoint) is in AWS_REGION unless STASIS_S3_REGION says otherwise: the store follows no redirects.
+    STASIS_S3_REGION:
+      !env.STASIS_S3_REGION && !config.STASIS_S3_ENDPOINT && env.AWS_REGION ? env.AWS_REGION : config.STASIS_S3_REGION,
     // A profile may name the server and namespace the environment does not.
     TEMPORAL_ADDRESS: temporal.addressConfigured ? temporal.connectionOptions.address : undefined,
     TEMPORAL_NAMESPACE: temporal.namespace,
