@@ -2,7 +2,7 @@ import type { Writable } from 'node:stream';
 import { StasisClient, type StasisClientOptions } from '../client';
 import { storeMetricsSource } from '../client/metrics';
 import { createFiguresStore } from '../stores/figures';
-import { hostPathPolicy, loadConfig, type Config } from '../common/config';
+import { ConfigError, hostPathPolicy, loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { TemporalConnectionOptions } from '../common/temporal-connection';
 
@@ -52,6 +52,7 @@ export class CliContext {
     try {
       return await StasisClient.connect(options);
     } catch (err) {
+      if (err instanceof ConfigError) throw err; // reached, but the namespace is not there
       throw new StasisError(
         'UNAVAILABLE',
         `Temporal is not reachable at ${options.connection.address} (${err instanceof Error ? err.message : String(err)}); start \`stasis dev\` or set TEMPORAL_ADDRESS`,

@@ -38,6 +38,7 @@ import {
   type SandboxListFilter,
   type SandboxPage,
 } from '../common/schemas';
+import { checkNamespace } from '../common/config';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import {
@@ -197,6 +198,16 @@ export class StasisClient {
     const fromEnv = options.connection === undefined ? temporalConnectConfig() : undefined;
     const connection = await Connection.connect(options.connection ?? fromEnv?.connectionOptions);
     const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
+    try {
+      await checkNamespace(
+        connection.workflowService,
+        namespace,
+        options.connection?.address ?? fromEnv?.connectionOptions.address ?? 'the server',
+      );
+    } catch (err) {
+      await connection.close();
+      throw err;
+    }
     return new StasisClient(new Client({ connection, namespace }), options);
   }
 

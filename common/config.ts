@@ -145,6 +145,28 @@ export class ConfigError extends Error {
   }
 }
 
+/** What a namespace check needs of a connection's WorkflowService (the client's and the worker's both have it). */
+interface NamespaceService {
+  describeNamespace(request: { namespace: string }): Promise<unknown>;
+}
+
+/**
+ * Refuses a namespace the server does not have, as a ConfigError naming TEMPORAL_NAMESPACE: a worker
+ * polling one printed a raw NotFound and then never exited, and an API server started anyway, failing
+ * every call. Any other failure (the server unreachable) is left to the caller's own report.
+ */
+export async function checkNamespace(service: NamespaceService, namespace: string, address: string): Promise<void> {
+  try {
+    await service.describeNamespace({ namespace });
+  } catch (err) {
+    // gRPC NOT_FOUND: the client's and the worker's connections both give it as `code`.
+    if ((err as { code?: unknown }).code === 5) {
+      throw new ConfigError([`TEMPORAL_NAMESPACE: ${JSON.stringify(namespace)} does not exist on ${address}`]);
+    }
+    throw err;
+  }
+}
+
 /** Reads the configuration; throws ConfigError with one line per bad variable. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const relevant = Object.fromEntries(

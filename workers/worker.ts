@@ -2,7 +2,7 @@ import { mkdir, readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { hostPathPolicy, webhookTarget, type Config } from '../common/config';
+import { checkNamespace, hostPathPolicy, webhookTarget, type Config } from '../common/config';
 import { sweepExternalJobs } from '../providers/external-jobs';
 import { createActivities } from '../activities';
 import { WorkerMetrics } from '../activities/metrics';
@@ -100,6 +100,16 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
 
   const ownConnection = options.connection === undefined;
   const connection = options.connection ?? (await NativeConnection.connect(config.temporal.connectionOptions));
+  try {
+    await checkNamespace(
+      connection.workflowService,
+      config.TEMPORAL_NAMESPACE,
+      config.temporal.connectionOptions.address,
+    );
+  } catch (err) {
+    if (ownConnection) await connection.close();
+    throw err;
+  }
   const bundle =
     options.workflowBundle ??
     (config.STASIS_WORKFLOW_BUNDLE
