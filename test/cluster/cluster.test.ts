@@ -198,11 +198,13 @@ beforeAll(async () => {
   temporal = await startTemporalCluster({ dir: path.join(dir, 'temporal'), server, pg, certs, namespace: 'stasis' });
   minio = await startMinio({ dataDir: path.join(dir, 'minio'), port: minioPort, consolePort, env: baseEnv() });
 
+  const emptyToml = path.join(dir, 'empty-temporal.toml');
+  writeFileSync(emptyToml, '[profile.default]\n');
   stasisEnv = {
     ...baseEnv(),
     AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED: 'true',
-    // No temporal.toml of the machine: the connection is exactly these variables.
-    TEMPORAL_CONFIG_FILE: path.join(dir, 'no-temporal.toml'),
+    // No temporal.toml of the machine (an empty profile: a named file must exist): the connection is exactly these variables.
+    TEMPORAL_CONFIG_FILE: emptyToml,
     TEMPORAL_ADDRESS: temporal.address,
     TEMPORAL_NAMESPACE: temporal.namespace,
     TEMPORAL_TLS_SERVER_CA_CERT_PATH: certs.ca,
