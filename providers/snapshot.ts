@@ -9,14 +9,14 @@ import { sha256Hex } from '../common/hashes';
 import type { Checkpoint, Workspace } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { CHECKPOINT_DIRS, checkingStream, packSandbox, unpackCheckpoint, type ArchiveLimits } from '../stores/archive';
-import { hasErrorCode, makeDirDurable, writeAll, writeFileAtomic } from '../stores/atomic-file';
+import { hasErrorCode, makeDirDurable, writeFileAtomic } from '../stores/atomic-file';
 import { readBaseline, removeBaseline, writeBaseline, type Baseline } from '../stores/cas/baseline';
 import { collectGarbage } from '../stores/cas/gc';
 import { isManifestUri } from '../stores/cas/manifest';
 import { markStage, restoreCheckpointFiles } from '../stores/cas/restore';
 import { repeatCheckpoint, takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
-import { dataRuns } from '../stores/zeros';
+import { writeKeepingHoles } from '../stores/zeros';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
 import { sameWrites, syncFilesystem, volumeWrites, writeCount, type VolumeWrites } from './volume';
@@ -459,9 +459,7 @@ async function copyFile(src: string, dest: string, stat: Stats): Promise<void> {
         const { bytesRead } = await from.read(buffer, 0, buffer.length, position);
         if (bytesRead === 0) break;
         const piece = buffer.subarray(0, bytesRead);
-        for (const [start, end] of dataRuns(piece, position)) {
-          await writeAll(to, piece.subarray(start, end), position + start);
-        }
+        await writeKeepingHoles(to, piece, position);
         position += bytesRead;
       }
       await to.truncate(position);

@@ -5,9 +5,8 @@ import { PassThrough, pipeline, Readable, Transform, type TransformCallback } fr
 import { createGzip } from 'node:zlib';
 import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
-import { writeAll } from './atomic-file';
 import { walkSandbox, readExactly } from './walk';
-import { dataRuns } from './zeros';
+import { writeKeepingHoles } from './zeros';
 
 // Checkpoint archives: a gzipped tar of a sandbox's top directories. A checkpoint
 // reproduces the workspace as packed: files with their modes (setuid and setgid
@@ -420,10 +419,8 @@ async function writeEntry(target: string, absolute: string, entry: CheckedEntry,
         let written = 0;
         let end = 0;
         for await (const chunk of data as AsyncIterable<Buffer>) {
-          for (const [start, stop] of dataRuns(chunk, written)) {
-            await writeAll(handle, chunk.subarray(start, stop), written + start);
-            end = written + stop;
-          }
+          const last = await writeKeepingHoles(handle, chunk, written);
+          if (last > written) end = last;
           written += chunk.length;
         }
         // A short write (a full disk can end one without an error) must never pass for the whole file.

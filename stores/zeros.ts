@@ -6,6 +6,9 @@
 // disk, having used almost none. Looked at block by block, not chunk by chunk: a
 // chunk holding one byte of data and MiBs of zeros is written as that one block.
 
+import type { FileHandle } from 'node:fs/promises';
+import { writeAll } from './atomic-file';
+
 /** The filesystem block a hole is made of (ext4's, the page size): a zero block of the file is left out. */
 export const HOLE_BLOCK = 4096;
 
@@ -37,4 +40,18 @@ export function dataRuns(bytes: Buffer, position: number): [number, number][] {
 function isZeros(bytes: Buffer, start: number, end: number): boolean {
   if (bytes[start] !== 0 || bytes[end - 1] !== 0) return false;
   return ZEROS.compare(bytes, start, end, 0, end - start) === 0;
+}
+
+/**
+ * Writes `bytes` at `position` in the file but for their blocks of zeros (left holes); resolves to the
+ * end of the last bytes written, or `position` when all were zeros. A file whose last write ends before
+ * its length is given its length with truncate.
+ */
+export async function writeKeepingHoles(handle: FileHandle, bytes: Buffer, position: number): Promise<number> {
+  let end = position;
+  for (const [start, stop] of dataRuns(bytes, position)) {
+    await writeAll(handle, bytes.subarray(start, stop), position + start);
+    end = position + stop;
+  }
+  return end;
 }
