@@ -1,3 +1,4 @@
+import { createPrivateKey, X509Certificate, type KeyObject } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import * as path from 'node:path';
 import {
@@ -75,7 +76,7 @@ export function temporalConnectConfig(env: NodeJS.ProcessEnv = process.env): Tem
   }
   let profile: ClientConfigProfile;
   try {
-    profile = loadClientConfigProfile({ overrideEnvVars: set });
+    profile = loadProfile(set, profileName);
   } catch (err) {
     throw new Error(profileError(err, file.label, profileName), { cause: err });
   }
@@ -93,6 +94,21 @@ export function temporalConnectConfig(env: NodeJS.ProcessEnv = process.env): Tem
     namespace: profile.namespace ?? DEFAULT_TEMPORAL_NAMESPACE,
     addressConfigured: address !== undefined,
   };
+}
+
+/**
+ * envconfig's profile, with a temporal.toml that holds no `[profile.*]` table (empty, comments only)
+ * read as envconfig means to read a file without the profile: the environment alone, unless a profile
+ * was named. envconfig itself throws a TypeError there ("reading 'default'").
+ */
+function loadProfile(env: Record<string, string>, profileName: string | undefined): ClientConfigProfile {
+  try {
+    return loadClientConfigProfile({ overrideEnvVars: env });
+  } catch (err) {
+    if (!(err instanceof TypeError)) throw err;
+    if (profileName !== undefined) throw new Error(`Profile '${profileName}' not found in config data`, { cause: err });
+    return loadClientConfigProfile({ overrideEnvVars: env, disableFile: true });
+  }
 }
 
 /**
@@ -131,6 +147,49 @@ function checkTls(tls: ClientConfigTLS, env: Record<string, string>, file: strin
       throw new Error(`${origin(f)}: cannot read ${source.path} (${reason})`, { cause: err });
     }
   }
+  checkPem(tls, origin);
+}
+
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----/g;
+
+/**
+ * Refuses TLS material the connection could not use, naming where it came from: a certificate
+ * that is not PEM, a key that is not an unencrypted PEM private key, a key that is not the client
+ * certificate's. Found here, each is a configuration error at start; found by the TLS handshake it
+ * was an INTERNAL or UNAVAILABLE error on the first call. Nothing of the material is quoted.
+ */
+function checkPem(tls: ClientConfigTLS, origin: (f: (typeof TLS_FILES)[number]) => string): void {
+  const [caFile, certFile, keyFile] = TLS_FILES;
+  const text = (f: (typeof TLS_FILES)[number]): string | undefined => {
+    const source = tls[f.field];
+    if (source === undefined || !('data' in source) || source.data === undefined) return undefined;
+    return typeof source.data === 'string' ? source.data : Buffer.from(source.data).toString('latin1');
+  };
+  const certificates = (f: (typeof TLS_FILES)[number]): X509Certificate[] | undefined => {
+    const pem = text(f);
+    if (pem === undefined) return undefined;
+    const blocks = pem.match(PEM_CERTIFICATE) ?? [];
+    try {
+      if (blocks.length === 0) throw new Error('no certificate');
+      return blocks.map((block) => new X509Certificate(block));
+    } catch (err) {
+      throw new Error(`${origin(f)}: not a PEM certificate (-----BEGIN CERTIFICATE-----)`, { cause: err });
+    }
+  };
+  certificates(caFile);
+  const [leaf] = certificates(certFile) ?? [];
+  const keyPem = text(keyFile);
+  if (keyPem === undefined) return;
+  let key: KeyObject;
+  try {
+    key = createPrivateKey({ key: keyPem, format: 'pem' });
+  } catch (err) {
+    throw new Error(`${origin(keyFile)}: not an unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)`, {
+      cause: err,
+    });
+  }
+  if (leaf !== undefined && !leaf.checkPrivateKey(key))
+    throw new Error(`${origin(keyFile)}: not the key of the certificate in ${origin(certFile)}`);
 }
 
 /** The line for an error of envconfig's loading: the TOML parser's message quotes the file's lines, secrets too. */

@@ -2,7 +2,7 @@ import { mkdir, readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { Client } from '@temporalio/client';
 import { bundleWorkflowCode, NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { checkNamespace, hostPathPolicy, webhookTarget, type Config } from '../common/config';
+import { checkNamespace, ConfigError, hostPathPolicy, webhookTarget, type Config } from '../common/config';
 import { sweepExternalJobs } from '../providers/external-jobs';
 import { createActivities } from '../activities';
 import { WorkerMetrics } from '../activities/metrics';
@@ -71,8 +71,37 @@ const quietBundlerLogger = {
   error: (message: string) => console.error(message),
 };
 
+/**
+ * The prebuilt workflow bundle STASIS_WORKFLOW_BUNDLE names (bundleWorkflowCode's result, as JSON);
+ * a ConfigError naming the variable when it cannot be read or is not one.
+ */
+export async function readWorkflowBundle(file: string): Promise<WorkflowBundleWithSourceMap> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new ConfigError([`STASIS_WORKFLOW_BUNDLE: cannot read ${file} (${(err as NodeJS.ErrnoException).code})`]);
+  }
+  let bundle: unknown;
+  try {
+    bundle = JSON.parse(text);
+  } catch {
+    bundle = undefined;
+  }
+  const { code, sourceMap } = (bundle ?? {}) as Partial<Record<string, unknown>>;
+  if (typeof code !== 'string' || code === '' || (sourceMap !== undefined && typeof sourceMap !== 'string'))
+    throw new ConfigError([
+      `STASIS_WORKFLOW_BUNDLE: ${file} is not a workflow bundle (JSON of bundleWorkflowCode's result: { "code": ... })`,
+    ]);
+  return bundle as WorkflowBundleWithSourceMap;
+}
+
 export async function createStasisWorker(options: StasisWorkerOptions): Promise<StasisWorker> {
   const { config } = options;
+  // Read before anything starts: a bad file is a configuration error at once.
+  const givenBundle =
+    options.workflowBundle ??
+    (config.STASIS_WORKFLOW_BUNDLE ? await readWorkflowBundle(config.STASIS_WORKFLOW_BUNDLE) : undefined);
   // Validates every driver now: a bad module stops the start with its path.
   const drivers = loadDrivers(options.drivers ?? [], modulePathList(config.STASIS_DRIVERS));
   const hostId = config.STASIS_HOST_ID;
@@ -110,11 +139,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
     if (ownConnection) await connection.close();
     throw err;
   }
-  const bundle =
-    options.workflowBundle ??
-    (config.STASIS_WORKFLOW_BUNDLE
-      ? (JSON.parse(await readFile(config.STASIS_WORKFLOW_BUNDLE, 'utf8')) as WorkflowBundleWithSourceMap)
-      : await workflowBundle());
+  const bundle = givenBundle ?? (await workflowBundle());
   const shared = await Worker.create({
     connection,
     namespace: config.TEMPORAL_NAMESPACE,

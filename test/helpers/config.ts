@@ -1,4 +1,5 @@
-import { writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { ConfigError, loadConfig } from '../../common/config';
 
@@ -14,8 +15,9 @@ export function configProblems(env: NodeJS.ProcessEnv): string[] {
 }
 
 /**
- * A writer of files in `dir`, and placeholder PEM files written with it (a server CA, a client
- * certificate and its key): what the connection's checks read, not usable certificates.
+ * A writer of files in `dir`, and PEM files written with it: a server CA certificate, a client
+ * certificate and its key, and a key of no certificate (`strayKey`). Real (made by the openssl CLI,
+ * self-signed, EC P-256), as the connection's checks parse them; no server trusts them.
  */
 export function pemFiles(dir: string) {
   const file = (name: string, content: string): string => {
@@ -23,10 +25,34 @@ export function pemFiles(dir: string) {
     writeFileSync(p, content);
     return p;
   };
+  const selfSigned = (name: string) => {
+    const crt = path.join(dir, `${name}.pem`);
+    const key = path.join(dir, `${name}.key`);
+    execFileSync(
+      'openssl',
+      ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'].concat([
+        '-keyout',
+        key,
+        '-out',
+        crt,
+        '-days',
+        '2',
+        '-subj',
+        `/CN=${name}`,
+      ]),
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    return { crt, key };
+  };
+  const ca = selfSigned('ca');
+  const client = selfSigned('client');
+  const stray = selfSigned('stray');
   return {
     file,
-    ca: file('ca.pem', '-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n'),
-    crt: file('client.pem', '-----BEGIN CERTIFICATE-----\nclient\n-----END CERTIFICATE-----\n'),
-    key: file('client.key', '-----BEGIN PRIVATE KEY-----\nkey\n-----END PRIVATE KEY-----\n'),
+    ca: ca.crt,
+    crt: client.crt,
+    key: client.key,
+    strayKey: stray.key,
+    read: (p: string) => readFileSync(p, 'utf8'),
   };
 }

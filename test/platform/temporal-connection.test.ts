@@ -13,7 +13,7 @@ import { configProblems, pemFiles } from '../helpers/config';
 // profile, then TEMPORAL_* variables over it; IPv6 addresses work end to end.
 
 const dir = mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'envconfig-'));
-const { file, ca, crt, key } = pemFiles(dir);
+const { file, ca, crt, key, read } = pemFiles(dir);
 const toml = file(
   'temporal.toml',
   `[profile.default]
@@ -73,9 +73,9 @@ test('mTLS files of a profile are read; TEMPORAL_* variables override the profil
   expect(address).toBe('temporal.internal:7233');
   expect(tls).toMatchObject({ serverNameOverride: 'other.internal' });
   if (typeof tls !== 'object') throw new Error('expected a TLS config');
-  expect(Buffer.from(tls.serverRootCACertificate ?? []).toString()).toContain('ca');
-  expect(Buffer.from(tls.clientCertPair?.crt ?? []).toString()).toContain('client');
-  expect(Buffer.from(tls.clientCertPair?.key ?? []).toString()).toContain('PRIVATE KEY');
+  expect(Buffer.from(tls.serverRootCACertificate ?? []).toString()).toBe(read(ca));
+  expect(Buffer.from(tls.clientCertPair?.crt ?? []).toString()).toBe(read(crt));
+  expect(Buffer.from(tls.clientCertPair?.key ?? []).toString()).toBe(read(key));
 });
 
 test('the default profile applies without TEMPORAL_PROFILE; TEMPORAL_ADDRESS wins over it', () => {

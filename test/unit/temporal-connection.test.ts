@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -10,7 +11,7 @@ import { configProblems, pemFiles } from '../helpers/config';
 // for is never silently off. No server is needed.
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'temporal-connection-'));
-const { file, ca, crt, key } = pemFiles(dir);
+const { file, ca, crt, key, strayKey, read } = pemFiles(dir);
 // Only the variables given: the machine's own temporal.toml must not leak in (HOME has none).
 const isolated = (vars: Record<string, string>) => ({ HOME: dir, ...vars });
 const ADDRESS = { TEMPORAL_ADDRESS: 'temporal.internal:7233' };
@@ -40,6 +41,23 @@ describe('a malformed temporal.toml', () => {
     const lines = configProblems({ HOME: home });
     expect(lines).toEqual([expect.stringMatching(/temporalio\/temporal\.toml: not valid TOML \(line \d+/)]);
     expect(lines.join('\n')).not.toContain(secret);
+  });
+
+  // envconfig itself threw "Cannot read properties of undefined (reading 'default')" on these.
+  test.each([
+    ['empty', ''],
+    ['comments only', '# no profiles yet\n'],
+    ['another table only', '[other]\nx = 1\n'],
+  ])('a temporal.toml with no profile table (%s) is the environment alone, or names the missing profile', (_, text) => {
+    const toml = file('no-profile.toml', text);
+    const config = loadConfig(
+      isolated({ TEMPORAL_CONFIG_FILE: toml, TEMPORAL_ADDRESS: 'h:7233', TEMPORAL_NAMESPACE: 'n' }),
+    );
+    expect(config.temporal.connectionOptions.address).toBe('h:7233');
+    expect(config.TEMPORAL_NAMESPACE).toBe('n');
+    expect(configProblems(isolated({ TEMPORAL_CONFIG_FILE: toml, TEMPORAL_PROFILE: 'prod' }))).toEqual([
+      "TEMPORAL_PROFILE: Profile 'prod' not found in config data",
+    ]);
   });
 });
 
@@ -120,9 +138,47 @@ describe('mTLS material', () => {
       }),
     ).temporal.connectionOptions;
     if (typeof tls !== 'object') throw new Error('expected a TLS config');
-    expect(Buffer.from(tls.serverRootCACertificate ?? []).toString()).toContain('ca');
-    expect(Buffer.from(tls.clientCertPair?.crt ?? []).toString()).toContain('client');
-    expect(Buffer.from(tls.clientCertPair?.key ?? []).toString()).toContain('PRIVATE KEY');
+    expect(Buffer.from(tls.serverRootCACertificate ?? []).toString()).toBe(read(ca));
+    expect(Buffer.from(tls.clientCertPair?.crt ?? []).toString()).toBe(read(crt));
+    expect(Buffer.from(tls.clientCertPair?.key ?? []).toString()).toBe(read(key));
+  });
+
+  // Each was an INTERNAL or UNAVAILABLE error at the first call (the TLS handshake), not a configuration error.
+  const notPem = file('not-pem.txt', 'SECRET-LOOKING-CONTENT\n');
+  const encrypted = path.join(dir, 'encrypted.key');
+  execFileSync('openssl', ['pkey', '-in', key, '-aes256', '-passout', 'pass:pw', '-out', encrypted]);
+  const pair = { TEMPORAL_TLS_CLIENT_CERT_PATH: crt, TEMPORAL_TLS_CLIENT_KEY_PATH: key };
+  test.each([
+    ['TEMPORAL_TLS_SERVER_CA_CERT_PATH', notPem, {}, 'not a PEM certificate'],
+    ['TEMPORAL_TLS_SERVER_CA_CERT_PATH', key, {}, 'not a PEM certificate'],
+    ['TEMPORAL_TLS_CLIENT_CERT_PATH', notPem, pair, 'not a PEM certificate'],
+    ['TEMPORAL_TLS_CLIENT_CERT_PATH', key, pair, 'not a PEM certificate'],
+    ['TEMPORAL_TLS_CLIENT_KEY_PATH', notPem, pair, 'not an unencrypted PEM private key'],
+    ['TEMPORAL_TLS_CLIENT_KEY_PATH', crt, pair, 'not an unencrypted PEM private key'],
+    ['TEMPORAL_TLS_CLIENT_KEY_PATH', encrypted, pair, 'not an unencrypted PEM private key'],
+    ['TEMPORAL_TLS_CLIENT_KEY_PATH', strayKey, pair, 'not the key of the certificate in TEMPORAL_TLS_CLIENT_CERT_PATH'],
+  ])('%s naming %s is an error naming the variable, quoting nothing of it', (variable, given, others, problem) => {
+    const problems = configProblems(isolated({ ...ADDRESS, ...others, [variable]: given }));
+    expect(problems).toEqual([expect.stringMatching(new RegExp(`^${variable}: ${problem}`))]);
+    expect(problems.join()).not.toContain('SECRET-LOOKING');
+    expect(problems.join()).not.toContain('MII');
+  });
+
+  test('material given inline (_DATA) is checked the same way', () => {
+    expect(
+      configProblems(
+        isolated({
+          ...ADDRESS,
+          TEMPORAL_TLS_CLIENT_CERT_DATA: read(crt),
+          TEMPORAL_TLS_CLIENT_KEY_DATA: read(strayKey),
+        }),
+      ),
+    ).toEqual(['TEMPORAL_TLS_CLIENT_KEY_DATA: not the key of the certificate in TEMPORAL_TLS_CLIENT_CERT_DATA']);
+    expect(
+      configProblems(
+        isolated({ ...ADDRESS, TEMPORAL_TLS_CLIENT_CERT_DATA: read(crt), TEMPORAL_TLS_CLIENT_KEY_DATA: read(key) }),
+      ),
+    ).toEqual([]);
   });
 });
 
