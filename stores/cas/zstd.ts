@@ -2,6 +2,7 @@ import { spawn, type ChildProcessByStdio } from 'node:child_process';
 import type { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
 import { StasisError } from '../../common/errors';
 
 // zstd through the `zstd` command (Debian's `zstd` package): Node 20's zlib has no
@@ -89,6 +90,10 @@ export async function zstdDecompressFile(
     await runFile('decompress', input, output, blocks);
   } catch (err) {
     if (err instanceof StasisError && err.code === 'NOT_SUPPORTED') throw err;
+    if (await noRoomFor(output, expectedBytes))
+      throw Object.assign(new Error(`no space left to unpack ${what} (${expectedBytes} bytes)`, { cause: err }), {
+        code: 'ENOSPC',
+      });
     throw new StasisError('CHECKPOINT_INVALID', `${what} is not a valid zstd frame: ${(err as Error).message}`);
   }
   // Into shared memory: restore hashes its chunks in the hashing thread, which then sees them without a copy.
@@ -100,6 +105,27 @@ export async function zstdDecompressFile(
     );
   }
   return out;
+}
+
+/**
+ * Whether a failed decompression into `output` ran out of disk: what it wrote and what is still free
+ * together fall short of `bytes`. zstd's exit code for a write error differs between versions (its
+ * message is not kept), and the pack's bytes were verified first, so the disk is the likelier cause;
+ * a full disk is then the caller's ENOSPC (retried, or failed as no space), never a corrupt checkpoint.
+ */
+async function noRoomFor(output: string, bytes: number): Promise<boolean> {
+  try {
+    const [written, disk] = await Promise.all([
+      fs.stat(output).then(
+        (stat) => stat.blocks * 512,
+        () => 0,
+      ),
+      fs.statfs(path.dirname(output)),
+    ]);
+    return written + disk.bavail * disk.bsize < bytes;
+  } catch {
+    return false;
+  }
 }
 
 /** The file's bytes in shared memory; at most `limit` + 1 of them (enough to tell it is longer). */

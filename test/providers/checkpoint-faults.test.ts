@@ -99,6 +99,32 @@ describe('a restore that hits a full disk', () => {
     expect((await fs.readdir(sandboxPaths(disk, id).volume)).sort()).toEqual(['envs', 'home', 'workspace']);
   });
 
+  it('fails with ENOSPC, not CHECKPOINT_INVALID, when a pack does not fit decompressed', async () => {
+    const source = await makeHost();
+    const id = await source.sandbox();
+    // 3.7 MB of text that compresses to ~40 KB: the pack downloads onto the 1 MiB disk, zstd cannot unpack it there.
+    await sh(
+      source.provider,
+      id,
+      `awk 'BEGIN{for(i=0;i<40000;i++) printf "%08d the same long sentence on every line, so that it compresses well\\n", i}' > text.txt`,
+    );
+    const { checkpoint } = await source.provider.release(snapshot(id, 2), context());
+    const disk = await smallDisk(1024);
+    const target = await makeHost({ store: source.store, dataDir: disk });
+    const err = await rejection(
+      target.provider.restore({ sandboxId: id, fence: 3, checkpoint: checkpoint! }, context()),
+    );
+    expect({ code: (err as NodeJS.ErrnoException).code, message: (err as Error).message }).toEqual({
+      code: 'ENOSPC',
+      message: expect.stringMatching(/no space left to unpack pack .* of checkpoint/),
+    });
+    expect(err).not.toBeInstanceOf(StasisError);
+    expect(await listTree(disk)).toEqual(['sandboxes']);
+    grow(disk, 64 * 1024);
+    await target.provider.restore({ sandboxId: id, fence: 3, checkpoint: checkpoint! }, context());
+    expect(await sh(target.provider, id, 'wc -l < text.txt', 3)).toBe('40000\n');
+  });
+
   it('never passes for done while a file entry is still being written (more entries follow it)', async () => {
     const root = await tempDir('pack-full');
     await fs.mkdir(path.join(root, 'workspace'));
