@@ -67,3 +67,63 @@ test('a standalone sandbox whose workflow was terminated has its processes stopp
   expect(await leftOn(stack, 'host-a', sandboxId)).toEqual({ directory: true, processes: 0 });
   expect(await workspaceFile(sandboxId, 'f.txt')).toBe('mine\n');
 }, 120_000);
+
+test('one sandbox whose stop fails is logged and does not hold up the pass: the next sandbox is still stopped', async () => {
+  const sandboxes: string[] = [];
+  for (let i = 0; i < 2; i += 1) {
+    const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+    await stack.client.sandboxes.start(sandboxId);
+    await stack.client.sandboxes.exec(sandboxId, { command: '(sleep 600 > /dev/null 2>&1 &)' });
+    sandboxes.push(sandboxId);
+  }
+  // Both at once, right before the pass: the worker's own pass (every minute) then hardly ever comes between.
+  for (const sandboxId of sandboxes)
+    await stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId)).terminate('an operator');
+  const worker = stack.workers.get('host-a');
+  if (!worker) throw new Error('no worker for host-a');
+  // The first of the two the pass tries to stop fails, whichever it is.
+  let failed: string | undefined;
+  const registry = Object.create(worker.registry) as typeof worker.registry;
+  registry.get = (name) => {
+    const provider = worker.registry.get(name);
+    return new Proxy(provider, {
+      get: (target, prop) => {
+        if (prop === 'stop')
+          return async (request: { sandboxId: string }, context: never) => {
+            if (failed === undefined && sandboxes.includes(request.sandboxId)) {
+              failed = request.sandboxId;
+              throw new Error('the disk went away');
+            }
+            return target.stop(request as never, context);
+          };
+        const value = Reflect.get(target, prop, target) as unknown;
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  };
+  const warn = jest.spyOn(console, 'warn');
+  try {
+    const pass = await maintainHost({
+      config: stack.config,
+      dataDir: hostDataDir(stack, 'host-a'),
+      hostId: 'host-a',
+      client: stack.temporal,
+      registry,
+      store: createCheckpointStore(stack.config),
+    });
+    if (failed === undefined) throw new Error('the pass tried to stop neither sandbox');
+    const other = sandboxes.find((id) => id !== failed);
+    expect(pass.stopped).toContain(other);
+    expect(pass.stopped).not.toContain(failed);
+    expect(warn).toHaveBeenCalledWith(
+      expect.stringContaining(`could not stop sandbox ${failed}: Error: the disk went away`),
+    );
+    expect((await leftOn(stack, 'host-a', failed)).processes).toBeGreaterThan(0);
+    expect(await leftOn(stack, 'host-a', other ?? '')).toEqual({ directory: true, processes: 0 });
+  } finally {
+    warn.mockRestore();
+  }
+  // The next pass, with the stop working again, stops the one that failed.
+  expect((await maintain()).stopped).toContain(failed);
+  expect(await leftOn(stack, 'host-a', failed)).toEqual({ directory: true, processes: 0 });
+}, 180_000);
