@@ -1,7 +1,7 @@
 import { canonicalJson, sha256Hex } from './hashes';
 import { ANSWER_KINDS, interactionSpecProblem, type AnswerKind } from './interactions';
 import { runSpecIssues } from './run-spec-checks';
-import { IDENTIFIER_RE, isObject } from './wire-checks';
+import { IDENTIFIER_MAX, IDENTIFIER_RE, isObject } from './wire-checks';
 import { findJsonProblem } from './wire-json';
 
 // The actions of an external agent (README, "Bring your own agent"), as plain
@@ -157,10 +157,10 @@ export function actionRequestProblem(input: unknown): FieldProblem | undefined {
   const extra = Object.keys(input).find((k) => k !== 'actionId' && k !== 'action');
   if (extra) return { path: extra, message: 'is not a field of an action request' };
   const id = input.actionId;
-  if (typeof id !== 'string' || id.length < 1 || id.length > 128 || !IDENTIFIER_RE.test(id)) {
+  if (typeof id !== 'string' || id.length < 1 || id.length > IDENTIFIER_MAX || !IDENTIFIER_RE.test(id)) {
     return {
       path: 'actionId',
-      message: 'must be 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
+      message: `must be 1 to ${IDENTIFIER_MAX} letters, digits, ".", "_" or "-", starting with a letter or digit`,
     };
   }
   const action = input.action;

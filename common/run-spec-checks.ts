@@ -6,6 +6,7 @@ import {
   EXTERNAL_DRIVER,
   IDENTIFIER_PROBLEM,
   IDENTIFIER_RE,
+  RUN_ID_MAX,
   firstOf,
   isObject,
   oneOf,
@@ -27,7 +28,6 @@ import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 // a Run stuck RUNNING that no cancel reaches, and a parent that never completes.
 // It accepts exactly what RunSpec in common/schemas.ts does (test/unit/run-spec-checks.test.ts).
 
-const identifier = text({ min: 1, max: 128, pattern: IDENTIFIER_RE, patternMessage: IDENTIFIER_PROBLEM });
 const duration = text({ pattern: DURATION_RE, patternMessage: DURATION_PROBLEM });
 
 function num(opts: { int?: boolean; min: number; max: number }): Check {
@@ -201,9 +201,10 @@ const agent: Check = (v, path, issues) => {
   strictObject({ driver: text({ min: 1 }), input: shallowValue }, ['input'])(v, path, issues);
 };
 
-/** An identifier that is not a standalone sandbox's workflow id. */
-const runId = refined(identifier, (v) =>
-  String(v).startsWith(SANDBOX_WORKFLOW_PREFIX) ? { path: [], message: RUN_ID_PREFIX_PROBLEM } : undefined,
+/** An identifier with room for its sandbox's id that is not a standalone sandbox's workflow id. */
+const runId = refined(
+  text({ min: 1, max: RUN_ID_MAX, pattern: IDENTIFIER_RE, patternMessage: IDENTIFIER_PROBLEM }),
+  (v) => (String(v).startsWith(SANDBOX_WORKFLOW_PREFIX) ? { path: [], message: RUN_ID_PREFIX_PROBLEM } : undefined),
 );
 
 function runSpec(v: unknown, path: (string | number)[], issues: WireIssue[]): void {

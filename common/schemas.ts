@@ -4,7 +4,10 @@ import {
   BLANK_COMMAND,
   EXTERNAL_DRIVER,
   IDENTIFIER_PROBLEM,
+  IDENTIFIER_MAX,
   IDENTIFIER_RE,
+  RUN_ID_MAX,
+  RUN_ID_MAX_PROBLEM,
   RESOURCE_STATES,
   RUN_ID_PREFIX_PROBLEM,
   RUN_STATUSES,
@@ -19,9 +22,16 @@ import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 // The wire types (docs/DESIGN.md). Every surface (client, API,
 // workflows, providers) takes its types from here with z.infer.
 
-export const Identifier = z.string().min(1).max(128).regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM);
+export const Identifier = z.string().min(1).max(IDENTIFIER_MAX).regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM);
 /** A Run id: an identifier that is not a standalone sandbox's workflow id. */
 export const RunId = Identifier.refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM);
+/** The id of a Run to start: a Run id with room for its sandbox's id. */
+export const NewRunId = z
+  .string()
+  .min(1)
+  .max(RUN_ID_MAX, RUN_ID_MAX_PROBLEM)
+  .regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM)
+  .refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM);
 
 export const Duration = z.string().regex(DURATION_RE, DURATION_PROBLEM);
 
@@ -248,7 +258,7 @@ const OtherAgent = z
 export const RunSpec: z.ZodType<RunSpecShape> = z.lazy(() =>
   z
     .object({
-      runId: RunId.optional(),
+      runId: NewRunId.optional(),
       agent: z.union([ScriptedAgent, ExternalAgent, OtherAgent]),
       sandbox: SandboxSpec,
       policy: RunPolicy.optional(),

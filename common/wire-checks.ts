@@ -20,8 +20,18 @@ export interface WireIssue {
 export const SANDBOX_WORKFLOW_PREFIX = 'sandbox-';
 export const RUN_ID_PREFIX_PROBLEM = `must not start with "${SANDBOX_WORKFLOW_PREFIX}" (the workflow ids of standalone sandboxes)`;
 
-/** An id a caller may choose (a Run's, an action's): up to 128 of these, starting with a letter or digit. */
+/** An id a caller may choose (a Run's, an action's): up to IDENTIFIER_MAX of these, starting with a letter or digit. */
 export const IDENTIFIER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+export const IDENTIFIER_MAX = 128;
+
+/** A Run's sandbox id is its Run id and this: `<runId>-sbx`. */
+export const RUN_SANDBOX_SUFFIX = '-sbx';
+/**
+ * A new Run's id leaves room for its sandbox's id (an identifier of at most IDENTIFIER_MAX too): a
+ * longer one was started, then failed provisioning its sandbox.
+ */
+export const RUN_ID_MAX = IDENTIFIER_MAX - RUN_SANDBOX_SUFFIX.length;
+export const RUN_ID_MAX_PROBLEM = `must be at most ${RUN_ID_MAX} characters (its sandbox's id adds "${RUN_SANDBOX_SUFFIX}")`;
 export const IDENTIFIER_PROBLEM = 'must be letters, digits, ".", "_" or "-"';
 
 /** The driver whose agent is a program outside the worker, acting through the `act` Update. */

@@ -2,6 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../common/config';
 import { END_REASON } from '../common/errors';
+import { RUN_SANDBOX_SUFFIX } from '../common/wire-checks';
 import { evictUnderPressure, orphanSweep, unmountIdleVolumes } from '../providers/maintenance';
 import type { ProviderRegistry } from '../providers/registry';
 import { sandboxesDir } from '../providers/sandbox-state';
@@ -20,8 +21,8 @@ export interface HostContext {
 
 /** The workflow that owns a sandbox id: a Run's sandbox is `<runId>-sbx`, a standalone one `sandbox-<id>`. */
 function ownerOf(sandboxId: string): { kind: 'run' | 'sandbox'; workflowId: string } {
-  return sandboxId.endsWith('-sbx')
-    ? { kind: 'run', workflowId: sandboxId.slice(0, -'-sbx'.length) }
+  return sandboxId.endsWith(RUN_SANDBOX_SUFFIX)
+    ? { kind: 'run', workflowId: sandboxId.slice(0, -RUN_SANDBOX_SUFFIX.length) }
     : { kind: 'sandbox', workflowId: sandboxWorkflowId(sandboxId) };
 }
 

@@ -1,5 +1,6 @@
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import { SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
+import { sha256Hex } from '../common/hashes';
+import { RUN_ID_MAX, SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
 import type {
   ActionRequest,
   ActionView,
@@ -77,3 +78,21 @@ export const sandboxReadyUpdate = defineUpdate<SandboxView, []>('ready');
 export const reconcileSignal = defineSignal<[ReconcileInput]>('reconcile');
 
 export const sandboxWorkflowId = (sandboxId: string): string => `${SANDBOX_WORKFLOW_PREFIX}${sandboxId}`;
+
+/** The id of a Run's `n`th child when its spawn gives none: `<parentRunId>.child-<n>`, as Runs before the cap had it. */
+export const plainChildRunId = (parentRunId: string, n: number): string => `${parentRunId}.child-${n}`;
+
+/**
+ * The id of a Run's `n`th child when its spawn gives none: plainChildRunId while that is a new Run's id
+ * (at most RUN_ID_MAX characters), else the parent's id cut short, a digest of the whole of it (so
+ * parents alike in their first hundred characters never share a child id) and the child's number:
+ * `<first characters>.h<16 hex>.child-<n>`, exactly RUN_ID_MAX long. A longer id (deep nesting, a
+ * long parent id) was started, but neither the client nor REST could address it, so nobody could
+ * answer the child.
+ */
+export function childRunId(parentRunId: string, n: number): string {
+  const plain = plainChildRunId(parentRunId, n);
+  if (plain.length <= RUN_ID_MAX) return plain;
+  const tail = `.h${sha256Hex(parentRunId).slice(0, 16)}.child-${n}`;
+  return `${parentRunId.slice(0, RUN_ID_MAX - tail.length)}${tail}`;
+}

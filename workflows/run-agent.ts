@@ -22,7 +22,7 @@ import { END_REASON } from '../common/errors';
 import { resolveAccepts } from '../common/interactions';
 import type { InteractionRequest, RunSpec, SuspensionReason } from '../common/schemas';
 import { failureCode, failureMessage } from './failures';
-import type { RunWorkflowInput } from './definitions';
+import { childRunId, plainChildRunId, type RunWorkflowInput } from './definitions';
 import {
   PATCH_ANSWER_RESULT,
   PATCH_CAN_BRINGS_BACK,
@@ -312,9 +312,24 @@ async function ask(c: RunController, action: Extract<AgentAction, { type: 'inter
  */
 export const PATCH_SPAWN_FAILED_UNREGISTERED = 'stasis-run-spawn-failed-unregistered';
 
+/**
+ * A child id the spawn does not give is at most RUN_ID_MAX characters (childRunId); Runs before
+ * this gave longer ones (unaddressable). Asked for only when the two differ, so other spawns record nothing.
+ */
+export const PATCH_CHILD_ID_FITS = 'stasis-run-child-id-fits';
+
+/** The id of the child a spawn starts: the one it gives, else its parent's child id by number. */
+function childIdOf(c: RunController, spec: RunSpec): string {
+  if (spec.runId !== undefined) return spec.runId;
+  const n = c.run.children.length + 1;
+  const fitting = childRunId(c.run.runId, n);
+  const plain = plainChildRunId(c.run.runId, n);
+  return fitting !== plain && c.patched(PATCH_CHILD_ID_FITS) ? fitting : plain;
+}
+
 async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   const run = c.run;
-  const childId = spec.runId ?? `${run.runId}.child-${run.children.length + 1}`;
+  const childId = childIdOf(c, spec);
   // A child outlives its parent's continue-as-new (REQUEST_CANCEL would cancel it then): the
   // parent cancels its children itself when it ends (endWith), and they report to its workflow id.
   const survivesContinueAsNew = c.patched(PATCH_CHILDREN_SURVIVE_CAN);

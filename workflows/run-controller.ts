@@ -8,6 +8,7 @@ import {
 } from '@temporalio/workflow';
 import type { Activities } from '../activities';
 import { computeRunHashes } from '../common/hashes';
+import { RUN_SANDBOX_SUFFIX } from '../common/wire-checks';
 import type { Hashes } from '../common/schemas';
 import { nonRetryableErrorTypes, type Rejection } from '../common/errors';
 import {
@@ -415,7 +416,7 @@ function newAggregate(workflowId: string, input: RunWorkflowInput): SessionAggre
     answeredBy: {},
     checkpoint: { state: undefined, stepIndex: 0, hashes },
     record: {
-      sandboxId: `${workflowId}-sbx`.replace(/[^A-Za-z0-9._-]/g, '-'),
+      sandboxId: `${workflowId}${RUN_SANDBOX_SUFFIX}`.replace(/[^A-Za-z0-9._-]/g, '-'),
       provider: input.spec.sandbox.provider,
       state: 'PROVISIONING',
       fence: 0,

@@ -1,3 +1,5 @@
+import { RUN_ID_MAX } from '../../common/wire-checks';
+import { childRunId } from '../../workflows/definitions';
 import { useStack, eventually } from '../helpers/stack';
 import { parentWithChild } from '../helpers/runs';
 
@@ -169,4 +171,50 @@ test('a parent its agent fails (a denial) cancels its live children, as a cancel
     'child cancelled',
   );
   expect((await stack.temporal.workflow.getHandle(childId).describe()).status.name).toBe('CANCELLED');
+});
+
+test('a child whose spawn gives no id, of a parent with the longest id, has a Run id the client addresses', async () => {
+  // The longest new Run id there is: `<id>.child-1` was started, but no client could get or answer it (and
+  // its sandbox's id was too long to provision).
+  const parentId = `long-${Date.now()}-`.padEnd(RUN_ID_MAX, 'p');
+  const unnamed = (ask: string, steps: object[] = []) => ({
+    agent: { driver: 'scripted', steps: [...steps, { ask }, { complete: ask }] },
+    sandbox: { provider: 'local' },
+  });
+  const { runId } = await stack.client.runs.start({
+    runId: parentId,
+    agent: {
+      driver: 'scripted',
+      steps: [
+        { spawn: unnamed('first child may go?', [{ spawn: unnamed('grandchild may go?') }]) },
+        { spawn: unnamed('second child may go?') },
+        { complete: 'parent done' },
+      ],
+    },
+    sandbox: { provider: 'local' },
+  });
+  const first = childRunId(parentId, 1);
+  const second = childRunId(parentId, 2);
+  const grandchild = childRunId(first, 1);
+  for (const id of [first, second, grandchild]) expect(id).toHaveLength(RUN_ID_MAX);
+  expect(new Set([first, second, grandchild]).size).toBe(3);
+  const children = await eventually(
+    async () => {
+      const ids = (await stack.client.runs.get(runId)).childRunIds;
+      return ids.length === 2 ? ids : undefined;
+    },
+    60_000,
+    'both children spawned',
+  );
+  expect(children).toEqual([first, second]);
+  const pending = async (id: string) =>
+    (await stack.client.runs.get(id)).interactions.some((i) => i.id === 'int-1' && i.status === 'pending')
+      ? true
+      : undefined;
+  for (const id of [grandchild, first, second]) {
+    await eventually(() => pending(id), 60_000, `${id} asks`);
+    await stack.client.runs.respond(id, 'int-1', { decision: 'approve' });
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('parent done');
+  expect((await stack.client.runs.get(grandchild)).parentRunId).toBe(first);
 });
