@@ -129,6 +129,17 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
     }
   }
 
+  /** A provider this worker does not have, asked to provision, is the caller's mistake: INVALID_ARGUMENT naming it. */
+  function checkProviderNamed(name: string): void {
+    try {
+      deps.provider(name);
+    } catch (err) {
+      if (err instanceof StasisError && err.code === 'NOT_FOUND')
+        throw new StasisError('INVALID_ARGUMENT', `provider: ${err.message}`);
+      throw err;
+    }
+  }
+
   function throwRestoreFailure(err: unknown): never {
     throw toRestoreFailure(err);
   }
@@ -144,6 +155,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       input: Owner & { request: ProvisionRequest; start: boolean },
     ): Promise<{ hostId: string; capabilities: Capabilities; webhooks: boolean }> {
       await checkWorkspace(input.request.workspace);
+      checkProviderNamed(input.provider);
       // The run id of the provisioning workflow: its retries share it, a later Run of the same id has its own.
       const provisionId = Context.current().info.workflowExecution?.runId;
       const request = provisionId ? { ...input.request, provisionId } : input.request;

@@ -32,7 +32,8 @@ export const SANDBOX_TRANSITIONS: Record<SandboxOp, { from: SandboxState[]; to: 
   resume: { from: ['paused', 'suspended'], to: 'running' },
   suspend: { from: ['running'], to: 'suspended' },
   destroy: { from: ['created', 'running', 'stopped', 'paused', 'suspended', 'failed', 'lost'], to: 'destroyed' },
-  fail: { from: ['running'], to: 'failed' },
+  /** Broken beyond repair while running, or never provisioned (its provisioning failed for good). */
+  fail: { from: ['created', 'running'], to: 'failed' },
   lose: { from: ['running', 'paused'], to: 'lost' },
   /** A suspend answered before its release settled, whose release then failed for good: compute never left. */
   unsuspend: { from: ['suspended'], to: 'running' },

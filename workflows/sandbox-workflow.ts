@@ -52,7 +52,7 @@ import {
   writeFileInputIssues,
   type WireIssue,
 } from '../common/wire-checks';
-import { describeIssues, END_REASON, nonRetryableErrorTypes } from '../common/errors';
+import { describeIssues, END_REASON, isErrorCode, nonRetryableErrorTypes, type Rejection } from '../common/errors';
 
 const shared = proxyActivities<Activities>({
   startToCloseTimeout: '5m',
@@ -73,6 +73,13 @@ const PATCH_ALL_CHECKPOINTS = 'all-checkpoints';
 
 /** Retention expiry destroys the sandbox, never waiting for a release (it used to wait, forever when the host was gone). */
 const PATCH_RETENTION_DESTROYS = 'retention-expiry-destroys';
+/**
+ * A provisioning that failed for good leaves the sandbox `failed` with its error (shown and listed so) and
+ * answers `ready` with the failure before the workflow fails. Sandboxes before this failed their workflow
+ * still `created` in every list, and create's `ready` failed as "Workflow completed before the Update
+ * completed" (an INTERNAL error). Asked for only when a provisioning fails.
+ */
+const PATCH_PROVISION_FAILED = 'provision-failed-shown';
 
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
@@ -89,6 +96,8 @@ class SandboxEntity {
   private runningExecs = 0;
   private fileOps = 0;
   private ready: boolean;
+  /** Set when provisioning failed for good (PATCH_PROVISION_FAILED): what `ready` answers. */
+  private provisionFailure: Rejection | undefined;
   /** Bumped on every change so the main loop re-plans its timers. */
   private epoch = 0;
   private readonly publisher = new Publisher();
@@ -145,7 +154,8 @@ class SandboxEntity {
     setHandler(
       sandboxReadyUpdate,
       async () => {
-        await condition(() => this.ready);
+        await condition(() => this.ready || this.provisionFailure !== undefined);
+        if (this.provisionFailure) refuse(this.provisionFailure);
         return this.view();
       },
       {
@@ -402,7 +412,7 @@ class SandboxEntity {
   async run(): Promise<SandboxView> {
     this.changed();
     if (!this.ready) {
-      await this.sandbox.provision(false);
+      await this.sandbox.provision(false).catch((err: unknown) => this.provisionFailed(err));
       this.s.capabilities = this.sandbox.capabilities;
       this.ready = true;
       this.changed();
@@ -424,6 +434,24 @@ class SandboxEntity {
     }
     await condition(allHandlersFinished);
     return this.view();
+  }
+
+  /** created → failed: shown so, `ready` answered with the failure, then the workflow fails with it. */
+  private async provisionFailed(err: unknown): Promise<never> {
+    if (!patched(PATCH_PROVISION_FAILED)) throw err;
+    const code = failureCode(err);
+    const error: Rejection = {
+      code: isErrorCode(code) ? code : 'INTERNAL',
+      message: `provisioning failed: ${failureMessage(err)}`,
+    };
+    if (decideSandboxOp({ ...this.facts(), changing: false }, 'fail').kind === 'transition') {
+      this.s.state = 'failed';
+      this.s.error = error;
+    }
+    this.provisionFailure = error;
+    this.changed();
+    await condition(allHandlersFinished);
+    throw err;
   }
 
   /** No state change, command or release is under way (what continue-as-new must not cut off). */

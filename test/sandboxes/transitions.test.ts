@@ -102,3 +102,36 @@ test('an unknown sandbox is 404', async () => {
   await expect(client.sandboxes.get('sbx-nope')).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
   await expect(client.sandboxes.start('sbx-nope')).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
 });
+
+test('a sandbox whose provider no worker has fails to create naming it, and is listed and shown failed, not created', async () => {
+  const tag = `probe:${Date.now().toString(36)}`;
+  const [key, value] = tag.split(':');
+  // Was INTERNAL ("Workflow Update failed because the Workflow completed before the Update completed"),
+  // and the sandbox stayed `created` in every list.
+  const err = await client.sandboxes.create({ provider: 'no-such-provider', labels: { [key]: value } }).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    httpStatus: 400,
+    message: expect.stringContaining('provider: no sandbox provider named "no-such-provider" on this worker'),
+  });
+  const listed = await eventually(
+    async () => {
+      const { sandboxes } = await client.sandboxes.list({ label: [tag], state: 'failed' });
+      return sandboxes.length === 1 ? sandboxes[0] : undefined;
+    },
+    30_000,
+    'the sandbox listed failed',
+  );
+  expect((await client.sandboxes.list({ label: [tag], state: 'created' })).sandboxes).toEqual([]);
+  const shown = await client.sandboxes.get(listed.sandboxId);
+  expect(shown).toMatchObject({
+    state: 'failed',
+    error: {
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringMatching(/^provisioning failed: .*no sandbox provider named/),
+    },
+  });
+});

@@ -69,6 +69,10 @@ describe('sandbox transition table', () => {
 
   test('runtime failure and reconcile loss', () => {
     expect(decideSandboxOp(facts('running'), 'fail')).toEqual({ kind: 'transition', to: 'failed' });
+    // Never provisioned: its provisioning failed for good.
+    expect(decideSandboxOp(facts('created'), 'fail')).toEqual({ kind: 'transition', to: 'failed' });
+    for (const state of ['stopped', 'paused', 'suspended', 'destroyed', 'failed', 'lost'] as const)
+      expect(decideSandboxOp(facts(state), 'fail').kind).toBe('reject');
     expect(decideSandboxOp(facts('running'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('paused'), 'lose')).toEqual({ kind: 'transition', to: 'lost' });
     expect(decideSandboxOp(facts('suspended'), 'lose').kind).toBe('reject');
