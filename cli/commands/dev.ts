@@ -64,12 +64,16 @@ export function devCommand(program: Command, begin: (cmd: Command) => CliContext
       try {
         const workerMetricsUrl = installWorkerRuntime(base);
         const serversDir = path.join(base.STASIS_DATA_DIR, 'servers');
+        // A Temporal the environment or a temporal.toml profile names is only waited for (startTemporal).
+        const temporalGiven = base.temporal.addressConfigured;
         // A first run builds the Temporal CLI (minutes); its own progress lines, before the spinner.
-        if (!base.TEMPORAL_ADDRESS && !(await portAnswers('127.0.0.1', 7233)))
+        if (!temporalGiven && !(await portAnswers('127.0.0.1', 7233)))
           await ensureBinary('temporal', { env: ctx.io.env });
         const temporal = await withProgress(
           ctx,
-          'starting the Temporal dev server',
+          temporalGiven
+            ? `waiting for Temporal at ${base.temporal.connectionOptions.address}`
+            : 'starting the Temporal dev server',
           startTemporal({
             dataDir: serversDir,
             port: 7233,

@@ -109,6 +109,9 @@ test('stasis dev prints its URLs and a sign-in link with a generated token that 
     pageUrl: `http://${env.STASIS_HTTP_ADDR}/`,
   });
   expect(summary.signInUrl).toMatch(new RegExp(`^http://${env.STASIS_HTTP_ADDR}/\\?token=[A-Za-z0-9_-]{32}$`));
+  // The Temporal the environment names is waited for, not started.
+  expect(devErr).toContain(`waiting for Temporal at ${process.env.TEMPORAL_ADDRESS}`);
+  expect(devErr).not.toContain('starting the Temporal dev server');
   const authorized = await fetch(`${summary.apiUrl}/runs?status=WAITING`, {
     headers: { authorization: `Bearer ${signInToken()}` },
   });
