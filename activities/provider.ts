@@ -240,6 +240,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
           return { hostId: deps.hostId, capabilities: p.capabilities };
         });
       }
+      // Timed out meanwhile, the resume may be retried on another host, job and all: never run the job twice.
+      Context.current().cancellationSignal.throwIfAborted();
       try {
         return { resumed, outcome: boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx))) };
       } catch (err) {

@@ -224,8 +224,15 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   /**
    * Starts the init process unless the sandbox still has live processes (a retried call, or compute that survived).
    * Returns the state as written before the start, if it had to be (the caller need not write it again unchanged).
+   * A call whose attempt was cancelled (Temporal timed it out and may have retried it on another host) starts
+   * nothing: the last point before two hosts could run the sandbox.
    */
-  async function ensureCompute(state: HostSandboxState, paths: SandboxPaths): Promise<string | undefined> {
+  async function ensureCompute(
+    state: HostSandboxState,
+    paths: SandboxPaths,
+    signal: AbortSignal | undefined,
+  ): Promise<string | undefined> {
+    signal?.throwIfAborted();
     const marker = markerOf(state.sandboxId);
     let written: string | undefined;
     if (state.dormant) {
@@ -442,7 +449,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     markStage('files in place');
     // The sandbox starts while the restored files are synced and their racy window passes (it runs nothing on them
     // before this returns); the state records the restore only once they are on disk.
-    const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths), ready]);
+    const [started, onDisk] = await Promise.allSettled([ensureCompute(state, paths, context.signal), ready]);
     if (onDisk.status === 'rejected') {
       // Nothing records this restore, so the compute started meanwhile must not outlive it: a retry of a new
       // sandbox has no state to terminate it by and would adopt it, running on the tree the retry swaps out.
@@ -504,9 +511,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       await fenced(parseOrInvalid(FencedRequest, raw, 'attach request'), 'attach', async () => {});
     },
 
-    async start(raw) {
+    async start(raw, context) {
       await fenced(parseOrInvalid(FencedRequest, raw, 'start request'), 'start', async (state, paths) => {
-        await ensureCompute(state, paths);
+        await ensureCompute(state, paths, context?.signal);
       });
     },
 

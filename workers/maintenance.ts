@@ -78,51 +78,79 @@ async function callsUnder<T>(client: Client, signal: AbortSignal | undefined, fn
 /** Statuses of an owner workflow that has ended: nothing of it acts on its sandbox any more. */
 const ENDED = new Set(['COMPLETED', 'FAILED', 'CANCELLED', 'TERMINATED', 'TIMED_OUT']);
 
+/** Record states in which the record's host is moving compute in or out: another host may not judge them. */
+const MOVING = new Set<ExecutionResourceRecord['state']>(['PROVISIONING', 'RESTORING']);
+
+/** What maintenance knows of one sandbox of this host and its owner. */
+export interface SandboxFacts {
+  hostId: string;
+  sandboxId: string;
+  /** Processes of the sandbox run on this host. */
+  alive: boolean;
+  /** The owner workflow's status (Temporal's name: RUNNING, COMPLETED, ...). */
+  status: string;
+  record: ExecutionResourceRecord;
+  /** A standalone sandbox suspended past its retention: it stays only to answer stale. */
+  expired: boolean;
+}
+
 /**
  * What maintenance does with one sandbox of this host, from its owner:
  * - `remove`: the owner is done with it and its record says DESTROYED (the owner has ended, or it is a
  *   standalone sandbox past retention, which stays only to answer stale): processes, directory and
  *   checkpoints go.
- * - `stop`: the owner has ended without releasing the sandbox's compute (terminated or timed out in
- *   Temporal, or it kept a sandbox it could not snapshot) and processes still run: nothing can use them
- *   any more, so they are stopped; the workspace stays.
- * - `keep`: anything else, also an unknown owner or Temporal unreachable.
+ * - `stop`: processes run here that nothing uses: the owner has ended without releasing the sandbox's
+ *   compute (terminated or timed out in Temporal, or it kept a sandbox it could not snapshot), or the
+ *   owner's record puts the sandbox on another host and is not moving it (a provision or restore attempt
+ *   here that outlived its timeout while a retry went elsewhere: two hosts would run it). The workspace stays.
+ * - undefined (keep): anything else.
  */
-async function verdictOf(
+export function verdictFor(facts: SandboxFacts): 'remove' | 'stop' | undefined {
+  const { record, status, alive } = facts;
+  if (record.sandboxId !== facts.sandboxId) return undefined;
+  const ended = ENDED.has(status);
+  if (record.state === 'DESTROYED' && (ended || facts.expired)) return 'remove';
+  if (!alive) return undefined;
+  if (ended) return 'stop';
+  const elsewhere = record.hostId !== undefined && record.hostId !== facts.hostId;
+  return status === 'RUNNING' && elsewhere && !MOVING.has(record.state) ? 'stop' : undefined;
+}
+
+/** The facts of one sandbox of this host (undefined: an unknown owner or Temporal unreachable, so keep it). */
+async function factsOf(
   client: Client,
+  hostId: string,
   sandboxId: string,
   alive: boolean,
-): Promise<{ verdict: 'remove' | 'stop'; record: ExecutionResourceRecord; status: string } | undefined> {
+): Promise<SandboxFacts | undefined> {
   const owner = ownerOf(sandboxId);
   const handle = client.workflow.getHandle(owner.workflowId);
   try {
     const status = (await handle.describe()).status.name;
-    const ended = ENDED.has(status);
-    // A running Run still acts on its sandbox itself; a running standalone sandbox may be past retention.
-    if (owner.kind === 'run' && !ended) return undefined;
-    let record: ExecutionResourceRecord;
-    let expired = false;
-    if (owner.kind === 'run') {
-      record = (await handle.query(resourceQuery)).record;
-    } else {
-      const view = await handle.query(sandboxQuery);
-      record = view.record;
-      expired = view.error?.code === END_REASON.SUSPEND_EXPIRED;
-    }
-    if (record.sandboxId !== sandboxId) return undefined;
-    if (record.state === 'DESTROYED' && (ended || expired)) return { verdict: 'remove', record, status };
-    if (ended && alive) return { verdict: 'stop', record, status };
-    return undefined;
+    // A running Run acts on its own sandbox: only compute running here matters (whose host the record may not be).
+    if (owner.kind === 'run' && status === 'RUNNING' && !alive) return undefined;
+    if (owner.kind === 'run')
+      return { hostId, sandboxId, alive, status, record: (await handle.query(resourceQuery)).record, expired: false };
+    const view = await handle.query(sandboxQuery);
+    return {
+      hostId,
+      sandboxId,
+      alive,
+      status,
+      record: view.record,
+      expired: view.error?.code === END_REASON.SUSPEND_EXPIRED,
+    };
   } catch {
-    return undefined; // unknown owner or Temporal unreachable: keep the sandbox
+    return undefined;
   }
 }
 
 /**
  * Sandboxes on this host whose owner was destroyed while this host was gone or failing (its record
  * says DESTROYED, its workflow has ended) are removed now, through the provider that made them; the
- * processes of sandboxes whose owner ended without releasing them are stopped (see verdictOf). One
- * sandbox's failure is logged and does not hold up the others.
+ * processes of sandboxes nothing uses (an owner that ended without releasing them, or whose record puts
+ * the sandbox on another host) are stopped (see verdictFor). One sandbox's failure is logged and does
+ * not hold up the others.
  */
 export async function settleEnded(
   { registry, client, hostId }: HostContext,
@@ -136,9 +164,10 @@ export async function settleEnded(
       signal?.throwIfAborted();
       if (seen.has(sandboxId)) continue;
       seen.add(sandboxId);
-      const found = await callsUnder(client, signal, () => verdictOf(client, sandboxId, alive));
-      if (!found) continue;
-      const { verdict, record, status } = found;
+      const facts = await callsUnder(client, signal, () => factsOf(client, hostId, sandboxId, alive));
+      const verdict = facts && verdictFor(facts);
+      if (!facts || !verdict) continue;
+      const { record, status } = facts;
       const request = { sandboxId, fence: record.fence };
       const context = { ownerId: ownerOf(sandboxId).workflowId, hostId };
       try {
@@ -148,9 +177,12 @@ export async function settleEnded(
         } else {
           await registry.get(record.provider).stop(request, context);
           stopped.push(sandboxId);
+          const why =
+            status === 'RUNNING'
+              ? `its owner ${context.ownerId} has it on host ${record.hostId} (${record.state})`
+              : `its owner ${context.ownerId} has ended (${status}) with its record ${record.state}`;
           console.warn(
-            `host maintenance on ${hostId} stopped the processes of sandbox ${sandboxId}: its owner ${context.ownerId} ` +
-              `has ended (${status}) with its record ${record.state}; the workspace stays on this host`,
+            `host maintenance on ${hostId} stopped the processes of sandbox ${sandboxId}: ${why}; the workspace stays on this host`,
           );
         }
       } catch (err) {

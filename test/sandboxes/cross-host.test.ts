@@ -3,6 +3,7 @@ import * as path from 'node:path';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { createCheckpointStore } from '../../stores';
 import { maintainHost } from '../../workers/maintenance';
+import { hostDataDir, leftOn } from '../helpers/hosts';
 import { useStack, startStack } from '../helpers/stack';
 
 const stack = useStack(() => startStack({ hostId: 'host-a' }));
@@ -61,4 +62,36 @@ test('suspend on host A, stop A, resume: the sandbox runs on host B with the sam
 
   await stack.client.sandboxes.destroy(sandboxId);
   expect(await stack.workers.get('host-b')!.registry.get('local').processCount(sandboxId)).toBe(0);
+}, 180_000);
+
+test('compute of a sandbox on a host its record does not name is stopped by that host, files kept; the real one runs on', async () => {
+  // A provision or restore attempt that outlived its timeout on one host while a retry went to another
+  // (a stalled or cut-off host): the same sandbox, started on the other host too, at the record's fence.
+  const { sandboxId } = await stack.client.sandboxes.create({ provider: 'local' });
+  await stack.client.sandboxes.start(sandboxId);
+  await stack.client.sandboxes.exec(sandboxId, { command: 'echo real > where.txt' });
+  const { record } = await stack.client.sandboxes.get(sandboxId);
+  const strayId = record.hostId === 'host-a' ? 'host-b' : 'host-a';
+  const strayHost = stack.workers.get(strayId) ?? (await stack.startWorker(strayId));
+  const provider = strayHost.registry.get('local');
+  const context = { ownerId: `sandbox-${sandboxId}`, hostId: strayId };
+  await provider.provision({ sandboxId, fence: record.fence }, context);
+  await provider.start({ sandboxId, fence: record.fence }, context);
+  expect((await leftOn(stack, strayId, sandboxId)).processes).toBeGreaterThan(0);
+
+  await maintainHost({
+    config: stack.config,
+    dataDir: hostDataDir(stack, strayId),
+    hostId: strayId,
+    client: stack.temporal,
+    registry: strayHost.registry,
+    store: createCheckpointStore(stack.config),
+  });
+  expect(await leftOn(stack, strayId, sandboxId)).toEqual({ directory: true, processes: 0 });
+  // The sandbox where its record puts it is untouched.
+  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'cat where.txt' })).resolves.toMatchObject({
+    exitCode: 0,
+    stdout: 'real\n',
+  });
+  await stack.client.sandboxes.destroy(sandboxId);
 }, 180_000);
