@@ -507,8 +507,29 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       });
     },
 
-    async attach(raw) {
-      await fenced(parseOrInvalid(FencedRequest, raw, 'attach request'), 'attach', async () => {});
+    async attach(raw, context) {
+      const request = parseOrInvalid(FencedRequest, raw, 'attach request');
+      await locked(request.sandboxId, async () => {
+        const { paths, state } = await load(request.sandboxId);
+        const loaded = JSON.stringify(state);
+        admitFence(state, request.fence, 'attach');
+        await saveIfChanged(paths, state, loaded);
+        if (state.status !== 'stopped') return;
+        // An attach is a resume whose record says the compute lives. A release that landed after the record
+        // stopped waiting for it (a stale attempt that held the lock) ended it: it comes back as a same-host
+        // restore brings it back, from the dormant copy or the host-persistent workspace, so the record holds.
+        if (!state.dormant && state.workspace.kind !== 'active') {
+          throw new StasisError(
+            'INVALID_STATE_TRANSITION',
+            `sandbox ${state.sandboxId} is stopped on host ${deps.hostId} with no copy a release left; attach does not start it`,
+          );
+        }
+        const checkpoint = state.dormant?.checkpoint;
+        await restoreLocked(
+          { sandboxId: request.sandboxId, fence: request.fence, ...(checkpoint ? { checkpoint } : {}) },
+          context,
+        );
+      });
     },
 
     async start(raw, context) {

@@ -9,6 +9,7 @@ import { sandboxesDir } from '../providers/sandbox-state';
 import type { ExecutionResourceRecord } from '../common/schemas';
 import type { CheckpointStore } from '../stores/api';
 import { reconcileSignal, resourceQuery, sandboxQuery, sandboxWorkflowId } from '../workflows/definitions';
+import { SANDBOX_TRANSITIONS } from '../workflows/lifecycle';
 
 // Host maintenance on each worker: reconcile after a restart, and the sweep of
 // dormant workspace copies that no live record points at.
@@ -26,19 +27,60 @@ function ownerOf(sandboxId: string): { kind: 'run' | 'sandbox'; workflowId: stri
     : { kind: 'sandbox', workflowId: sandboxWorkflowId(sandboxId) };
 }
 
-/** After a restart: sandboxes whose processes died are reported so their workflow marks them `lost`. */
-export async function reconcileHost({ registry, client, hostId }: HostContext): Promise<void> {
+/**
+ * After a restart: sandboxes whose processes died are reported so their workflow marks them `lost`, and so are
+ * those whose record names this host but that it has no copy of (a machine replaced under the same host id, with
+ * an empty disk). Runs are not reported: their workflow has no reconcile handler.
+ */
+export async function reconcileHost({ registry, client, hostId, taskQueue }: ReconcileContext): Promise<void> {
+  const report = (workflowId: string, alive: boolean) =>
+    client.workflow
+      .getHandle(workflowId)
+      .signal(reconcileSignal, { hostId, alive })
+      .catch(() => undefined);
+  // Listed before the disk is read, so a sandbox that reaches this host meanwhile is on the disk when it is read.
+  const named = await sandboxesNaming(client, hostId, taskQueue).catch((err: unknown) => {
+    console.warn(`reconcile on ${hostId} could not list the sandboxes whose record names it: ${String(err)}`);
+    return [];
+  });
+  const here = new Set<string>();
   for (const provider of registry.names().map((name) => registry.get(name))) {
     for (const sandbox of await provider.listSandboxes()) {
+      here.add(sandbox.sandboxId);
       if (sandbox.dormant) continue;
       const owner = ownerOf(sandbox.sandboxId);
       if (owner.kind !== 'sandbox') continue;
-      await client.workflow
-        .getHandle(owner.workflowId)
-        .signal(reconcileSignal, { hostId, alive: sandbox.alive })
-        .catch(() => undefined);
+      await report(owner.workflowId, sandbox.alive);
     }
   }
+  for (const sandboxId of named) if (!here.has(sandboxId)) await report(sandboxWorkflowId(sandboxId), false);
+}
+
+export interface ReconcileContext extends HostContext {
+  /** The workflows' task queue: other deployments in the namespace may use the same host ids. */
+  taskQueue: string;
+}
+
+/**
+ * The standalone sandboxes (of the workflows on `taskQueue`) whose record names `hostId`, through visibility, in
+ * a state a host can lose them from. The workflow still decides: it ignores a report once its record names another
+ * host, or while it changes state (provisioning, restoring).
+ */
+async function sandboxesNaming(client: Client, hostId: string, taskQueue: string): Promise<string[]> {
+  const states = SANDBOX_TRANSITIONS.lose.from.map((state) => `StasisStatus = '${state}'`).join(' OR ');
+  const query = [
+    `StasisKind = 'sandbox'`,
+    `ExecutionStatus = 'Running'`,
+    `TaskQueue = '${taskQueue}'`,
+    `StasisHostId = '${hostId}'`,
+    `(${states})`,
+  ].join(' AND ');
+  const prefix = sandboxWorkflowId('');
+  const found: string[] = [];
+  for await (const workflow of client.workflow.list({ query })) {
+    if (workflow.workflowId.startsWith(prefix)) found.push(workflow.workflowId.slice(prefix.length));
+  }
+  return found;
 }
 
 /** Whether a live record on this host still names the sandbox's directory. */

@@ -177,7 +177,7 @@ export async function createStasisWorker(options: StasisWorkerOptions): Promise<
     metrics,
     run() {
       running ??= (async () => {
-        await reconcileHost({ registry, client, hostId }).catch((err: unknown) =>
+        await reconcileHost({ registry, client, hostId, taskQueue: config.STASIS_TASK_QUEUE }).catch((err: unknown) =>
           console.warn(`reconcile failed: ${String(err)}`),
         );
         try {

@@ -2,7 +2,10 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { createLocalProvider } from '../../providers/local';
 import { sandboxPaths } from '../../providers/sandbox-state';
+import type { CheckpointStore } from '../../stores/api';
+import { passThrough } from '../helpers/store-wrap';
 import { context, listTree, stasisError, tempDir, waitFor } from './helpers';
 import { makeHost, readCounter, sh, startCounter } from './harness';
 
@@ -489,5 +492,73 @@ describe('local provider: release', () => {
     const id = await host.sandbox();
     await host.provider.close();
     expect(await host.provider.processCount(id)).toBe(1);
+  });
+});
+
+describe('local provider: attach after a release that landed late', () => {
+  // A stalled release attempt (no heartbeat or cancel gets through) holds the sandbox's lifecycle lock while the
+  // resume's attach under the raised fence waits on it; the attempt then finishes and ends the compute. The
+  // record says ACTIVE (the release was cancelled before its receipt), so the attach must bring compute back.
+  it('brings compute back from the dormant copy, with the files the release snapshotted', async () => {
+    let openGate: () => void = () => undefined;
+    const gate = new Promise<void>((resolve) => (openGate = resolve));
+    let held: () => void = () => undefined;
+    const uploadHeld = new Promise<void>((resolve) => (held = resolve));
+    let hold = true;
+    const holdPut = async () => {
+      if (!hold) return;
+      hold = false;
+      held();
+      await gate;
+    };
+    const host = await makeHost({
+      make: (deps) => {
+        const store: CheckpointStore = {
+          ...passThrough(deps.store),
+          put: async (...args) => (await holdPut(), deps.store.put(...args)),
+          putBytes: async (...args) => (await holdPut(), deps.store.putBytes(...args)),
+        };
+        return createLocalProvider({ ...deps, store });
+      },
+    });
+    const id = await host.sandbox();
+    await sh(host.provider, id, 'echo v1 > f.txt');
+    const stale = host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 1), context());
+    await uploadHeld;
+    const attach = host.provider.attach({ sandboxId: id, fence: 2 }, context());
+    openGate();
+    expect((await stale).computeReleased).toBe(true);
+    await attach;
+    expect(await host.provider.processCount(id)).toBeGreaterThan(0);
+    expect(await sh(host.provider, id, 'cat f.txt', 2)).toBe('v1\n');
+    expect(await host.provider.listSandboxes()).toEqual([{ sandboxId: id, alive: true, dormant: false }]);
+    await stasisError(
+      host.provider.release(release(id, 'SNAPSHOT_AND_TERMINATE', 1, 'late'), context()),
+      'STALE_FENCE',
+    );
+  });
+
+  it('brings compute back on a host-persistent workspace a TERMINATE release left', async () => {
+    const host = await makeHost();
+    const hostPath = path.join(await tempDir('active'), 'ws');
+    const id = await host.sandbox({ hostPath });
+    await sh(host.provider, id, 'echo data > file');
+    await host.provider.release(release(id, 'TERMINATE', 1), context());
+    await host.restart().attach({ sandboxId: id, fence: 2 }, context());
+    expect(await host.provider.processCount(id)).toBe(1);
+    expect(await sh(host.provider, id, 'cat file', 2)).toBe('data\n');
+  });
+
+  it('refuses, under the raised fence, a stopped sandbox no release left a copy of', async () => {
+    const host = await makeHost();
+    const id = await host.sandbox();
+    await host.provider.stop({ sandboxId: id, fence: 1 }, context());
+    const err = await stasisError(
+      host.provider.attach({ sandboxId: id, fence: 2 }, context()),
+      'INVALID_STATE_TRANSITION',
+    );
+    expect(err.message).toContain('is stopped');
+    expect(await host.provider.processCount(id)).toBe(0);
+    await stasisError(host.provider.attach({ sandboxId: id, fence: 1 }, context()), 'STALE_FENCE');
   });
 });

@@ -163,8 +163,12 @@ describe.each([
       { sandboxId: id, idempotencyKey: `${id}/2`, mode: 'SNAPSHOT_AND_TERMINATE', fence: 2, reason: 'test' },
       context(),
     );
-    // Any call on the copy (here an attach by a restarted worker) mounts it again: eviction must unmount it.
-    await host.restart().attach({ sandboxId: id, fence: 2 }, context());
+    // Any call on the copy (here a file read by a restarted worker, refused on a dormant copy) mounts it again:
+    // eviction must unmount it. (An attach would bring its compute back.)
+    await stasisError(
+      host.restart().readFile({ sandboxId: id, fence: 2, path: 'file' }, context()),
+      'INVALID_STATE_TRANSITION',
+    );
     expect(mountsUnder(host.dataDir)).toEqual([sandboxPaths(host.dataDir, id).volume]);
     const result = await evictUnderPressure({
       sandboxesDir: sandboxesDir(host.dataDir),
