@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { Client, Connection, WorkflowIdReusePolicy, type WorkflowHandle } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import { parseOrInvalid, StasisError } from '../common/errors';
-import type { z } from 'zod';
+import { z } from 'zod';
 import {
   activeWorkspacesOfRun,
   activeWorkspacesOfSandbox,
@@ -18,21 +18,23 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { ACTION_WAIT_MS, actionBodyHash } from '../common/external-actions';
 import {
   ActionRequest,
+  ActionWaitMs,
   type ActionView,
   CreateSandboxInput,
   ExecInput,
   Identifier,
   InteractionResponse,
   RunId,
+  RespondInput,
   RunListLimit,
   RunSpec,
+  RunStatus,
   type ExecResult,
   type InteractionRequest,
   type MetricsSnapshot,
   type PendingInteraction,
   type ResourceView,
   type RunSnapshot,
-  type RunStatus,
   type SandboxView,
   SandboxListFilter as SandboxListFilterSchema,
   type SandboxListFilter,
@@ -95,25 +97,59 @@ function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: stri
   return valid;
 }
 
+/** `value` in a refusal: as JSON, a long string cut to 64 characters. */
+function shown(value: string): string {
+  return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}…` : value);
+}
+
+/** A plain-JS caller's argument that is not a string: INVALID_ARGUMENT naming it, not a TypeError later. */
+function checkString(value: unknown, field: string): asserts value is string {
+  if (typeof value !== 'string')
+    throw new StasisError(
+      'INVALID_ARGUMENT',
+      `${field}: must be a string (got ${value === null ? 'null' : typeof value})`,
+    );
+}
+
+/** An id (sandbox, interaction, action) as REST's routes take it (Identifier); Temporal would answer NOT_FOUND or INTERNAL. */
+function checkId(id: unknown, field: string): asserts id is string {
+  checkString(id, field);
+  const parsed = Identifier.safeParse(id);
+  if (parsed.success) return;
+  const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
+  throw new StasisError('INVALID_ARGUMENT', `${field} ${shown(id)}: not an id (${problems})`);
+}
+
 /**
  * Refuses an id no Run can have before Temporal is asked: Temporal would answer an empty or
  * oversized workflow id with an opaque failure (INTERNAL), and a sandbox's workflow id with
  * whatever that workflow answers to a Run's query or Update.
  */
-function checkRunId(runId: string): void {
+function checkRunId(runId: unknown): void {
+  checkString(runId, 'runId');
   const parsed = RunId.safeParse(runId);
   if (parsed.success) return;
-  const shown = JSON.stringify(runId.length > 64 ? `${runId.slice(0, 64)}…` : runId);
   // A sandbox's workflow id is a well-formed id that names no Run (a RunSpec may not take one).
   if (Identifier.safeParse(runId).success) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
   const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
-  throw new StasisError('INVALID_ARGUMENT', `runId ${shown}: not a Run id (${problems})`);
+  throw new StasisError('INVALID_ARGUMENT', `runId ${shown(runId)}: not a Run id (${problems})`);
+}
+
+/** An options or filter argument: an object (a plain-JS null would be a TypeError on its first field). */
+function checkObject(value: unknown, field: string): void {
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw new StasisError('INVALID_ARGUMENT', `${field}: must be an object`);
 }
 
 /** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
 function checkLimit(limit: number | undefined): void {
   if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }
+
+/** respond's and respondBySignal's options: respondedBy as the wire takes it, updateId an id. */
+const RespondOptions = z.object({ respondedBy: RespondInput.shape.respondedBy, updateId: Identifier.optional() });
+/** act's options: a wait within REST's bound (NaN or a string would wait forever or not at all). */
+const ActOptions = z.object({ waitMs: ActionWaitMs.optional(), inputName: z.string().optional() });
 
 /** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
 export interface StasisClientOptions {
@@ -311,8 +347,11 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `limit`. */
+  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `status` or `limit`. */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
+    checkObject(filter, 'filter');
+    // Checked, never spliced into the visibility query as given.
+    if (filter.status !== undefined) parseOrInvalid(RunStatus, filter.status, 'status');
     checkLimit(filter.limit);
     const query = [`StasisKind = 'run'`, filter.status ? `StasisStatus = '${filter.status}'` : undefined]
       .filter(Boolean)
@@ -348,6 +387,7 @@ export class RunsApi {
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
   ): Promise<{ interactions: PendingInteraction[]; next?: string }> {
+    checkObject(page, 'page');
     checkLimit(page.limit);
     const after = page.after === undefined ? undefined : decodeCursor(page.after);
     if (after === null) throw new StasisError('INVALID_ARGUMENT', 'after: not a page cursor this API gave');
@@ -397,17 +437,18 @@ export class RunsApi {
     response: unknown,
     options: { respondedBy?: string; updateId?: string } = {},
   ): Promise<InteractionRequest> {
+    checkRunId(runId);
+    checkId(interactionId, 'interactionId');
+    const { respondedBy, updateId } = parseOrInvalid(RespondOptions, options, 'options');
     const valid = checkedInput(InteractionResponse, response, 'response');
     try {
       return await sendUpdate(
-        (updateId) =>
+        (id) =>
           this.handle(runId).executeUpdate(respondUpdate, {
-            args: [
-              { interactionId, response: valid, ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}) },
-            ],
-            updateId,
+            args: [{ interactionId, response: valid, ...(respondedBy !== undefined ? { respondedBy } : {}) }],
+            updateId: id,
           }),
-        options.updateId,
+        updateId,
       );
     } catch (err) {
       throw await this.closedRunError(runId, err);
@@ -426,12 +467,15 @@ export class RunsApi {
     response: unknown,
     options: { respondedBy?: string } = {},
   ): Promise<void> {
+    checkRunId(runId);
+    checkId(interactionId, 'interactionId');
+    const { respondedBy } = parseOrInvalid(RespondOptions.omit({ updateId: true }), options, 'options');
     const valid = parseOrInvalid(InteractionResponse, response, 'response');
     try {
       await this.handle(runId).signal(respondSignal, {
         interactionId,
         response: valid,
-        ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}),
+        ...(respondedBy !== undefined ? { respondedBy } : {}),
       });
     } catch (err) {
       throw await this.closedRunError(runId, err);
@@ -489,7 +533,9 @@ export class RunsApi {
     request: unknown,
     options: { waitMs?: number; inputName?: string } = {},
   ): Promise<ActionView> {
-    const name = options.inputName ?? 'request';
+    checkRunId(runId);
+    const { waitMs, inputName } = parseOrInvalid(ActOptions, options, 'options');
+    const name = inputName ?? 'request';
     const valid = checkedInput(ActionRequest, request, name);
     if (valid.action.type === 'spawn') {
       await checkHostPaths(activeWorkspacesOfRun(valid.action.spec, 'action.spec.'), this.hostPaths, `${name}.`);
@@ -509,11 +555,13 @@ export class RunsApi {
       }
       throw await this.closedRunError(runId, err);
     }
-    return this.awaitAction(runId, view, options.waitMs ?? ACTION_WAIT_MS);
+    return this.awaitAction(runId, view, waitMs ?? ACTION_WAIT_MS);
   }
 
   /** An external agent's action by its actionId: its status, and its result or error once settled. */
   async action(runId: string, actionId: string): Promise<ActionView> {
+    checkRunId(runId);
+    checkId(actionId, 'actionId');
     let view: ActionView | null;
     try {
       view = await this.handle(runId).query(actionQuery, actionId);
@@ -553,6 +601,7 @@ export class SandboxesApi {
   ) {}
 
   private handle(sandboxId: string): WorkflowHandle<typeof sandboxWorkflow> {
+    checkId(sandboxId, 'sandboxId');
     return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
   }
 
@@ -620,6 +669,7 @@ export class SandboxesApi {
 
   /** Runs `{command, timeoutMs?, env?}` in the running sandbox; resolves with exit code and output (each stream's last 128 KiB). */
   async exec(sandboxId: string, input: unknown): Promise<ExecResult> {
+    checkId(sandboxId, 'sandboxId');
     const valid = checkedInput(ExecInput, input, 'exec');
     return this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
@@ -628,6 +678,7 @@ export class SandboxesApi {
 
   /** A workspace file's bytes (up to FILE_LIMIT_BYTES); the path is relative to the workspace and never follows a symlink out. */
   async readFile(sandboxId: string, path: string): Promise<Buffer> {
+    checkId(sandboxId, 'sandboxId');
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
     const out = await this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(readFileUpdate, { args: [{ path }], updateId }),
@@ -635,15 +686,23 @@ export class SandboxesApi {
     return Buffer.from(out.contentBase64, 'base64');
   }
 
-  /** Writes a workspace file atomically; PAYLOAD_TOO_LARGE over FILE_LIMIT_BYTES. */
-  async writeFile(sandboxId: string, path: string, content: Buffer): Promise<void> {
+  /**
+   * Writes `content` (a Buffer or Uint8Array) to a workspace file atomically; PAYLOAD_TOO_LARGE over
+   * FILE_LIMIT_BYTES. INVALID_ARGUMENT for any other content: a string has no bytes until encoded.
+   */
+  async writeFile(sandboxId: string, path: string, content: Buffer | Uint8Array): Promise<void> {
+    checkId(sandboxId, 'sandboxId');
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
-    if (content.length > FILE_LIMIT_BYTES) {
+    if (!(content instanceof Uint8Array))
+      throw new StasisError('INVALID_ARGUMENT', 'content: must be a Buffer or Uint8Array');
+    // A Uint8Array's own toString ignores 'base64': its bytes go through a Buffer over them.
+    const bytes = Buffer.from(content.buffer, content.byteOffset, content.byteLength);
+    if (bytes.length > FILE_LIMIT_BYTES) {
       throw new StasisError('PAYLOAD_TOO_LARGE', `file content must be at most ${FILE_LIMIT_BYTES} bytes`);
     }
     await this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(writeFileUpdate, {
-        args: [{ path, contentBase64: content.toString('base64') }],
+        args: [{ path, contentBase64: bytes.toString('base64') }],
         updateId,
       }),
     );
