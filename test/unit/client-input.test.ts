@@ -244,3 +244,28 @@ test("writeFile takes a Buffer or Uint8Array's bytes, and refuses any other cont
     { path: 'b.txt', contentBase64: Buffer.from('hi').toString('base64') },
   ]);
 });
+
+test('checked input refuses what REST refuses as JSON: a "__proto__" key (zod dropped it silently) and a lone surrogate', async () => {
+  const temporal = untouchable();
+  const { runs, sandboxes } = new StasisClient(temporal.client);
+  const refusedAt = (at: string) => ({ code: 'INVALID_ARGUMENT', message: expect.stringContaining(at) });
+  const spec = JSON.parse(
+    '{"agent":{"driver":"scripted","steps":[{"complete":"x"}]},"sandbox":{"provider":"local"},"labels":{"__proto__":"evil","team":"a"}}',
+  );
+  expect(await refusal(() => runs.start(spec))).toEqual(refusedAt('spec.labels.__proto__'));
+  const sandbox = JSON.parse('{"provider":"local","labels":{"__proto__":"x","t":"y"}}');
+  expect(await refusal(() => sandboxes.create(sandbox))).toEqual(refusedAt('sandbox.labels.__proto__'));
+  const exec = JSON.parse('{"command":"true","env":{"__proto__":"x","A":"b"}}');
+  expect(await refusal(() => sandboxes.exec('sbx-1', exec))).toEqual(refusedAt('exec.env.__proto__'));
+  const answer = JSON.parse('{"decision":"approve","__proto__":{"x":1}}');
+  expect(await refusal(() => runs.respond('run-1', 'int-1', answer))).toEqual(refusedAt('__proto__'));
+
+  // A lone surrogate cannot travel as UTF-8: Temporal's payloads turned it into U+FFFD.
+  expect(await refusal(() => sandboxes.exec('sbx-1', { command: 'echo \ud800' }))).toEqual(
+    refusedAt('exec.command: must be well-formed Unicode'),
+  );
+  expect(await refusal(() => runs.respond('run-1', 'int-1', { decision: 'approve', comment: 'ok \udc00' }))).toEqual(
+    refusedAt('response.comment: must be well-formed Unicode'),
+  );
+  expect(temporal.asked()).toBe(false);
+});
