@@ -68,6 +68,7 @@ import {
 } from '../workflows/definitions';
 import type { runWorkflow, sandboxWorkflow } from '../workflows';
 import { isTerminal } from '../workflows/run-state';
+import { checkRespond } from '../workflows/lifecycle';
 import { labelKeywords } from '../common/labels';
 import {
   StasisKind,
@@ -475,9 +476,10 @@ export class RunsApi {
 
   /**
    * Answers through the `respondSignal` signal instead of the `respond` Update: for a
-   * client that cannot wait for an Update's result. The answer is checked here for its
-   * shape only; the Run checks the rest and ignores (and logs) an answer it refuses,
-   * so read the Run afterwards to see whether it was taken.
+   * client that cannot wait for an Update's result. Refused like respond() before anything
+   * is sent (PAYLOAD_TOO_LARGE, INVALID_ARGUMENT, and NOT_FOUND, ALREADY_ANSWERED or an answer
+   * the interaction does not accept, from the Run's snapshot). The Run checks again and ignores
+   * (and logs) an answer it refuses, so read the Run afterwards to see whether it was taken.
    */
   async respondBySignal(
     runId: string,
@@ -488,7 +490,14 @@ export class RunsApi {
     checkRunId(runId);
     checkId(interactionId, 'interactionId');
     const { respondedBy } = parseOrInvalid(RespondOptions.omit({ updateId: true }), options, 'options');
-    const valid = parseOrInvalid(InteractionResponse, response, 'response');
+    const valid = checkedInput(InteractionResponse, response, 'response');
+    // A refused signal still lands in the Run's history (and bloats it): one query first.
+    const refused = checkRespond(
+      { ...(await this.get(runId)), answeredBy: {} },
+      { interactionId, response: valid },
+      undefined,
+    );
+    if (refused && refused !== 'duplicate') throw new StasisError(refused.code, refused.message);
     try {
       await this.handle(runId).signal(respondSignal, {
         interactionId,

@@ -1,6 +1,6 @@
 import * as fc from 'fast-check';
 import type { InteractionResponse } from '../../common/schemas';
-import { respondUpdate } from '../../workflows/definitions';
+import { respondSignal, respondUpdate } from '../../workflows/definitions';
 import { useStack, eventually } from '../helpers/stack';
 
 // The structured interaction contract end to end on a real worker: what an
@@ -175,18 +175,31 @@ test('a denied gate fails the Run by default', async () => {
   expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'FAILED', error: { code: 'DENIED' } });
 });
 
-test('the respondSignal signal answers through the typed client; a refused signal answer changes nothing', async () => {
+test('the respondSignal signal answers through the typed client; an answer the Run would refuse is refused before signalling', async () => {
   const { runId } = await stack.client.runs.start(spec([{ ask: 'Release name?', kind: 'input' }]));
   const snapshot = await waiting(runId);
-  // A well-formed answer the interaction does not accept: the Run logs and ignores it.
-  await stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'mallory' });
-  await stack.client.runs.respondBySignal(runId, 'int-9', { input: 'v0' }, { respondedBy: 'mallory' });
-  await quietHistoryLength(runId);
-  expect(await stack.client.runs.get(runId)).toEqual(snapshot);
-  // A malformed one never leaves the client.
+  const before = await quietHistoryLength(runId);
+  // What the Run would refuse never becomes a signal (a refused signal still lands in the history).
+  await expect(
+    stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'mallory' }),
+  ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+  await expect(
+    stack.client.runs.respondBySignal(runId, 'int-9', { input: 'v0' }, { respondedBy: 'mallory' }),
+  ).rejects.toMatchObject({ code: 'NOT_FOUND', message: 'interaction int-9 not found' });
   await expect(stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'maybe' })).rejects.toMatchObject({
     code: 'INVALID_ARGUMENT',
   });
+  expect(await quietHistoryLength(runId)).toBe(before);
+  // Sent anyway (a signal racing another answer), the Run logs and ignores it.
+  const handle = stack.temporal.workflow.getHandle(runId);
+  await handle.signal(respondSignal, {
+    interactionId: 'int-1',
+    response: { decision: 'approve' },
+    respondedBy: 'mallory',
+  });
+  await handle.signal(respondSignal, { interactionId: 'int-9', response: { input: 'v0' }, respondedBy: 'mallory' });
+  await quietHistoryLength(runId);
+  expect(await stack.client.runs.get(runId)).toEqual(snapshot);
 
   await stack.client.runs.respondBySignal(runId, 'int-1', { input: 'v2.0' }, { respondedBy: 'dave' });
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({
@@ -197,5 +210,8 @@ test('the respondSignal signal answers through the typed client; a refused signa
   expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({
     status: 'answered',
     respondedBy: 'dave',
+  });
+  await expect(stack.client.runs.respondBySignal(runId, 'int-1', { input: 'v3' })).rejects.toMatchObject({
+    code: 'ALREADY_ANSWERED',
   });
 });

@@ -269,3 +269,15 @@ test('checked input refuses what REST refuses as JSON: a "__proto__" key (zod dr
   );
   expect(temporal.asked()).toBe(false);
 });
+
+test('respondBySignal refuses an answer over the input limit as respond does (it went into the history, 1.8 MB a signal)', async () => {
+  const temporal = untouchable();
+  const { runs } = new StasisClient(temporal.client);
+  const response = { input: '€'.repeat(600_000) };
+  for (const call of [
+    () => runs.respond('run-1', 'int-1', response),
+    () => runs.respondBySignal('run-1', 'int-1', response),
+  ])
+    expect(await refusal(call)).toEqual({ code: 'PAYLOAD_TOO_LARGE', message: expect.stringMatching(/^response/) });
+  expect(temporal.asked()).toBe(false);
+});
