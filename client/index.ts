@@ -44,6 +44,7 @@ import { checkNamespace } from '../common/config';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import { jsonValueProblem } from '../common/wire-json';
+import { canonicalJson } from '../common/hashes';
 import {
   actionQuery,
   actUpdate,
@@ -448,7 +449,9 @@ export class RunsApi {
    * Answers a pending interaction through the `respond` Update; resolves with the answered interaction.
    * Refused before anything is recorded: NOT_FOUND (unknown interaction), ALREADY_ANSWERED (a different
    * answer was given; the same answer with the same `updateId` is idempotent), INVALID_ARGUMENT (the
-   * answer's shape, or an answer the interaction does not accept), STALE_SANDBOX_ROUTE (the Run expired). `respondedBy` is recorded with the answer.
+   * answer's shape, an answer the interaction does not accept, or an `updateId` already used for another
+   * interaction's answer), STALE_SANDBOX_ROUTE (the Run expired). `respondedBy` (1-256 characters) is
+   * recorded with the answer; `anonymous` when absent.
    */
   async respond(
     runId: string,
@@ -460,8 +463,9 @@ export class RunsApi {
     checkId(interactionId, 'interactionId');
     const { respondedBy, updateId } = parseOrInvalid(RespondOptions, options, 'options');
     const valid = checkedInput(InteractionResponse, response, 'response');
+    let answered: InteractionRequest;
     try {
-      return await sendUpdate(
+      answered = await sendUpdate(
         (id) =>
           this.handle(runId).executeUpdate(respondUpdate, {
             args: [{ interactionId, response: valid, ...(respondedBy !== undefined ? { respondedBy } : {}) }],
@@ -472,6 +476,16 @@ export class RunsApi {
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
+    // Temporal answers an Update id it has seen with that Update's result before the Run's validator
+    // runs: a reused id brings back the answer it was first given, which may be another one.
+    if (answered.id !== interactionId)
+      throw new StasisError(
+        'INVALID_ARGUMENT',
+        `options: updateId: already used for another answer (interaction ${answered.id})`,
+      );
+    if (canonicalJson(answered.response) !== canonicalJson(valid))
+      throw new StasisError('ALREADY_ANSWERED', `interaction ${interactionId} was already answered`);
+    return answered;
   }
 
   /**

@@ -215,3 +215,31 @@ test('the respondSignal signal answers through the typed client; an answer the R
     code: 'ALREADY_ANSWERED',
   });
 });
+
+test('an updateId used again: the same answer is idempotent, another answer ALREADY_ANSWERED, another interaction INVALID_ARGUMENT naming updateId', async () => {
+  const { runId } = await stack.client.runs.start(spec([{ ask: 'One?' }, { ask: 'Two?' }, { complete: 'done' }]));
+  await waiting(runId);
+  const approved = await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'u-1' });
+  expect(approved).toMatchObject({ id: 'int-1', status: 'answered', response: { decision: 'approve' } });
+  // Temporal hands back the first Update's result for its id before the Run's validator runs.
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'u-1' }),
+  ).resolves.toEqual(approved);
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'deny' }, { updateId: 'u-1' }),
+  ).rejects.toMatchObject({ code: 'ALREADY_ANSWERED', message: 'interaction int-1 was already answered' });
+  await eventually(
+    async () =>
+      (await stack.client.runs.get(runId)).interactions.some((i) => i.id === 'int-2' && i.status === 'pending'),
+    60_000,
+    'int-2 pending',
+  );
+  await expect(
+    stack.client.runs.respond(runId, 'int-2', { decision: 'approve' }, { updateId: 'u-1' }),
+  ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^options: updateId: .*int-1/) });
+  expect((await stack.client.runs.get(runId)).interactions.find((i) => i.id === 'int-2')).toMatchObject({
+    status: 'pending',
+  });
+  await stack.client.runs.respond(runId, 'int-2', { decision: 'approve' }, { updateId: 'u-2' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+});
