@@ -171,11 +171,20 @@ const RespondOptions = z.object({ respondedBy: RespondInput.shape.respondedBy, u
 /** act's options: a wait within REST's bound (NaN or a string would wait forever or not at all). */
 const ActOptions = z.object({ waitMs: ActionWaitMs.optional(), inputName: z.string().optional() });
 
+/** Connections a StasisClient closed: the SDK answers a call on one with INTERNAL "Channel has been shut down". */
+const closedConnections = new WeakSet<Client['connection']>();
+
+/** `client`, unless its connection was closed by {@link StasisClient.close} (UNAVAILABLE). */
+function open(client: Client): Client {
+  if (closedConnections.has(client.connection)) throw new StasisError('UNAVAILABLE', 'the client is closed');
+  return client;
+}
+
 /** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
 export interface StasisClientOptions {
   /** A connected Temporal client; otherwise one is made from address/namespace. */
   client?: Client;
-  /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted. */
+  /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted (its namespace still applies). */
   connection?: TemporalConnectionOptions;
   /** The Temporal namespace; the environment's (TEMPORAL_NAMESPACE, temporal.toml) or `default` when omitted. */
   namespace?: string;
@@ -247,19 +256,26 @@ export class StasisClient {
   /**
    * Connects to Temporal: `options.client` if given, else `options.connection`, else the environment
    * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
-   * `temporal.toml`, through `@temporalio/envconfig`).
+   * `temporal.toml`, through `@temporalio/envconfig`); the environment also gives the namespace when
+   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached.
    */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
-    const fromEnv = options.connection === undefined ? temporalConnectConfig() : undefined;
-    const connection = await Connection.connect(options.connection ?? fromEnv?.connectionOptions);
+    const fromEnv =
+      options.connection === undefined || options.namespace === undefined ? temporalConnectConfig() : undefined;
+    const connectionOptions = options.connection ?? fromEnv!.connectionOptions;
+    let connection: Connection;
+    try {
+      connection = await Connection.connect(connectionOptions);
+    } catch (err) {
+      throw new StasisError(
+        'UNAVAILABLE',
+        `Temporal is not reachable at ${connectionOptions.address} (${err instanceof Error ? err.message : String(err)})`,
+      );
+    }
     const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
     try {
-      await checkNamespace(
-        connection.workflowService,
-        namespace,
-        options.connection?.address ?? fromEnv?.connectionOptions.address ?? 'the server',
-      );
+      await checkNamespace(connection.workflowService, namespace, connectionOptions.address);
     } catch (err) {
       await connection.close();
       throw err;
@@ -269,22 +285,33 @@ export class StasisClient {
 
   /** Diagnostics: active, retained and blocked sandboxes, release failures, retries and latency. */
   async metricsSnapshot(): Promise<MetricsSnapshot> {
-    return collectMetrics(this.temporal, this.options.workerMetrics);
+    return collectMetrics(open(this.temporal), this.options.workerMetrics);
   }
 
-  /** Closes the Temporal connection (also the one `connect` made). */
+  /**
+   * Closes the Temporal connection (also the one `connect` made), shared with the clients of
+   * {@link withIdentity}; every call after it is UNAVAILABLE. Closing again does nothing.
+   */
   async close(): Promise<void> {
-    await this.temporal.connection.close();
+    const { connection } = this.temporal;
+    if (closedConnections.has(connection)) return;
+    closedConnections.add(connection);
+    await connection.close();
   }
 }
 
 /** Runs: durable agent Runs, each a `runWorkflow` whose workflow id is the Run id. */
 export class RunsApi {
   constructor(
-    private readonly temporal: Client,
+    private readonly client: Client,
     private readonly taskQueue: string,
     private readonly hostPaths: HostPathPolicy,
   ) {}
+
+  /** The Temporal client, while the connection is open. */
+  private get temporal(): Client {
+    return open(this.client);
+  }
 
   private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
     checkRunId(runId);
@@ -635,11 +662,16 @@ export class RunsApi {
 /** Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a Run's. */
 export class SandboxesApi {
   constructor(
-    private readonly temporal: Client,
+    private readonly client: Client,
     private readonly taskQueue: string,
     private readonly suspendedRetentionSeconds: number,
     private readonly hostPaths: HostPathPolicy,
   ) {}
+
+  /** The Temporal client, while the connection is open. */
+  private get temporal(): Client {
+    return open(this.client);
+  }
 
   private handle(sandboxId: string): WorkflowHandle<typeof sandboxWorkflow> {
     checkId(sandboxId, 'sandboxId');

@@ -1,8 +1,9 @@
 import type { Client } from '@temporalio/client';
 import * as fc from 'fast-check';
-import { StasisClient } from '../../client';
+import { StasisClient, StasisError } from '../../client';
 import { MAX_ACTION_WAIT_MS } from '../../common/external-actions';
 import { RunId } from '../../common/schemas';
+import { freePort } from '../../platform/servers';
 
 // The typed client refuses a Run id no Run can have and a list limit out of bounds
 // itself, with a clear code, before Temporal is asked: Temporal answered an empty or
@@ -281,3 +282,56 @@ test('respondBySignal refuses an answer over the input limit as respond does (it
     expect(await refusal(call)).toEqual({ code: 'PAYLOAD_TOO_LARGE', message: expect.stringMatching(/^response/) });
   expect(temporal.asked()).toBe(false);
 });
+
+// The connection itself, against the Temporal server of the global setup.
+const address = () => process.env.TEMPORAL_ADDRESS!;
+
+test("connect({connection}) takes the environment's namespace when none is given, as the option's doc says", async () => {
+  const saved = process.env.TEMPORAL_NAMESPACE;
+  process.env.TEMPORAL_NAMESPACE = 'no-such-namespace';
+  try {
+    // It used `default` and connected.
+    await expect(StasisClient.connect({ connection: { address: address() } })).rejects.toThrow(
+      'TEMPORAL_NAMESPACE: "no-such-namespace" does not exist',
+    );
+    const given = await StasisClient.connect({ connection: { address: address() }, namespace: saved ?? 'default' });
+    expect(given.temporal.options.namespace).toBe(saved ?? 'default');
+    await given.close();
+  } finally {
+    if (saved === undefined) delete process.env.TEMPORAL_NAMESPACE;
+    else process.env.TEMPORAL_NAMESPACE = saved;
+  }
+});
+
+test('after close() every call is UNAVAILABLE "the client is closed" (was INTERNAL "Channel has been shut down"); close() twice is fine', async () => {
+  const client = await StasisClient.connect({ connection: { address: address() } });
+  const bob = client.withIdentity('bob');
+  await client.close();
+  await client.close();
+  const spec = { agent: { driver: 'scripted', steps: [{ complete: 1 }] }, sandbox: { provider: 'local' } };
+  const calls = [
+    () => client.runs.get('run-x'),
+    () => client.runs.list(),
+    () => client.runs.pendingInteractions(),
+    () => client.runs.start(spec),
+    () => client.runs.respond('run-x', 'int-1', { decision: 'approve' }),
+    () => client.runs.act('run-x', { actionId: 'a1', action: { type: 'exec', command: 'true' } }),
+    () => client.sandboxes.get('sbx-x'),
+    () => client.sandboxes.list(),
+    () => client.sandboxes.create({ provider: 'local' }),
+    () => client.sandboxes.start('sbx-x'),
+    () => client.metricsSnapshot(),
+    () => bob.runs.get('run-x'),
+  ];
+  for (const [i, call] of calls.entries())
+    expect([i, await refusal(call)]).toEqual([i, { code: 'UNAVAILABLE', message: 'the client is closed' }]);
+});
+
+test('connect() to a server that is down is UNAVAILABLE naming the address (was a raw Error)', async () => {
+  const down = `127.0.0.1:${await freePort()}`;
+  const err = await StasisClient.connect({ connection: { address: down }, namespace: 'default' }).catch(
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StasisError);
+  expect(err).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining(down) });
+}, 60_000);
