@@ -1,9 +1,9 @@
 import { z } from 'zod';
 import { decodeCursor } from '../client/cursor';
 import type { StasisError } from '../common/errors';
-import { MAX_ACTION_WAIT_MS } from '../common/external-actions';
 import { ROLES } from '../common/roles';
 import {
+  ActionWaitMs,
   Identifier,
   MAX_PAGE_SIZE,
   PendingInteraction,
@@ -26,7 +26,7 @@ export const ActionWaitQuery = z.object({
     .string()
     .regex(/^[0-9]+$/, 'must be a whole number of milliseconds')
     .transform(Number)
-    .pipe(z.number().int().min(0).max(MAX_ACTION_WAIT_MS))
+    .pipe(ActionWaitMs)
     .optional(),
 });
 

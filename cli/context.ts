@@ -53,10 +53,12 @@ export class CliContext {
       return await StasisClient.connect(options);
     } catch (err) {
       if (err instanceof ConfigError) throw err; // reached, but the namespace is not there
-      throw new StasisError(
-        'UNAVAILABLE',
-        `Temporal is not reachable at ${options.connection.address} (${err instanceof Error ? err.message : String(err)}); start \`stasis dev\` or set TEMPORAL_ADDRESS`,
-      );
+      // The client names the address it could not reach; the CLI adds what to do about it.
+      const unreachable =
+        err instanceof StasisError
+          ? err.message
+          : `Temporal is not reachable at ${options.connection.address} (${err instanceof Error ? err.message : String(err)})`;
+      throw new StasisError('UNAVAILABLE', `${unreachable}; start \`stasis dev\` or set TEMPORAL_ADDRESS`);
     }
   }
 

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { Client, Connection, WorkflowIdReusePolicy, type WorkflowHandle } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import { parseOrInvalid, StasisError } from '../common/errors';
-import type { z } from 'zod';
+import { z } from 'zod';
 import {
   activeWorkspacesOfRun,
   activeWorkspacesOfSandbox,
@@ -18,21 +18,23 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { ACTION_WAIT_MS, actionBodyHash } from '../common/external-actions';
 import {
   ActionRequest,
+  ActionWaitMs,
   type ActionView,
   CreateSandboxInput,
   ExecInput,
   Identifier,
   InteractionResponse,
   RunId,
+  RespondInput,
   RunListLimit,
   RunSpec,
+  RunStatus,
   type ExecResult,
   type InteractionRequest,
   type MetricsSnapshot,
   type PendingInteraction,
   type ResourceView,
   type RunSnapshot,
-  type RunStatus,
   type SandboxView,
   SandboxListFilter as SandboxListFilterSchema,
   type SandboxListFilter,
@@ -41,6 +43,8 @@ import {
 import { checkNamespace } from '../common/config';
 import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
+import { jsonValueProblem } from '../common/wire-json';
+import { canonicalJson } from '../common/hashes';
 import {
   actionQuery,
   actUpdate,
@@ -65,6 +69,7 @@ import {
 } from '../workflows/definitions';
 import type { runWorkflow, sandboxWorkflow } from '../workflows';
 import { isTerminal } from '../workflows/run-state';
+import { checkRespond } from '../workflows/lifecycle';
 import { labelKeywords } from '../common/labels';
 import {
   StasisKind,
@@ -84,15 +89,55 @@ import { collectMetrics, type WorkerMetricsSource } from './metrics';
 export { StasisError } from '../common/errors';
 
 /**
- * `value` parsed by `schema` (INVALID_ARGUMENT naming each bad field), and no larger than
- * JSON_INPUT_LIMIT_BYTES as JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what
- * Temporal can carry.
+ * `value` parsed by `schema` (INVALID_ARGUMENT naming each bad field), JSON as REST's body parser
+ * takes it (well-formed Unicode, no `__proto__` key), and no larger than JSON_INPUT_LIMIT_BYTES as
+ * JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
  */
 function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
   const valid = parseOrInvalid(schema, value, what);
+  const problem = jsonValueProblem(value, what);
+  if (problem) throw new StasisError('INVALID_ARGUMENT', problem);
+  const proto = protoKeyPath(value);
+  // zod's records and objects drop the key silently; REST refuses it (fastify's onProtoPoisoning).
+  if (proto)
+    throw new StasisError('INVALID_ARGUMENT', `${[what, ...proto].join('.')}: the key "__proto__" is not accepted`);
   const tooLarge = inputTooLarge(what, valid);
   if (tooLarge) throw new StasisError('PAYLOAD_TOO_LARGE', tooLarge);
   return valid;
+}
+
+/** The path to the first own `__proto__` key (as JSON.parse makes one) in an already shallow value. */
+function protoKeyPath(value: unknown): string[] | undefined {
+  if (typeof value !== 'object' || value === null) return undefined;
+  for (const [key, item] of Object.entries(value)) {
+    if (key === '__proto__') return [key];
+    const below = protoKeyPath(item);
+    if (below) return [key, ...below];
+  }
+  return undefined;
+}
+
+/** `value` in a refusal: as JSON, a long string cut to 64 characters. */
+function shown(value: string): string {
+  return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}…` : value);
+}
+
+/** A plain-JS caller's argument that is not a string: INVALID_ARGUMENT naming it, not a TypeError later. */
+function checkString(value: unknown, field: string): asserts value is string {
+  if (typeof value !== 'string')
+    throw new StasisError(
+      'INVALID_ARGUMENT',
+      `${field}: must be a string (got ${value === null ? 'null' : typeof value})`,
+    );
+}
+
+/** An id (sandbox, interaction, action) as REST's routes take it (Identifier); Temporal would answer NOT_FOUND or INTERNAL. */
+function checkId(id: unknown, field: string): asserts id is string {
+  checkString(id, field);
+  const parsed = Identifier.safeParse(id);
+  if (parsed.success) return;
+  const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
+  throw new StasisError('INVALID_ARGUMENT', `${field} ${shown(id)}: not an id (${problems})`);
 }
 
 /**
@@ -100,14 +145,20 @@ function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: stri
  * oversized workflow id with an opaque failure (INTERNAL), and a sandbox's workflow id with
  * whatever that workflow answers to a Run's query or Update.
  */
-function checkRunId(runId: string): void {
+function checkRunId(runId: unknown): void {
+  checkString(runId, 'runId');
   const parsed = RunId.safeParse(runId);
   if (parsed.success) return;
-  const shown = JSON.stringify(runId.length > 64 ? `${runId.slice(0, 64)}…` : runId);
   // A sandbox's workflow id is a well-formed id that names no Run (a RunSpec may not take one).
   if (Identifier.safeParse(runId).success) throw new StasisError('NOT_FOUND', `run ${runId} not found`);
   const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
-  throw new StasisError('INVALID_ARGUMENT', `runId ${shown}: not a Run id (${problems})`);
+  throw new StasisError('INVALID_ARGUMENT', `runId ${shown(runId)}: not a Run id (${problems})`);
+}
+
+/** An options or filter argument: an object (a plain-JS null would be a TypeError on its first field). */
+function checkObject(value: unknown, field: string): void {
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw new StasisError('INVALID_ARGUMENT', `${field}: must be an object`);
 }
 
 /** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
@@ -115,11 +166,25 @@ function checkLimit(limit: number | undefined): void {
   if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }
 
+/** respond's and respondBySignal's options: respondedBy as the wire takes it, updateId an id. */
+const RespondOptions = z.object({ respondedBy: RespondInput.shape.respondedBy, updateId: Identifier.optional() });
+/** act's options: a wait within REST's bound (NaN or a string would wait forever or not at all). */
+const ActOptions = z.object({ waitMs: ActionWaitMs.optional(), inputName: z.string().optional() });
+
+/** Connections a StasisClient closed: the SDK answers a call on one with INTERNAL "Channel has been shut down". */
+const closedConnections = new WeakSet<Client['connection']>();
+
+/** `client`, unless its connection was closed by {@link StasisClient.close} (UNAVAILABLE). */
+function open(client: Client): Client {
+  if (closedConnections.has(client.connection)) throw new StasisError('UNAVAILABLE', 'the client is closed');
+  return client;
+}
+
 /** How {@link StasisClient.connect} reaches Temporal and what it gives new Runs and sandboxes. */
 export interface StasisClientOptions {
   /** A connected Temporal client; otherwise one is made from address/namespace. */
   client?: Client;
-  /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted. */
+  /** How to connect (see common/temporal-connection.ts); the environment's connection when omitted (its namespace still applies). */
   connection?: TemporalConnectionOptions;
   /** The Temporal namespace; the environment's (TEMPORAL_NAMESPACE, temporal.toml) or `default` when omitted. */
   namespace?: string;
@@ -191,19 +256,26 @@ export class StasisClient {
   /**
    * Connects to Temporal: `options.client` if given, else `options.connection`, else the environment
    * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
-   * `temporal.toml`, through `@temporalio/envconfig`).
+   * `temporal.toml`, through `@temporalio/envconfig`); the environment also gives the namespace when
+   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached.
    */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
-    const fromEnv = options.connection === undefined ? temporalConnectConfig() : undefined;
-    const connection = await Connection.connect(options.connection ?? fromEnv?.connectionOptions);
+    const fromEnv =
+      options.connection === undefined || options.namespace === undefined ? temporalConnectConfig() : undefined;
+    const connectionOptions = options.connection ?? fromEnv!.connectionOptions;
+    let connection: Connection;
+    try {
+      connection = await Connection.connect(connectionOptions);
+    } catch (err) {
+      throw new StasisError(
+        'UNAVAILABLE',
+        `Temporal is not reachable at ${connectionOptions.address} (${err instanceof Error ? err.message : String(err)})`,
+      );
+    }
     const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
     try {
-      await checkNamespace(
-        connection.workflowService,
-        namespace,
-        options.connection?.address ?? fromEnv?.connectionOptions.address ?? 'the server',
-      );
+      await checkNamespace(connection.workflowService, namespace, connectionOptions.address);
     } catch (err) {
       await connection.close();
       throw err;
@@ -213,22 +285,33 @@ export class StasisClient {
 
   /** Diagnostics: active, retained and blocked sandboxes, release failures, retries and latency. */
   async metricsSnapshot(): Promise<MetricsSnapshot> {
-    return collectMetrics(this.temporal, this.options.workerMetrics);
+    return collectMetrics(open(this.temporal), this.options.workerMetrics);
   }
 
-  /** Closes the Temporal connection (also the one `connect` made). */
+  /**
+   * Closes the Temporal connection (also the one `connect` made), shared with the clients of
+   * {@link withIdentity}; every call after it is UNAVAILABLE. Closing again does nothing.
+   */
   async close(): Promise<void> {
-    await this.temporal.connection.close();
+    const { connection } = this.temporal;
+    if (closedConnections.has(connection)) return;
+    closedConnections.add(connection);
+    await connection.close();
   }
 }
 
 /** Runs: durable agent Runs, each a `runWorkflow` whose workflow id is the Run id. */
 export class RunsApi {
   constructor(
-    private readonly temporal: Client,
+    private readonly client: Client,
     private readonly taskQueue: string,
     private readonly hostPaths: HostPathPolicy,
   ) {}
+
+  /** The Temporal client, while the connection is open. */
+  private get temporal(): Client {
+    return open(this.client);
+  }
 
   private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
     checkRunId(runId);
@@ -311,8 +394,11 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `limit`. */
+  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `status` or `limit`. */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
+    checkObject(filter, 'filter');
+    // Checked, never spliced into the visibility query as given.
+    if (filter.status !== undefined) parseOrInvalid(RunStatus, filter.status, 'status');
     checkLimit(filter.limit);
     const query = [`StasisKind = 'run'`, filter.status ? `StasisStatus = '${filter.status}'` : undefined]
       .filter(Boolean)
@@ -348,6 +434,7 @@ export class RunsApi {
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
   ): Promise<{ interactions: PendingInteraction[]; next?: string }> {
+    checkObject(page, 'page');
     checkLimit(page.limit);
     const after = page.after === undefined ? undefined : decodeCursor(page.after);
     if (after === null) throw new StasisError('INVALID_ARGUMENT', 'after: not a page cursor this API gave');
@@ -389,7 +476,9 @@ export class RunsApi {
    * Answers a pending interaction through the `respond` Update; resolves with the answered interaction.
    * Refused before anything is recorded: NOT_FOUND (unknown interaction), ALREADY_ANSWERED (a different
    * answer was given; the same answer with the same `updateId` is idempotent), INVALID_ARGUMENT (the
-   * answer's shape, or an answer the interaction does not accept), STALE_SANDBOX_ROUTE (the Run expired). `respondedBy` is recorded with the answer.
+   * answer's shape, an answer the interaction does not accept, or an `updateId` already used for another
+   * interaction's answer), STALE_SANDBOX_ROUTE (the Run expired). `respondedBy` (1-256 characters) is
+   * recorded with the answer; `anonymous` when absent.
    */
   async respond(
     runId: string,
@@ -397,28 +486,41 @@ export class RunsApi {
     response: unknown,
     options: { respondedBy?: string; updateId?: string } = {},
   ): Promise<InteractionRequest> {
+    checkRunId(runId);
+    checkId(interactionId, 'interactionId');
+    const { respondedBy, updateId } = parseOrInvalid(RespondOptions, options, 'options');
     const valid = checkedInput(InteractionResponse, response, 'response');
+    let answered: InteractionRequest;
     try {
-      return await sendUpdate(
-        (updateId) =>
+      answered = await sendUpdate(
+        (id) =>
           this.handle(runId).executeUpdate(respondUpdate, {
-            args: [
-              { interactionId, response: valid, ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}) },
-            ],
-            updateId,
+            args: [{ interactionId, response: valid, ...(respondedBy !== undefined ? { respondedBy } : {}) }],
+            updateId: id,
           }),
-        options.updateId,
+        updateId,
       );
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
+    // Temporal answers an Update id it has seen with that Update's result before the Run's validator
+    // runs: a reused id brings back the answer it was first given, which may be another one.
+    if (answered.id !== interactionId)
+      throw new StasisError(
+        'INVALID_ARGUMENT',
+        `options: updateId: already used for another answer (interaction ${answered.id})`,
+      );
+    if (canonicalJson(answered.response) !== canonicalJson(valid))
+      throw new StasisError('ALREADY_ANSWERED', `interaction ${interactionId} was already answered`);
+    return answered;
   }
 
   /**
    * Answers through the `respondSignal` signal instead of the `respond` Update: for a
-   * client that cannot wait for an Update's result. The answer is checked here for its
-   * shape only; the Run checks the rest and ignores (and logs) an answer it refuses,
-   * so read the Run afterwards to see whether it was taken.
+   * client that cannot wait for an Update's result. Refused like respond() before anything
+   * is sent (PAYLOAD_TOO_LARGE, INVALID_ARGUMENT, and NOT_FOUND, ALREADY_ANSWERED or an answer
+   * the interaction does not accept, from the Run's snapshot). The Run checks again and ignores
+   * (and logs) an answer it refuses, so read the Run afterwards to see whether it was taken.
    */
   async respondBySignal(
     runId: string,
@@ -426,12 +528,22 @@ export class RunsApi {
     response: unknown,
     options: { respondedBy?: string } = {},
   ): Promise<void> {
-    const valid = parseOrInvalid(InteractionResponse, response, 'response');
+    checkRunId(runId);
+    checkId(interactionId, 'interactionId');
+    const { respondedBy } = parseOrInvalid(RespondOptions.omit({ updateId: true }), options, 'options');
+    const valid = checkedInput(InteractionResponse, response, 'response');
+    // A refused signal still lands in the Run's history (and bloats it): one query first.
+    const refused = checkRespond(
+      { ...(await this.get(runId)), answeredBy: {} },
+      { interactionId, response: valid },
+      undefined,
+    );
+    if (refused && refused !== 'duplicate') throw new StasisError(refused.code, refused.message);
     try {
       await this.handle(runId).signal(respondSignal, {
         interactionId,
         response: valid,
-        ...(options.respondedBy ? { respondedBy: options.respondedBy } : {}),
+        ...(respondedBy !== undefined ? { respondedBy } : {}),
       });
     } catch (err) {
       throw await this.closedRunError(runId, err);
@@ -489,7 +601,9 @@ export class RunsApi {
     request: unknown,
     options: { waitMs?: number; inputName?: string } = {},
   ): Promise<ActionView> {
-    const name = options.inputName ?? 'request';
+    checkRunId(runId);
+    const { waitMs, inputName } = parseOrInvalid(ActOptions, options, 'options');
+    const name = inputName ?? 'request';
     const valid = checkedInput(ActionRequest, request, name);
     if (valid.action.type === 'spawn') {
       await checkHostPaths(activeWorkspacesOfRun(valid.action.spec, 'action.spec.'), this.hostPaths, `${name}.`);
@@ -509,11 +623,13 @@ export class RunsApi {
       }
       throw await this.closedRunError(runId, err);
     }
-    return this.awaitAction(runId, view, options.waitMs ?? ACTION_WAIT_MS);
+    return this.awaitAction(runId, view, waitMs ?? ACTION_WAIT_MS);
   }
 
   /** An external agent's action by its actionId: its status, and its result or error once settled. */
   async action(runId: string, actionId: string): Promise<ActionView> {
+    checkRunId(runId);
+    checkId(actionId, 'actionId');
     let view: ActionView | null;
     try {
       view = await this.handle(runId).query(actionQuery, actionId);
@@ -546,13 +662,19 @@ export class RunsApi {
 /** Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a Run's. */
 export class SandboxesApi {
   constructor(
-    private readonly temporal: Client,
+    private readonly client: Client,
     private readonly taskQueue: string,
     private readonly suspendedRetentionSeconds: number,
     private readonly hostPaths: HostPathPolicy,
   ) {}
 
+  /** The Temporal client, while the connection is open. */
+  private get temporal(): Client {
+    return open(this.client);
+  }
+
   private handle(sandboxId: string): WorkflowHandle<typeof sandboxWorkflow> {
+    checkId(sandboxId, 'sandboxId');
     return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
   }
 
@@ -620,6 +742,7 @@ export class SandboxesApi {
 
   /** Runs `{command, timeoutMs?, env?}` in the running sandbox; resolves with exit code and output (each stream's last 128 KiB). */
   async exec(sandboxId: string, input: unknown): Promise<ExecResult> {
+    checkId(sandboxId, 'sandboxId');
     const valid = checkedInput(ExecInput, input, 'exec');
     return this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
@@ -628,6 +751,7 @@ export class SandboxesApi {
 
   /** A workspace file's bytes (up to FILE_LIMIT_BYTES); the path is relative to the workspace and never follows a symlink out. */
   async readFile(sandboxId: string, path: string): Promise<Buffer> {
+    checkId(sandboxId, 'sandboxId');
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
     const out = await this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(readFileUpdate, { args: [{ path }], updateId }),
@@ -635,15 +759,23 @@ export class SandboxesApi {
     return Buffer.from(out.contentBase64, 'base64');
   }
 
-  /** Writes a workspace file atomically; PAYLOAD_TOO_LARGE over FILE_LIMIT_BYTES. */
-  async writeFile(sandboxId: string, path: string, content: Buffer): Promise<void> {
+  /**
+   * Writes `content` (a Buffer or Uint8Array) to a workspace file atomically; PAYLOAD_TOO_LARGE over
+   * FILE_LIMIT_BYTES. INVALID_ARGUMENT for any other content: a string has no bytes until encoded.
+   */
+  async writeFile(sandboxId: string, path: string, content: Buffer | Uint8Array): Promise<void> {
+    checkId(sandboxId, 'sandboxId');
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
-    if (content.length > FILE_LIMIT_BYTES) {
+    if (!(content instanceof Uint8Array))
+      throw new StasisError('INVALID_ARGUMENT', 'content: must be a Buffer or Uint8Array');
+    // A Uint8Array's own toString ignores 'base64': its bytes go through a Buffer over them.
+    const bytes = Buffer.from(content.buffer, content.byteOffset, content.byteLength);
+    if (bytes.length > FILE_LIMIT_BYTES) {
       throw new StasisError('PAYLOAD_TOO_LARGE', `file content must be at most ${FILE_LIMIT_BYTES} bytes`);
     }
     await this.update(sandboxId, (updateId) =>
       this.handle(sandboxId).executeUpdate(writeFileUpdate, {
-        args: [{ path, contentBase64: content.toString('base64') }],
+        args: [{ path, contentBase64: bytes.toString('base64') }],
         updateId,
       }),
     );

@@ -16,7 +16,7 @@ import {
 } from './wire-checks';
 import { findJsonProblem, hasLoneSurrogate } from './wire-json';
 import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
-import { ACTION_LIMITS, askProblem } from './external-actions';
+import { ACTION_LIMITS, askProblem, MAX_ACTION_WAIT_MS } from './external-actions';
 import { labelKeywords, LABELS_MAX_CHARS } from './labels';
 
 // The wire types (docs/DESIGN.md). Every surface (client, API,
@@ -400,6 +400,8 @@ export type RunStatus = z.infer<typeof RunStatus>;
 export const MAX_RUN_LIST_LIMIT = 1000;
 /** How many Runs (or pending interactions) a list may be asked for. */
 export const RunListLimit = z.number().int().min(1).max(MAX_RUN_LIST_LIMIT);
+/** How long sending an external agent's action may wait for it, in milliseconds (client and REST). */
+export const ActionWaitMs = z.number().int().min(0).max(MAX_ACTION_WAIT_MS);
 /** The childState signal: a child Run reports its record state (and status) to its parent. */
 export const ChildStateInput = z
   .object({ runId: z.string().min(1), state: ResourceState, status: RunStatus.optional() })

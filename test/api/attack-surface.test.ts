@@ -135,7 +135,10 @@ test('property: people answering one interaction at once, over REST and by signa
           Promise.all(APPROVERS.map((token, i) => as(token)('POST', path, { body: rest[i] }))),
           Promise.all(
             signals.map((response) =>
-              api.stack.client.runs.respondBySignal(runId, 'int-1', response, { respondedBy: 'signaller' }),
+              api.stack.client.runs
+                .respondBySignal(runId, 'int-1', response, { respondedBy: 'signaller' })
+                // Once an answer is taken, the client refuses a signal as REST does.
+                .catch((err: { code?: string }) => expect(err.code).toBe('ALREADY_ANSWERED')),
             ),
           ),
         ]);

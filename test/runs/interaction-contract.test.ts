@@ -1,6 +1,6 @@
 import * as fc from 'fast-check';
 import type { InteractionResponse } from '../../common/schemas';
-import { respondUpdate } from '../../workflows/definitions';
+import { respondSignal, respondUpdate } from '../../workflows/definitions';
 import { useStack, eventually } from '../helpers/stack';
 
 // The structured interaction contract end to end on a real worker: what an
@@ -175,18 +175,31 @@ test('a denied gate fails the Run by default', async () => {
   expect(await stack.client.runs.get(runId)).toMatchObject({ status: 'FAILED', error: { code: 'DENIED' } });
 });
 
-test('the respondSignal signal answers through the typed client; a refused signal answer changes nothing', async () => {
+test('the respondSignal signal answers through the typed client; an answer the Run would refuse is refused before signalling', async () => {
   const { runId } = await stack.client.runs.start(spec([{ ask: 'Release name?', kind: 'input' }]));
   const snapshot = await waiting(runId);
-  // A well-formed answer the interaction does not accept: the Run logs and ignores it.
-  await stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'mallory' });
-  await stack.client.runs.respondBySignal(runId, 'int-9', { input: 'v0' }, { respondedBy: 'mallory' });
-  await quietHistoryLength(runId);
-  expect(await stack.client.runs.get(runId)).toEqual(snapshot);
-  // A malformed one never leaves the client.
+  const before = await quietHistoryLength(runId);
+  // What the Run would refuse never becomes a signal (a refused signal still lands in the history).
+  await expect(
+    stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'mallory' }),
+  ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+  await expect(
+    stack.client.runs.respondBySignal(runId, 'int-9', { input: 'v0' }, { respondedBy: 'mallory' }),
+  ).rejects.toMatchObject({ code: 'NOT_FOUND', message: 'interaction int-9 not found' });
   await expect(stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'maybe' })).rejects.toMatchObject({
     code: 'INVALID_ARGUMENT',
   });
+  expect(await quietHistoryLength(runId)).toBe(before);
+  // Sent anyway (a signal racing another answer), the Run logs and ignores it.
+  const handle = stack.temporal.workflow.getHandle(runId);
+  await handle.signal(respondSignal, {
+    interactionId: 'int-1',
+    response: { decision: 'approve' },
+    respondedBy: 'mallory',
+  });
+  await handle.signal(respondSignal, { interactionId: 'int-9', response: { input: 'v0' }, respondedBy: 'mallory' });
+  await quietHistoryLength(runId);
+  expect(await stack.client.runs.get(runId)).toEqual(snapshot);
 
   await stack.client.runs.respondBySignal(runId, 'int-1', { input: 'v2.0' }, { respondedBy: 'dave' });
   await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toEqual({
@@ -198,4 +211,35 @@ test('the respondSignal signal answers through the typed client; a refused signa
     status: 'answered',
     respondedBy: 'dave',
   });
+  await expect(stack.client.runs.respondBySignal(runId, 'int-1', { input: 'v3' })).rejects.toMatchObject({
+    code: 'ALREADY_ANSWERED',
+  });
+});
+
+test('an updateId used again: the same answer is idempotent, another answer ALREADY_ANSWERED, another interaction INVALID_ARGUMENT naming updateId', async () => {
+  const { runId } = await stack.client.runs.start(spec([{ ask: 'One?' }, { ask: 'Two?' }, { complete: 'done' }]));
+  await waiting(runId);
+  const approved = await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'u-1' });
+  expect(approved).toMatchObject({ id: 'int-1', status: 'answered', response: { decision: 'approve' } });
+  // Temporal hands back the first Update's result for its id before the Run's validator runs.
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { updateId: 'u-1' }),
+  ).resolves.toEqual(approved);
+  await expect(
+    stack.client.runs.respond(runId, 'int-1', { decision: 'deny' }, { updateId: 'u-1' }),
+  ).rejects.toMatchObject({ code: 'ALREADY_ANSWERED', message: 'interaction int-1 was already answered' });
+  await eventually(
+    async () =>
+      (await stack.client.runs.get(runId)).interactions.some((i) => i.id === 'int-2' && i.status === 'pending'),
+    60_000,
+    'int-2 pending',
+  );
+  await expect(
+    stack.client.runs.respond(runId, 'int-2', { decision: 'approve' }, { updateId: 'u-1' }),
+  ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^options: updateId: .*int-1/) });
+  expect((await stack.client.runs.get(runId)).interactions.find((i) => i.id === 'int-2')).toMatchObject({
+    status: 'pending',
+  });
+  await stack.client.runs.respond(runId, 'int-2', { decision: 'approve' }, { updateId: 'u-2' });
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
 });

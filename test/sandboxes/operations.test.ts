@@ -92,6 +92,19 @@ test('files written before a suspend are there after resume, and processes are 0
   await stack.client.sandboxes.destroy(id);
 });
 
+test("writeFile writes a Uint8Array's own bytes, also of a view into a larger buffer, and refuses a string", async () => {
+  const id = await running();
+  const whole = new Uint8Array([9, 9, 0, 104, 105, 255, 9]);
+  await stack.client.sandboxes.writeFile(id, 'view.bin', new Uint8Array(whole.buffer, 2, 4));
+  expect(await stack.client.sandboxes.readFile(id, 'view.bin')).toEqual(Buffer.from([0, 104, 105, 255]));
+  // A string has no bytes until encoded: base64 of "data" was written as whatever it decoded to.
+  await expect(stack.client.sandboxes.writeFile(id, 'notes.txt', 'data' as unknown as Buffer)).rejects.toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    message: 'content: must be a Buffer or Uint8Array',
+  });
+  await stack.client.sandboxes.destroy(id);
+});
+
 test('retention expiry releases, deletes the checkpoint, and answers STALE_SANDBOX_ROUTE afterwards', async () => {
   const id = await running();
   await stack.client.sandboxes.suspend(id);

@@ -1,7 +1,9 @@
 import type { Client } from '@temporalio/client';
 import * as fc from 'fast-check';
-import { StasisClient } from '../../client';
+import { StasisClient, StasisError } from '../../client';
+import { MAX_ACTION_WAIT_MS } from '../../common/external-actions';
 import { RunId } from '../../common/schemas';
+import { freePort } from '../../platform/servers';
 
 // The typed client refuses a Run id no Run can have and a list limit out of bounds
 // itself, with a clear code, before Temporal is asked: Temporal answered an empty or
@@ -87,3 +89,249 @@ test('list and pendingInteractions refuse a limit that is not a whole number fro
   await new StasisClient(temporal.client).runs.list({ limit: 1000 }).catch(() => undefined);
   expect(temporal.asked()).toBe(true);
 });
+
+/** What `call` threw (code and message), or 'resolved'. */
+async function refusal(call: () => Promise<unknown>): Promise<{ code?: string; message?: string } | 'resolved'> {
+  return call().then(
+    () => 'resolved' as const,
+    (e: unknown) => ({ code: (e as { code?: string }).code, message: (e as Error).message }),
+  );
+}
+
+// Plain-JS callers pass anything: each refusal names its argument, and Temporal is not asked.
+const notIds: unknown[] = [undefined, null, 123, '', 'bad id', 'x'.repeat(2000)];
+
+test('every Run operation refuses a runId that is not a string as INVALID_ARGUMENT naming runId', async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const runs = new StasisClient(temporal.client).runs as any;
+  for (const runId of [undefined, null, 123, {}]) {
+    const calls = [
+      () => runs.get(runId),
+      () => runs.resource(runId),
+      () => runs.respond(runId, 'int-1', { decision: 'approve' }),
+      () => runs.respondBySignal(runId, 'int-1', { decision: 'approve' }),
+      () => runs.suspend(runId),
+      () => runs.resume(runId),
+      () => runs.cancel(runId),
+      () => runs.act(runId, { actionId: 'a1', action: { type: 'exec', command: 'true' } }),
+      () => runs.action(runId, 'a1'),
+    ];
+    for (const call of calls)
+      expect([runId, await refusal(call)]).toEqual([
+        runId,
+        { code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^runId: must be a string/) },
+      ]);
+  }
+  expect(temporal.asked()).toBe(false);
+});
+
+test('list and pendingInteractions refuse a filter that is not an object, and list a status that is not one', async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const runs = new StasisClient(temporal.client).runs as any;
+  for (const call of [() => runs.list(null), () => runs.list(5)])
+    expect(await refusal(call)).toEqual({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^filter: /) });
+  for (const call of [() => runs.pendingInteractions(null), () => runs.pendingInteractions('x')])
+    expect(await refusal(call)).toEqual({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^page: /) });
+  // A status is checked, never spliced into the visibility query as it is.
+  for (const status of ['BOGUS', "x'", "RUNNING' OR StasisKind = 'sandbox", 5, null]) {
+    expect(await refusal(() => runs.list({ status }))).toEqual({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringMatching(/^status: /),
+    });
+  }
+  expect(temporal.asked()).toBe(false);
+});
+
+test('respond, respondBySignal and action refuse a bad interaction or action id, options and their fields, naming them', async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const runs = new StasisClient(temporal.client).runs as any;
+  const approve = { decision: 'approve' };
+  const refused = (field: string) => ({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringMatching(new RegExp(`^${field}[ :]`)),
+  });
+  for (const id of notIds) {
+    expect(await refusal(() => runs.respond('run-1', id, approve))).toEqual(refused('interactionId'));
+    expect(await refusal(() => runs.respondBySignal('run-1', id, approve))).toEqual(refused('interactionId'));
+    expect(await refusal(() => runs.action('run-1', id))).toEqual(refused('actionId'));
+  }
+  for (const options of [null, 5, 'x']) {
+    expect(await refusal(() => runs.respond('run-1', 'int-1', approve, options))).toEqual(refused('options'));
+    expect(await refusal(() => runs.respondBySignal('run-1', 'int-1', approve, options))).toEqual(refused('options'));
+  }
+  // An empty respondedBy was recorded as 'anonymous'; REST's own names are 1-256 characters.
+  for (const respondedBy of ['', 123, 'x'.repeat(257)]) {
+    expect(await refusal(() => runs.respond('run-1', 'int-1', approve, { respondedBy }))).toEqual(
+      refused('options: respondedBy'),
+    );
+    expect(await refusal(() => runs.respondBySignal('run-1', 'int-1', approve, { respondedBy }))).toEqual(
+      refused('options: respondedBy'),
+    );
+  }
+  for (const updateId of ['', 'x'.repeat(5000), 42, 'a b'])
+    expect(await refusal(() => runs.respond('run-1', 'int-1', approve, { updateId }))).toEqual(
+      refused('options: updateId'),
+    );
+  expect(temporal.asked()).toBe(false);
+});
+
+test('act refuses a waitMs that is not a whole number of milliseconds within the bound REST takes', async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const runs = new StasisClient(temporal.client).runs as any;
+  const request = { actionId: 'a1', action: { type: 'exec', command: 'true' } };
+  for (const waitMs of [Number.NaN, '100', -5, 1.5, MAX_ACTION_WAIT_MS + 1, Number.POSITIVE_INFINITY, null]) {
+    expect([waitMs, await refusal(() => runs.act('run-1', request, { waitMs }))]).toEqual([
+      waitMs,
+      { code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^options: waitMs: /) },
+    ]);
+  }
+  expect(temporal.asked()).toBe(false);
+  // Within the bound the action goes on to Temporal.
+  const bounded = untouchable();
+  await new StasisClient(bounded.client).runs.act('run-1', request, { waitMs: 0 }).catch(() => undefined);
+  expect(bounded.asked()).toBe(true);
+});
+
+test('every sandbox operation refuses a sandboxId that is not an id as INVALID_ARGUMENT naming sandboxId', async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const sandboxes = new StasisClient(temporal.client).sandboxes as any;
+  for (const id of notIds) {
+    const calls = [
+      () => sandboxes.get(id),
+      ...['start', 'stop', 'pause', 'resume', 'suspend', 'destroy'].map((op) => () => sandboxes[op](id)),
+      () => sandboxes.exec(id, { command: 'true' }),
+      () => sandboxes.readFile(id, 'a.txt'),
+      () => sandboxes.writeFile(id, 'a.txt', Buffer.from('x')),
+    ];
+    for (const call of calls)
+      expect([id, await refusal(call)]).toEqual([
+        id,
+        { code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^sandboxId[ :]/) },
+      ]);
+  }
+  expect(temporal.asked()).toBe(false);
+});
+
+test("writeFile takes a Buffer or Uint8Array's bytes, and refuses any other content (a string was written as garbage)", async () => {
+  const temporal = untouchable();
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const sandboxes = new StasisClient(temporal.client).sandboxes as any;
+  for (const content of ['data', null, undefined, 42, [104, 105]])
+    expect(await refusal(() => sandboxes.writeFile('sbx-1', 'a.txt', content))).toEqual({
+      code: 'INVALID_ARGUMENT',
+      message: 'content: must be a Buffer or Uint8Array',
+    });
+  expect(temporal.asked()).toBe(false);
+
+  // What the Update carries: the bytes themselves (a Uint8Array's toString ignores 'base64').
+  const sent: unknown[] = [];
+  const recording = {
+    workflow: {
+      getHandle: () => ({
+        executeUpdate: async (_def: unknown, options: { args: unknown[] }) => void sent.push(options.args[0]),
+      }),
+    },
+  } as unknown as Client;
+  const client = new StasisClient(recording).sandboxes;
+  await client.writeFile('sbx-1', 'a.txt', new Uint8Array([104, 105]));
+  await client.writeFile('sbx-1', 'b.txt', Buffer.from('hi'));
+  expect(sent).toEqual([
+    { path: 'a.txt', contentBase64: Buffer.from('hi').toString('base64') },
+    { path: 'b.txt', contentBase64: Buffer.from('hi').toString('base64') },
+  ]);
+});
+
+test('checked input refuses what REST refuses as JSON: a "__proto__" key (zod dropped it silently) and a lone surrogate', async () => {
+  const temporal = untouchable();
+  const { runs, sandboxes } = new StasisClient(temporal.client);
+  const refusedAt = (at: string) => ({ code: 'INVALID_ARGUMENT', message: expect.stringContaining(at) });
+  const spec = JSON.parse(
+    '{"agent":{"driver":"scripted","steps":[{"complete":"x"}]},"sandbox":{"provider":"local"},"labels":{"__proto__":"evil","team":"a"}}',
+  );
+  expect(await refusal(() => runs.start(spec))).toEqual(refusedAt('spec.labels.__proto__'));
+  const sandbox = JSON.parse('{"provider":"local","labels":{"__proto__":"x","t":"y"}}');
+  expect(await refusal(() => sandboxes.create(sandbox))).toEqual(refusedAt('sandbox.labels.__proto__'));
+  const exec = JSON.parse('{"command":"true","env":{"__proto__":"x","A":"b"}}');
+  expect(await refusal(() => sandboxes.exec('sbx-1', exec))).toEqual(refusedAt('exec.env.__proto__'));
+  const answer = JSON.parse('{"decision":"approve","__proto__":{"x":1}}');
+  expect(await refusal(() => runs.respond('run-1', 'int-1', answer))).toEqual(refusedAt('__proto__'));
+
+  // A lone surrogate cannot travel as UTF-8: Temporal's payloads turned it into U+FFFD.
+  expect(await refusal(() => sandboxes.exec('sbx-1', { command: 'echo \ud800' }))).toEqual(
+    refusedAt('exec.command: must be well-formed Unicode'),
+  );
+  expect(await refusal(() => runs.respond('run-1', 'int-1', { decision: 'approve', comment: 'ok \udc00' }))).toEqual(
+    refusedAt('response.comment: must be well-formed Unicode'),
+  );
+  expect(temporal.asked()).toBe(false);
+});
+
+test('respondBySignal refuses an answer over the input limit as respond does (it went into the history, 1.8 MB a signal)', async () => {
+  const temporal = untouchable();
+  const { runs } = new StasisClient(temporal.client);
+  const response = { input: '€'.repeat(600_000) };
+  for (const call of [
+    () => runs.respond('run-1', 'int-1', response),
+    () => runs.respondBySignal('run-1', 'int-1', response),
+  ])
+    expect(await refusal(call)).toEqual({ code: 'PAYLOAD_TOO_LARGE', message: expect.stringMatching(/^response/) });
+  expect(temporal.asked()).toBe(false);
+});
+
+// The connection itself, against the Temporal server of the global setup.
+const address = () => process.env.TEMPORAL_ADDRESS!;
+
+test("connect({connection}) takes the environment's namespace when none is given, as the option's doc says", async () => {
+  const saved = process.env.TEMPORAL_NAMESPACE;
+  process.env.TEMPORAL_NAMESPACE = 'no-such-namespace';
+  try {
+    // It used `default` and connected.
+    await expect(StasisClient.connect({ connection: { address: address() } })).rejects.toThrow(
+      'TEMPORAL_NAMESPACE: "no-such-namespace" does not exist',
+    );
+    const given = await StasisClient.connect({ connection: { address: address() }, namespace: saved ?? 'default' });
+    expect(given.temporal.options.namespace).toBe(saved ?? 'default');
+    await given.close();
+  } finally {
+    if (saved === undefined) delete process.env.TEMPORAL_NAMESPACE;
+    else process.env.TEMPORAL_NAMESPACE = saved;
+  }
+});
+
+test('after close() every call is UNAVAILABLE "the client is closed" (was INTERNAL "Channel has been shut down"); close() twice is fine', async () => {
+  const client = await StasisClient.connect({ connection: { address: address() } });
+  const bob = client.withIdentity('bob');
+  await client.close();
+  await client.close();
+  const spec = { agent: { driver: 'scripted', steps: [{ complete: 1 }] }, sandbox: { provider: 'local' } };
+  const calls = [
+    () => client.runs.get('run-x'),
+    () => client.runs.list(),
+    () => client.runs.pendingInteractions(),
+    () => client.runs.start(spec),
+    () => client.runs.respond('run-x', 'int-1', { decision: 'approve' }),
+    () => client.runs.act('run-x', { actionId: 'a1', action: { type: 'exec', command: 'true' } }),
+    () => client.sandboxes.get('sbx-x'),
+    () => client.sandboxes.list(),
+    () => client.sandboxes.create({ provider: 'local' }),
+    () => client.sandboxes.start('sbx-x'),
+    () => client.metricsSnapshot(),
+    () => bob.runs.get('run-x'),
+  ];
+  for (const [i, call] of calls.entries())
+    expect([i, await refusal(call)]).toEqual([i, { code: 'UNAVAILABLE', message: 'the client is closed' }]);
+});
+
+test('connect() to a server that is down is UNAVAILABLE naming the address (was a raw Error)', async () => {
+  const down = `127.0.0.1:${await freePort()}`;
+  const err = await StasisClient.connect({ connection: { address: down }, namespace: 'default' }).catch(
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StasisError);
+  expect(err).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining(down) });
+}, 60_000);
