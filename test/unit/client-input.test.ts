@@ -20,11 +20,9 @@ function untouchable(): { client: Client; asked: () => boolean } {
   return { client, asked: () => asked };
 }
 
-/** What each Run operation of the client answers for `runId`, and whether Temporal was asked. */
-async function outcomes(runId: string): Promise<{ codes: unknown[]; asked: boolean }> {
-  const temporal = untouchable();
-  const runs = new StasisClient(temporal.client).runs;
-  const attempts = [
+/** Every Run operation of the client, on `runId`. */
+function runOperations(runs: StasisClient['runs'], runId: string): (() => Promise<unknown>)[] {
+  return [
     () => runs.get(runId),
     () => runs.resource(runId),
     () => runs.respond(runId, 'int-1', { decision: 'approve' }),
@@ -35,6 +33,13 @@ async function outcomes(runId: string): Promise<{ codes: unknown[]; asked: boole
     () => runs.act(runId, { actionId: 'a1', action: { type: 'exec', command: 'true' } }),
     () => runs.action(runId, 'a1'),
   ];
+}
+
+/** What each Run operation of the client answers for `runId`, and whether Temporal was asked. */
+async function outcomes(runId: string): Promise<{ codes: unknown[]; asked: boolean }> {
+  const temporal = untouchable();
+  const runs = new StasisClient(temporal.client).runs;
+  const attempts = runOperations(runs, runId);
   const codes: unknown[] = [];
   for (const attempt of attempts) {
     const err = await attempt().then(
@@ -106,17 +111,7 @@ test('every Run operation refuses a runId that is not a string as INVALID_ARGUME
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   const runs = new StasisClient(temporal.client).runs as any;
   for (const runId of [undefined, null, 123, {}]) {
-    const calls = [
-      () => runs.get(runId),
-      () => runs.resource(runId),
-      () => runs.respond(runId, 'int-1', { decision: 'approve' }),
-      () => runs.respondBySignal(runId, 'int-1', { decision: 'approve' }),
-      () => runs.suspend(runId),
-      () => runs.resume(runId),
-      () => runs.cancel(runId),
-      () => runs.act(runId, { actionId: 'a1', action: { type: 'exec', command: 'true' } }),
-      () => runs.action(runId, 'a1'),
-    ];
+    const calls = runOperations(runs, runId as string);
     for (const call of calls)
       expect([runId, await refusal(call)]).toEqual([
         runId,
