@@ -4,10 +4,9 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, NativeConnection, Runtime } from '@temporalio/worker';
-import { hostPathPolicy, loadConfig, type Config } from '../common/config';
+import { loadConfig, type Config } from '../common/config';
 import { StasisClient } from '../client';
-import { storeMetricsSource } from '../client/metrics';
-import { createFiguresStore } from '../stores/figures';
+import { clientOptions } from '../client/options';
 import { freePorts, startMinio, startTemporal, type MinioServer, type TemporalServer } from '../platform/servers';
 import { createCheckpointStore } from '../stores';
 import type { CheckpointStore } from '../stores/api';
@@ -85,11 +84,7 @@ export async function startEnv(log: (line: string) => void, settings: Record<str
   const store = createCheckpointStore(config);
   const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
-  const client = new StasisClient(temporal, {
-    taskQueue: config.STASIS_TASK_QUEUE,
-    workerMetrics: storeMetricsSource(createFiguresStore(config)),
-    hostPaths: hostPathPolicy(config),
-  });
+  const client = new StasisClient(temporal, clientOptions(config));
   const native = await NativeConnection.connect(config.temporal.connectionOptions);
   const worker = await createStasisWorker({ config, connection: native, store });
   const running = worker.run();

@@ -1,10 +1,8 @@
 import type { Writable } from 'node:stream';
-import { StasisClient, type StasisClientOptions } from '../client';
-import { storeMetricsSource } from '../client/metrics';
-import { createFiguresStore } from '../stores/figures';
-import { ConfigError, hostPathPolicy, loadConfig, type Config } from '../common/config';
+import { StasisClient } from '../client';
+import { clientOptions } from '../client/options';
+import { ConfigError, loadConfig, type Config } from '../common/config';
 import { StasisError } from '../common/errors';
-import type { TemporalConnectionOptions } from '../common/temporal-connection';
 
 // What every command works with: the streams, the --json switch, the
 // configuration (read once, on first use) and one typed client.
@@ -13,18 +11,6 @@ export interface CliIo {
   stdout: Writable & { isTTY?: boolean };
   stderr: Writable & { isTTY?: boolean };
   env: NodeJS.ProcessEnv;
-}
-
-/** The typed client's options for a configuration (also used by `stasis dev` for its own servers). */
-export function clientOptions(config: Config): StasisClientOptions & { connection: TemporalConnectionOptions } {
-  return {
-    connection: config.temporal.connectionOptions,
-    namespace: config.TEMPORAL_NAMESPACE,
-    taskQueue: config.STASIS_TASK_QUEUE,
-    suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: storeMetricsSource(createFiguresStore(config)),
-    hostPaths: hostPathPolicy(config),
-  };
 }
 
 export class CliContext {

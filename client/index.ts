@@ -192,7 +192,10 @@ export interface StasisClientOptions {
   taskQueue?: string;
   /** STASIS_SUSPENDED_RETENTION_SECONDS given to new standalone sandboxes. */
   suspendedRetentionSeconds?: number;
-  /** Where worker-side metrics (failures, retries, release latency) come from. */
+  /**
+   * Where worker-side metrics (failures, retries, release latency) come from; absent, metricsSnapshot
+   * reports them as 0. `clientOptions(loadConfig())` reads them from the store the workers write to.
+   */
   workerMetrics?: WorkerMetricsSource;
   /** Where active workspaces may live (STASIS_HOST_PATHS, STASIS_DATA_DIR); absent: nowhere. */
   hostPaths?: HostPathPolicy;

@@ -1,7 +1,7 @@
 import type { Client } from '@temporalio/client';
 import type { MetricsSnapshot } from '../common/schemas';
 import { percentiles } from '../common/percentiles';
-import type { FiguresStore, HostFigures } from '../stores/figures';
+import type { HostFigures } from '../stores/figures';
 import { StasisBlockedSince } from '../workflows/search-attributes';
 
 // The metrics snapshot. Counts come from Temporal visibility over the Stasis
@@ -10,11 +10,6 @@ import { StasisBlockedSince } from '../workflows/search-attributes';
 // snapshot covers every host, including hosts that died or restarted.
 
 export type WorkerMetricsSource = () => Promise<HostFigures[]>;
-
-/** Every host's figures from the store they write to. */
-export function storeMetricsSource(store: FiguresStore): WorkerMetricsSource {
-  return () => store.readAll();
-}
 
 const running = (clause: string) => `ExecutionStatus = 'Running' AND ${clause}`;
 

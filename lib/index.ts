@@ -3,6 +3,8 @@
 // It loads no worker SDK; the worker factory is `stasis/worker`.
 
 export { StasisClient, RunsApi, SandboxesApi, type StasisClientOptions } from '../client';
+export { clientOptions } from '../client/options';
+export { loadConfig, ConfigError, type Config } from '../common/config';
 export { StasisError, ERROR_STATUS, isErrorCode, type ErrorCode } from '../common/errors';
 export * from '../common/schemas';
 export * from './drivers';

@@ -5,7 +5,8 @@ import { StasisClient } from '../../client';
 import { loadConfig } from '../../common/config';
 import { ensureBinary } from '../../platform/binaries';
 import { portAnswers } from '../../platform/ports';
-import { clientOptions, type CliContext } from '../context';
+import { clientOptions } from '../../client/options';
+import type { CliContext } from '../context';
 import { withProgress } from '../progress';
 import { untilStopSignal } from '../signals';
 

@@ -5,11 +5,10 @@ import * as path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { Client, Connection } from '@temporalio/client';
 import { DefaultLogger, LogTimestamp, NativeConnection, Runtime, type LogEntry } from '@temporalio/worker';
-import { hostPathPolicy, loadConfig, type Config } from '../../common/config';
+import { loadConfig, type Config } from '../../common/config';
 import { freePort, startTemporal, type TemporalServer } from '../../platform/servers';
 import { StasisClient } from '../../client';
-import { storeMetricsSource } from '../../client/metrics';
-import { createFiguresStore } from '../../stores/figures';
+import { clientOptions } from '../../client/options';
 import { createStasisWorker, type StasisWorker, type StasisWorkerOptions } from '../../workers/worker';
 
 export { eventually, saw } from './eventually';
@@ -86,12 +85,7 @@ export async function startStack(options: StackOptions = {}): Promise<TestStack>
   });
   const connection = await Connection.connect(config.temporal.connectionOptions);
   const temporal = new Client({ connection, namespace: config.TEMPORAL_NAMESPACE });
-  const client = new StasisClient(temporal, {
-    taskQueue: config.STASIS_TASK_QUEUE,
-    suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
-    workerMetrics: storeMetricsSource(createFiguresStore(config)),
-    hostPaths: hostPathPolicy(config),
-  });
+  const client = new StasisClient(temporal, clientOptions(config));
   const workers = new Map<string, StasisWorker>();
   const runs = new Map<string, Promise<void>>();
   const nativeConnections = new Map<string, NativeConnection>();

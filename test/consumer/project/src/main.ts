@@ -1,4 +1,4 @@
-import { StasisClient, type RunSnapshot, type RunSpec } from 'stasis';
+import { clientOptions, StasisClient, type RunSnapshot, type RunSpec } from 'stasis';
 import { createStasisWorker, loadConfig } from 'stasis/worker';
 import { echoDriver } from './driver';
 import { createDirProvider } from './provider';
@@ -10,7 +10,7 @@ async function main(): Promise<void> {
   const config = loadConfig(process.env);
   const worker = await createStasisWorker({ config, drivers: [echoDriver], providers: [createDirProvider] });
   const running = worker.run();
-  const client = await StasisClient.connect({ taskQueue: config.STASIS_TASK_QUEUE });
+  const client = await StasisClient.connect(clientOptions(config));
   try {
     const spec: RunSpec = {
       agent: { driver: echoDriver.name, input: process.argv[2] ?? 'hello' },
