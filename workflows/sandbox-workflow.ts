@@ -154,8 +154,7 @@ class SandboxEntity {
     setHandler(
       sandboxReadyUpdate,
       async () => {
-        await condition(() => this.ready || this.provisionFailure !== undefined);
-        if (this.provisionFailure) refuse(this.provisionFailure);
+        await this.provisioned();
         return this.view();
       },
       {
@@ -192,7 +191,7 @@ class SandboxEntity {
         this.s.lastActivityMs = nowMs();
         this.changed();
         try {
-          await condition(() => this.ready);
+          await this.provisioned();
           return await this.sandbox.exec(jobId, request.command, {
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(request.env ? { env: request.env } : {}),
@@ -283,7 +282,7 @@ class SandboxEntity {
       this.changed();
     }
     try {
-      await condition(() => this.ready);
+      await this.provisioned();
       return await fn();
     } catch (err) {
       throw asFailure(err);
@@ -324,7 +323,7 @@ class SandboxEntity {
         this.changing = true;
         this.changed();
         try {
-          await condition(() => this.ready);
+          await this.provisioned();
           await perform();
           this.s.state = decision.to;
           this.s.lastActivityMs = nowMs();
@@ -436,7 +435,16 @@ class SandboxEntity {
     return this.view();
   }
 
-  /** created → failed: shown so, `ready` answered with the failure, then the workflow fails with it. */
+  /**
+   * Until the sandbox is provisioned; then every waiting call (ready, exec, a file, a state change) is
+   * refused with the provisioning's failure if it failed for good: waiting, it would hold the workflow.
+   */
+  private async provisioned(): Promise<void> {
+    await condition(() => this.ready || this.provisionFailure !== undefined);
+    if (this.provisionFailure) refuse(this.provisionFailure);
+  }
+
+  /** created → failed: shown so, every waiting call answered with the failure, then the workflow fails with it. */
   private async provisionFailed(err: unknown): Promise<never> {
     if (!patched(PATCH_PROVISION_FAILED)) throw err;
     const code = failureCode(err);

@@ -135,3 +135,29 @@ test('a sandbox whose provider no worker has fails to create naming it, and is l
     },
   });
 });
+
+test('calls waiting on a provisioning that fails for good are refused with its failure, and the workflow ends', async () => {
+  // Started straight through Temporal, then started and written to before it is provisioned: each call
+  // waited for the provisioning for good (the workflow never ended) once the failure no longer ended it at once.
+  const sandboxId = `sbx-unprovisioned-${Date.now().toString(36)}`;
+  const handle = await stack.temporal.workflow.start('sandboxWorkflow', {
+    taskQueue: stack.config.STASIS_TASK_QUEUE,
+    workflowId: `sandbox-${sandboxId}`,
+    args: [{ sandboxId, create: { provider: 'no-such-provider' }, suspendedRetentionSeconds: 60 }],
+  });
+  const refusals = await Promise.all(
+    [
+      () => client.sandboxes.start(sandboxId),
+      () => client.sandboxes.exec(sandboxId, { command: 'true' }),
+      () => client.sandboxes.writeFile(sandboxId, 'f.txt', Buffer.from('x')),
+    ].map((call) =>
+      call().then(
+        () => undefined,
+        (err: unknown) => err,
+      ),
+    ),
+  );
+  for (const err of refusals) expect(err).toBeDefined();
+  await expect(handle.result()).rejects.toThrow();
+  expect((await handle.describe()).status.name).toBe('FAILED');
+}, 120_000);
