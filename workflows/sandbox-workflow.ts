@@ -154,7 +154,8 @@ class SandboxEntity {
     setHandler(
       sandboxReadyUpdate,
       async () => {
-        await this.provisioned();
+        await condition(() => this.ready || this.provisionFailure !== undefined);
+        if (this.provisionFailure) refuse(this.provisionFailure);
         return this.view();
       },
       {
@@ -191,7 +192,8 @@ class SandboxEntity {
         this.s.lastActivityMs = nowMs();
         this.changed();
         try {
-          await this.provisioned();
+          await condition(() => this.ready || this.provisionFailure !== undefined);
+          if (this.provisionFailure) refuse(this.provisionFailure);
           return await this.sandbox.exec(jobId, request.command, {
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(request.env ? { env: request.env } : {}),
@@ -282,7 +284,8 @@ class SandboxEntity {
       this.changed();
     }
     try {
-      await this.provisioned();
+      await condition(() => this.ready || this.provisionFailure !== undefined);
+      if (this.provisionFailure) refuse(this.provisionFailure);
       return await fn();
     } catch (err) {
       throw asFailure(err);
@@ -323,7 +326,8 @@ class SandboxEntity {
         this.changing = true;
         this.changed();
         try {
-          await this.provisioned();
+          await condition(() => this.ready || this.provisionFailure !== undefined);
+          if (this.provisionFailure) refuse(this.provisionFailure);
           await perform();
           this.s.state = decision.to;
           this.s.lastActivityMs = nowMs();
@@ -436,15 +440,11 @@ class SandboxEntity {
   }
 
   /**
-   * Until the sandbox is provisioned; then every waiting call (ready, exec, a file, a state change) is
-   * refused with the provisioning's failure if it failed for good: waiting, it would hold the workflow.
+   * created → failed: shown so, every call waiting for the provisioning (ready, exec, a file, a state
+   * change) refused with the failure, then the workflow fails with it. Those calls wait inline with
+   * `await condition(...)`: a helper of their own would add an await, and the order of commands in
+   * recorded histories would change (nondeterminism on replay).
    */
-  private async provisioned(): Promise<void> {
-    await condition(() => this.ready || this.provisionFailure !== undefined);
-    if (this.provisionFailure) refuse(this.provisionFailure);
-  }
-
-  /** created → failed: shown so, every waiting call answered with the failure, then the workflow fails with it. */
   private async provisionFailed(err: unknown): Promise<never> {
     if (!patched(PATCH_PROVISION_FAILED)) throw err;
     const code = failureCode(err);
