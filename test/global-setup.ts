@@ -15,6 +15,8 @@ export default async function globalSetup(): Promise<void> {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'stasis-test-'));
   const servers: TestServers = { dataDir, minioStateFile: path.join(dataDir, 'minio-state.json'), replacedEnv: {} };
   saveTestServers(servers);
+  const tmpDir = path.join(dataDir, 'tmp');
+  fs.mkdirSync(tmpDir);
   const [temporalPort, minioPort, consolePort] = await freePorts(3);
   // An explicit TEMPORAL_ADDRESS (an existing server) keeps its namespace; our own dev server uses default.
   const namespace = process.env.TEMPORAL_ADDRESS ? (process.env.TEMPORAL_NAMESPACE ?? 'default') : 'default';
@@ -40,6 +42,9 @@ export default async function globalSetup(): Promise<void> {
     // Only a MinIO we started can be stopped and restarted by a fault test.
     STASIS_TEST_MINIO_STATE: minio.value.started ? servers.minioStateFile : undefined,
     STASIS_TEST_DATA_DIR: dataDir,
+    // Every temporary directory a test makes (os.tmpdir()) is under the data dir, which the teardown
+    // removes: tests that kept theirs left gigabytes in /tmp run after run on the same machine.
+    TMPDIR: tmpDir,
     // Tests leave their sandboxes behind in temporary directories, where each volume would stay mounted:
     // only the tests of volumes turn them on, and destroy what they made.
     STASIS_SANDBOX_VOLUMES: process.env.STASIS_SANDBOX_VOLUMES ?? 'off',
