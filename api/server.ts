@@ -56,6 +56,9 @@ declare module 'fastify' {
 
 const API_PATH = /^\/api(\/|\?|$)/;
 
+/** On every answer of the server: not kept by any cache, and never sniffed as another content type. */
+export const NO_STORE_HEADERS = { 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' } as const;
+
 /**
  * A `?token=` sign-in link must not end up in a log line. The page reads the link with
  * URLSearchParams, which percent-decodes names (`?%74oken=` signs in too), so each
@@ -106,7 +109,8 @@ export function buildApi(options: ApiOptions): FastifyInstance {
         API_PATH.test(request.url) && authenticate(request.headers.authorization) === undefined
           ? new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required')
           : frameworkRefusal(err);
-      void (reply as FastifyReply).code(refusal.httpStatus).send(errorBody(refusal));
+      // Answered before any hook runs: the onSend hook's headers are set here.
+      void (reply as FastifyReply).code(refusal.httpStatus).headers(NO_STORE_HEADERS).send(errorBody(refusal));
     },
     // What Node's HTTP parser refuses (a control character in a header, headers too large)
     // never becomes a request: answer it on the socket, in the contract's shape too.
@@ -164,6 +168,12 @@ export function buildApi(options: ApiOptions): FastifyInstance {
     });
   });
 
+  // Every answer (errors included) holds a caller's data: no cache may keep it, and no browser
+  // may take it for another type than it says (the page's own files say the same, web/assets.ts).
+  app.addHook('onSend', async (_request, reply) => {
+    void reply.headers(NO_STORE_HEADERS);
+  });
+
   app.setErrorHandler((err, request, reply) => {
     const failure = httpFailure(err, request.routeOptions.bodyLimit ?? JSON_BODY_LIMIT);
     if (failure.httpStatus >= 500) request.log.error({ err }, 'request failed');
@@ -197,6 +207,7 @@ function answerClientError(err: ConnectionError, socket: Socket): void {
     socket.write(
       `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
         `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+        `Cache-Control: ${NO_STORE_HEADERS['cache-control']}\r\nX-Content-Type-Options: ${NO_STORE_HEADERS['x-content-type-options']}\r\n` +
         `Connection: close\r\n\r\n${body}`,
     );
   socket.destroy(err);

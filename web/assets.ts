@@ -18,8 +18,7 @@ const HEADERS = {
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'",
   // A `?token=` sign-in link must not leak through the Referer header.
   'referrer-policy': 'no-referrer',
-  'x-content-type-options': 'nosniff',
-  'cache-control': 'no-store',
+  // Cache-Control: no-store and X-Content-Type-Options: nosniff come with every answer of the server (api/server.ts).
 };
 
 /** Beside this module when run from source; from dist/web, the source tree's web/. */

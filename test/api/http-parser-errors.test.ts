@@ -22,7 +22,7 @@ afterAll(async () => {
 });
 
 /** Sends these exact bytes and reads the whole answer (the server closes the connection). */
-function raw(request: Buffer): Promise<{ status: number; type: string; body: string }> {
+function raw(request: Buffer): Promise<{ status: number; type: string; body: string; head: string }> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     const socket = net.connect(port, '127.0.0.1', () => socket.write(request));
@@ -35,6 +35,7 @@ function raw(request: Buffer): Promise<{ status: number; type: string; body: str
         status: Number(/^HTTP\/1\.1 (\d+)/.exec(head)?.[1] ?? 0),
         type: /^content-type: *(.*)$/im.exec(head)?.[1] ?? '',
         body: body.join('\r\n\r\n'),
+        head,
       });
     });
   });
@@ -68,6 +69,12 @@ test('a header with a control character is 400 INVALID_ARGUMENT, oversized heade
     oversized: '431 HEADERS_TOO_LARGE',
     garbage: '400 INVALID_ARGUMENT',
   });
+  // Like every answer of the server: not cached, not sniffed.
+  const headers = (r: { head: string }) => [
+    /^cache-control: *(.*)$/im.exec(r.head)?.[1],
+    /^x-content-type-options: *(.*)$/im.exec(r.head)?.[1],
+  ];
+  expect([control, oversized, garbage].map(headers)).toEqual(Array(3).fill(['no-store', 'nosniff']));
 });
 
 test('property: any control character in a header value is answered in the contract', async () => {

@@ -119,6 +119,51 @@ describe('authentication', () => {
   });
 });
 
+describe('caching and sniffing', () => {
+  test('every answer, errors included, says Cache-Control: no-store and X-Content-Type-Options: nosniff', async () => {
+    const { runId } = await stack.client.runs.start({
+      agent: { driver: 'scripted', steps: [{ ask: 'Cache me?' }, { complete: 'ok' }] },
+      sandbox: { provider: 'local' },
+    });
+    await waitFor(runId, 'WAITING');
+    const answers: Record<string, HttpResult> = {
+      'interactions 200': await alice('GET', '/api/v1/interactions'),
+      'run 200': await alice('GET', `/api/v1/runs/${runId}`),
+      'me 200': await alice('GET', '/api/v1/me'),
+      'openapi 200': await alice('GET', '/api/openapi.json'),
+      'no token 401': await call('GET', '/api/v1/interactions'),
+      'unknown run 404': await alice('GET', '/api/v1/runs/run-never-was'),
+      'unknown route 404': await alice('GET', '/api/v1/nothing'),
+      'bad body 400': await alice('POST', '/api/v1/runs', { body: { nope: 1 } }),
+      'bad query 400': await alice('GET', '/api/v1/runs?status=%ZZ'),
+      'bad URL 400 (router)': await alice('GET', '/api/v1/runs/%E0%A4'),
+      'body too large 413': await alice('POST', '/api/v1/runs', {
+        raw: JSON.stringify({ x: 'x'.repeat(FILE_LIMIT_BYTES) }),
+        contentType: 'application/json',
+      }),
+      'answered twice 409': await (async () => {
+        expect(
+          (await alice('POST', `/api/v1/runs/${runId}/interactions/int-1`, { body: { decision: 'approve' } })).status,
+        ).toBe(200);
+        return alice('POST', `/api/v1/runs/${runId}/interactions/int-1`, { body: { decision: 'deny' } });
+      })(),
+      'page 200': await call('GET', '/'),
+      'metrics 200': await call('GET', '/metrics'),
+    };
+    const seen = Object.fromEntries(
+      Object.entries(answers).map(([what, r]) => [
+        what,
+        [r.status, r.headers.get('cache-control'), r.headers.get('x-content-type-options')],
+      ]),
+    );
+    expect(seen).toEqual(
+      Object.fromEntries(
+        Object.entries(answers).map(([what]) => [what, [Number(/\d{3}/.exec(what)?.[0]), 'no-store', 'nosniff']]),
+      ),
+    );
+  });
+});
+
 describe('OpenAPI', () => {
   test('documents every route from the same zod schemas', async () => {
     const response = await alice('GET', '/api/openapi.json');
