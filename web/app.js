@@ -82,10 +82,18 @@
     el.className = kind;
   }
 
-  /** The interaction a deep link names, or undefined for the list. */
+  /**
+   * The interaction a deep link names, or undefined for the list. A link whose ids are not valid
+   * percent-encoding (`%E0%A4`) names none: `malformed`, so the page says it cannot load it.
+   */
   function deepLink() {
     const match = /^#\/runs\/([^/]+)\/interactions\/([^/]+)$/.exec(window.location.hash);
-    return match ? { runId: decodeURIComponent(match[1]), id: decodeURIComponent(match[2]) } : undefined;
+    if (!match) return undefined;
+    try {
+      return { runId: decodeURIComponent(match[1]), id: decodeURIComponent(match[2]) };
+    } catch {
+      return { malformed: true };
+    }
   }
 
   const linkTo = (runId, id) => `#/runs/${encodeURIComponent(runId)}/interactions/${encodeURIComponent(id)}`;
@@ -137,7 +145,10 @@
   async function refresh(gen) {
     const link = deepLink();
     try {
-      if (link) {
+      if (link && link.malformed) {
+        render([], { single: true });
+        throw new Error('the link is not valid percent-encoding');
+      } else if (link) {
         const run = await api('GET', `/api/v1/runs/${encodeURIComponent(link.runId)}`);
         if (gen !== generation) return;
         const interaction = run.interactions.find((i) => i.id === link.id);

@@ -309,6 +309,30 @@ test('a deep link opens one interaction; option buttons answer it; the approver 
   await page.close();
 });
 
+test('a deep link whose ids are not valid percent-encoding says it cannot load, and the page keeps polling', async () => {
+  const page = await browser.context.newPage();
+  const errors: string[] = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  await page.goto(`${base}/?token=${TOKEN}#/runs/%E0%A4/interactions/int-1`);
+  await page.locator('#waiting').waitFor();
+  await expectText(page.locator('#connection'), /^Cannot load this interaction \(.+\)\.$/);
+  // Still polling: each refresh says it again.
+  for (let i = 0; i < 2; i++) {
+    await page.locator('#connection').evaluate((el) => (el.textContent = ''));
+    await expectText(page.locator('#connection'), /^Cannot load this interaction/);
+  }
+  await expectVisible(page.locator('#single-nav'));
+  expect(await page.locator('li.interaction').count()).toBe(0);
+  // A good link in the same tab loads.
+  const runId = await startWaiting(askSpec({ ask: 'Linked again?' }));
+  await page.evaluate(`window.location.hash = ${JSON.stringify(`#/runs/${runId}/interactions/int-1`)}`);
+  await interaction(page, runId, 'int-1').waitFor({ timeout: 60_000 });
+  expect(await page.locator('#connection').innerText()).toBe('');
+  expect(errors).toEqual([]);
+  await page.close();
+  await stack.client.runs.cancel(runId);
+});
+
 test('a ?per= link the API would refuse (out of range, not whole) is ignored: the page lists, 25 a page', async () => {
   await startWaiting(askSpec({ ask: 'Per?' }));
   const outcomes: Record<string, string> = {};
