@@ -1,13 +1,14 @@
 import { resolveAccepts } from '../common/interactions';
+import { escapedChar, unsafeTextPattern } from '../common/unsafe-text';
 import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '../common/schemas';
 
 // Human renderings of the wire types, shared by the commands. Text an agent or a
 // remote caller chose goes through `terminalSafe`, words of a command to paste
 // through `shellWord`.
 
-// C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates.
-// eslint-disable-next-line no-control-regex
-const UNSAFE_FOR_TERMINAL = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+// C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates:
+// the set the approval page escapes too (common/unsafe-text.ts).
+const UNSAFE_FOR_TERMINAL = unsafeTextPattern();
 
 /**
  * Text made safe to print on a terminal: each control character is shown as `\uXXXX`, so an
@@ -15,7 +16,7 @@ const UNSAFE_FOR_TERMINAL = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u20
  * escapes), start a line of its own, or reorder what is shown (bidi overrides).
  */
 export function terminalSafe(text: string): string {
-  return text.replace(UNSAFE_FOR_TERMINAL, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  return text.replace(UNSAFE_FOR_TERMINAL, escapedChar);
 }
 
 /** One word for a POSIX shell: bare when it has no special characters, single-quoted otherwise. */

@@ -1,9 +1,10 @@
-/* global document, window, sessionStorage, fetch, history, URL, URLSearchParams, setTimeout, clearTimeout */
+/* global document, window, sessionStorage, fetch, history, URL, URLSearchParams, setTimeout, clearTimeout, NodeFilter */
 // The approval page: every pending interaction, oldest first, a page at a time,
 // from one list request per refresh (GET /api/v1/interactions), or one
 // interaction by its deep link #/runs/<runId>/interactions/<id>. Plain DOM, no
 // build step; every value from the server goes in through textContent (details
-// through the safe Markdown renderer, markdown.js).
+// through the safe Markdown renderer, markdown.js), and then control and bidi
+// characters are shown escaped and marked (markUnsafe).
 'use strict';
 
 (() => {
@@ -67,6 +68,71 @@
     return payload;
   }
 
+  /**
+   * The characters shown escaped, never as they are: C0 and C1 controls, DEL, bidi overrides and
+   * isolates. The CLI's set (common/unsafe-text.ts), which the server hands the page as /unsafe-text.js.
+   */
+  const UNSAFE = new RegExp(window.stasisUnsafeText, 'g');
+  /** Where a line break or a tab shows as one (pre-wrap text): kept there as they are, escaped elsewhere. */
+  const KEEPS_LINES = 'pre, .prompt, .markdown';
+
+  /**
+   * One character as `\uXXXX` in a marked span: text an agent chose cannot make one (it goes in as
+   * text), so the mark tells an escape the page made from the same six characters typed by the agent.
+   */
+  function escapedChar(c) {
+    const code = c.charCodeAt(0).toString(16).padStart(4, '0');
+    const span = document.createElement('span');
+    span.className = 'escaped';
+    span.textContent = `\\u${code}`;
+    span.title = `U+${code.toUpperCase()}, shown escaped: it is in the text but cannot be shown as it is`;
+    return span;
+  }
+
+  /**
+   * Shows each unsafe character of the text under `root` escaped and marked, so a bidi override
+   * cannot reorder what an approver reads (a command's tail, an option) nor a control hide part of it.
+   * `pageText`: the page's own text nodes (the template's line breaks), left as they are.
+   */
+  function markUnsafe(root, pageText = new Set()) {
+    for (const node of textNodes(root)) {
+      if (pageText.has(node)) continue;
+      const text = node.nodeValue;
+      const keepLines = Boolean(node.parentElement && node.parentElement.closest(KEEPS_LINES));
+      const parts = [];
+      let last = 0;
+      for (const match of text.matchAll(UNSAFE)) {
+        const c = match[0];
+        if (keepLines && (c === '\n' || c === '\t')) continue;
+        if (match.index > last) parts.push(text.slice(last, match.index));
+        parts.push(escapedChar(c));
+        last = match.index + 1;
+      }
+      if (parts.length === 0) continue;
+      if (last < text.length) parts.push(text.slice(last));
+      node.replaceWith(...parts);
+    }
+  }
+
+  /** The text nodes under `root`, in document order. */
+  function textNodes(root) {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    const nodes = [];
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) nodes.push(node);
+    return nodes;
+  }
+
+  /**
+   * `text` in `el` with its leading and trailing whitespace escaped and marked: an option
+   * `'staging '` does not look like `'staging'`, nor a path `'a.txt '` like `'a.txt'`.
+   */
+  function withMarkedEdges(el, text) {
+    const start = text.length - text.trimStart().length;
+    const end = Math.max(start, text.trimEnd().length);
+    const marked = (part) => [...part].map(escapedChar);
+    el.append(...marked(text.slice(0, start)), text.slice(start, end), ...marked(text.slice(end)));
+  }
+
   function age(iso) {
     const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
     if (seconds < 5) return 'just now';
@@ -79,6 +145,7 @@
   function notice(text, kind) {
     const el = $('notice');
     el.textContent = text;
+    markUnsafe(el);
     el.className = kind;
   }
 
@@ -218,12 +285,14 @@
       interaction.status === 'answered'
         ? `Answered${interaction.respondedBy ? ` by ${interaction.respondedBy}` : ''}: ${JSON.stringify(interaction.response)}`
         : `This interaction is ${interaction.status}.`;
+    markUnsafe(status);
     item.querySelector('.answer').hidden = true;
   }
 
   function interactionItem(entry) {
     const { runId, interaction, diffTruncated } = entry;
     const item = $('interaction-template').content.firstElementChild.cloneNode(true);
+    const pageText = new Set(textNodes(item));
     item.dataset.runId = runId;
     item.dataset.interactionId = interaction.id;
     item.dataset.key = keyOf(runId, interaction.id);
@@ -248,6 +317,8 @@
     else details.remove();
     showAction(item, runId, interaction, diffTruncated);
     wireAnswers(item, runId, interaction);
+    // Every piece of agent text it shows: title, prompt, details, labels, command, files, diff, options.
+    markUnsafe(item, pageText);
     return item;
   }
 
@@ -262,7 +333,7 @@
     const files = section.querySelector('.files');
     for (const file of action.files || []) {
       const li = document.createElement('li');
-      li.textContent = file;
+      withMarkedEdges(li, file);
       files.append(li);
     }
     const diff = section.querySelector('.diff');
@@ -311,7 +382,7 @@
         const button = document.createElement('button');
         button.type = 'button';
         button.className = 'option';
-        button.textContent = option;
+        withMarkedEdges(button, option);
         button.addEventListener('click', () => send(withComment({ option }), `Chose “${option}” for`));
         options.append(button);
       }
@@ -419,6 +490,7 @@
         return li;
       }),
     );
+    markUnsafe($('answered-list'));
   }
 
   $('sign-in').addEventListener('submit', (event) => {
