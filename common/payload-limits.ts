@@ -36,3 +36,12 @@ export function inputTooLarge(what: string, value: unknown): string | undefined 
 
 /** Largest file the sandbox file routes carry through a Temporal payload (base64 inside an Update). */
 export const FILE_LIMIT_BYTES = 1024 * 1024;
+
+/**
+ * Largest a file read's contents may be as they travel: JSON text in a Temporal payload, base64
+ * for the sandbox file routes (a file of FILE_LIMIT_BYTES is 1.33 MiB so) and the text with its
+ * JSON escapes for a Run's readFile. Ordinary text grows little, but a control character is six
+ * bytes as JSON (`\u0001`) and a byte that is not UTF-8 three (U+FFFD): 400 KB of U+0001 is 2.4 MB,
+ * past Temporal's 2 MiB payload limit. 1.5 MiB leaves room for the rest of the payload.
+ */
+export const FILE_CARRY_LIMIT_BYTES = 1536 * 1024;

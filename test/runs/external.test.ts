@@ -221,6 +221,44 @@ test("a failed action is the agent's to handle: it fails, the Run goes on (a pla
   expect(await api.stack.temporal.workflow.getHandle(runId).result()).toBe('parent done');
 }, 300_000);
 
+test('a readFile within the 1 MiB file limit reads, or fails at once with PAYLOAD_TOO_LARGE naming the limit on its JSON size', async () => {
+  const runId = await startExternalRun();
+  // 400,000 bytes of U+0001: valid UTF-8 under the 1 MiB file limit, but 2.4 MB as JSON text (\u0001 each).
+  const made = await act(runId, 'mk', {
+    type: 'exec',
+    command: "head -c 400000 /dev/zero | tr '\\000' '\\001' > ctl.dat && wc -c < ctl.dat",
+  });
+  expect(resultOf(made)).toMatchObject({ exitCode: 0, stdout: '400000\n' });
+  const started = Date.now();
+  const controls = await act(runId, 'rd-ctl', { type: 'readFile', path: 'ctl.dat' });
+  expect({ ...controls, tookMs: Date.now() - started }).toMatchObject({
+    status: 'failed',
+    error: {
+      code: 'PAYLOAD_TOO_LARGE',
+      message: expect.stringMatching(/ctl\.dat.*400000 bytes are 2400002 bytes as JSON text.*more than the 1572864/),
+    },
+    tookMs: expect.any(Number),
+  });
+  // At once: refused before anything is sent, not retried for minutes.
+  expect(Date.now() - started).toBeLessThan(15_000);
+  // Ordinary text of the whole 1 MiB, each line with quotes and a line break to escape, reads whole.
+  const line = 'a "quoted" line of text\n';
+  const text = line.repeat(Math.ceil((1024 * 1024) / line.length)).slice(0, 1024 * 1024);
+  const written = await act(runId, 'mk-text', {
+    type: 'exec',
+    command: `yes 'a "quoted" line of text' | head -c ${1024 * 1024} > big.txt`,
+  });
+  expect(resultOf(written)).toMatchObject({ exitCode: 0 });
+  const read = resultOf(await act(runId, 'rd-text', { type: 'readFile', path: 'big.txt' }));
+  expect({ length: (read.content as string).length, same: read.content === text }).toEqual({
+    length: text.length,
+    same: true,
+  });
+  // The Run goes on: the agent decides.
+  expect(resultOf(await act(runId, 'after', { type: 'exec', command: 'echo on' }))).toMatchObject({ stdout: 'on\n' });
+  await operator('POST', `/api/v1/runs/${runId}/cancel`);
+}, 300_000);
+
 test('bad action bodies are 400 naming the field, and change nothing', async () => {
   const runId = await startExternalRun();
   const bad: [unknown, string][] = [
