@@ -83,6 +83,7 @@ import { PENDING_MEMO } from '../common/interactions';
 import { compareCursors, decodeCursor, encodeCursor, type Cursor } from './cursor';
 import { listSandboxes } from './sandbox-list';
 import { isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
+import { actionEndedOutside, closeReason, endedOutside, isSettled, workflowClosed } from './closed-run';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
 
@@ -363,13 +364,29 @@ export class RunsApi {
     return { runId };
   }
 
-  /** The user-visible snapshot: status, interactions, output or error, parent and children. NOT_FOUND if unknown. */
+  /**
+   * The user-visible snapshot: status, interactions, output or error, parent and children. NOT_FOUND if unknown.
+   * A Run whose workflow Temporal closed without the Run's end (terminated, timed out) is FAILED with RUN_FAILED.
+   */
   async get(runId: string): Promise<RunSnapshot> {
+    const handle = this.handle(runId);
     try {
-      return await this.handle(runId).query(snapshotQuery);
+      const snapshot = await handle.query(snapshotQuery);
+      if (isTerminal(snapshot.status)) return snapshot;
+      const closed = await this.closedStatus(handle);
+      if (!closed) return snapshot;
+      // Closed since the query, perhaps by its own end: a closed workflow answers its last state.
+      const last = await handle.query(snapshotQuery);
+      return isTerminal(last.status) ? last : endedOutside(last, await closeReason(this.temporal, runId, closed));
     } catch (err) {
       throw toStasisError(err, `run ${runId}`);
     }
+  }
+
+  /** The status of the Run's workflow when it has closed (TERMINATED, TIMED_OUT, …), else undefined. */
+  private async closedStatus(handle: WorkflowHandle<typeof runWorkflow>): Promise<string | undefined> {
+    const { name } = (await handle.describe()).status;
+    return workflowClosed(name) ? name : undefined;
   }
 
   /** The operator view, with a retrying release's (or restore's, fused or not) live attempt count and last error from Temporal. */
@@ -407,9 +424,11 @@ export class RunsApi {
       .filter(Boolean)
       .join(' AND ');
     const ids: string[] = [];
+    const closed = new Map<string, string>();
     try {
       for await (const wf of this.temporal.workflow.list({ query })) {
         if (!ids.includes(wf.workflowId)) ids.push(wf.workflowId);
+        if (workflowClosed(wf.status.name)) closed.set(wf.workflowId, wf.status.name);
         if (ids.length >= (filter.limit ?? 200)) break;
       }
     } catch (err) {
@@ -421,6 +440,11 @@ export class RunsApi {
         this.temporal.workflow
           .getHandle<typeof runWorkflow>(id)
           .query(snapshotQuery)
+          .then(async (s) => {
+            // Closed without the Run's end (terminated, timed out): ended, as get() says.
+            const status = closed.get(id);
+            return status && !isTerminal(s.status) ? endedOutside(s, await closeReason(this.temporal, id, status)) : s;
+          })
           .catch(() => undefined),
       ),
     );
@@ -633,9 +657,17 @@ export class RunsApi {
   async action(runId: string, actionId: string): Promise<ActionView> {
     checkRunId(runId);
     checkId(actionId, 'actionId');
+    const handle = this.handle(runId);
     let view: ActionView | null;
     try {
-      view = await this.handle(runId).query(actionQuery, actionId);
+      view = await handle.query(actionQuery, actionId);
+      // Under way: unless the workflow closed without the Run's end (then it never settles).
+      const closed = view && !isSettled(view) ? await this.closedStatus(handle) : undefined;
+      if (closed) {
+        // A Run that ended on its own settles its actions (failed with its reason): still under way, it did not.
+        view = await handle.query(actionQuery, actionId);
+        if (view && !isSettled(view)) view = actionEndedOutside(view, await closeReason(this.temporal, runId, closed));
+      }
     } catch (err) {
       throw toStasisError(err, `run ${runId}`);
     }

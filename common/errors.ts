@@ -75,7 +75,10 @@ export const END_REASON = {
   LOST: 'LOST',
   /** The agent's driver said it failed, naming no code of its own. */
   AGENT_FAILED: 'AGENT_FAILED',
-  /** The Run's workflow failed with no error code of ours. */
+  /**
+   * The Run's workflow failed with no error code of ours, or Temporal closed it without the Run's
+   * own end (terminated, timed out): the client reports such a Run FAILED with this code.
+   */
   RUN_FAILED: 'RUN_FAILED',
 } as const;
 

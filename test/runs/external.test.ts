@@ -4,7 +4,7 @@ import type { ActionView } from '../../common/schemas';
 import { actUpdate } from '../../workflows/definitions';
 import { CLI } from '../cli/spawn';
 import { apiOnStack } from '../api/api-stack';
-import { errorCode, errorMessage } from '../api/http';
+import { errorCode, errorMessage, type HttpResult } from '../api/http';
 import { releasedView } from '../helpers/runs';
 import { eventually, saw } from '../helpers/stack';
 
@@ -257,6 +257,58 @@ test('a readFile within the 1 MiB file limit reads, or fails at once with PAYLOA
   // The Run goes on: the agent decides.
   expect(resultOf(await act(runId, 'after', { type: 'exec', command: 'echo on' }))).toMatchObject({ stdout: 'on\n' });
   await operator('POST', `/api/v1/runs/${runId}/cancel`);
+}, 300_000);
+
+test('a Run whose workflow was terminated in Temporal reads FAILED; its ask reads failed with the reason; answers and actions are 409', async () => {
+  const runId = await startExternalRun();
+  const sent = await operator('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+    body: { actionId: 'q', action: { type: 'ask', ask: 'ok?' } },
+  });
+  expect(sent.status).toBeLessThan(300);
+  const interactionId = await eventually(
+    async () => saw((await operator('GET', `/api/v1/runs/${runId}/actions/q`)).json as ActionView).interactionId,
+    60_000,
+    'ask opens',
+  );
+  await api.stack.temporal.workflow.getHandle(runId).terminate('operator pulled the plug');
+  const approver = as(APPROVER);
+  const reason = expect.stringContaining('terminated in Temporal');
+  const got = await approver('GET', `/api/v1/runs/${runId}`);
+  expect(got.json).toMatchObject({
+    status: 'FAILED',
+    error: { code: 'RUN_FAILED', message: expect.stringContaining('operator pulled the plug') },
+    interactions: [{ id: interactionId, status: 'cancelled' }],
+  });
+  // The agent polling its ask learns it failed, with the Run's reason.
+  const view = (await operator('GET', `/api/v1/runs/${runId}/actions/q`)).json as ActionView;
+  expect(view).toMatchObject({ status: 'failed', interactionId, error: { code: 'RUN_FAILED', message: reason } });
+  // Sent again, the same ask is its outcome; a new action or an answer is 409 naming the state, never 404.
+  const again = await operator('POST', `/api/v1/runs/${runId}/actions`, {
+    body: { actionId: 'q', action: { type: 'ask', ask: 'ok?' } },
+  });
+  expect({ status: again.status, view: again.json }).toMatchObject({ status: 200, view: { status: 'failed' } });
+  const refusedBody = (r: HttpResult) => ({ status: r.status, code: errorCode(r), message: errorMessage(r) });
+  const answer = await approver('POST', `/api/v1/runs/${runId}/interactions/${interactionId}`, {
+    body: { decision: 'approve' },
+  });
+  expect(refusedBody(answer)).toEqual({
+    status: 409,
+    code: 'INVALID_STATE_TRANSITION',
+    message: `run ${runId} is FAILED`,
+  });
+  expect(await refusal(runId, 'next', { type: 'exec', command: 'true' })).toEqual({
+    status: 409,
+    code: 'INVALID_STATE_TRANSITION',
+    message: `run ${runId} is FAILED`,
+  });
+  expect(refusedBody(await operator('POST', `/api/v1/runs/${runId}/cancel`))).toMatchObject({ status: 409 });
+  // Nothing lists it as waiting: not the pending interactions (the page's list), not the Run list.
+  const pending = (await approver('GET', '/api/v1/interactions')).json as { interactions: { runId: string }[] };
+  expect(pending.interactions.filter((p) => p.runId === runId)).toEqual([]);
+  const waiting = (await approver('GET', '/api/v1/runs?status=WAITING')).json as { runs: { runId: string }[] };
+  expect(waiting.runs.filter((r) => r.runId === runId)).toEqual([]);
+  const all = (await approver('GET', '/api/v1/runs?limit=1000')).json as { runs: { runId: string; status: string }[] };
+  expect(all.runs.filter((r) => r.runId === runId)).toEqual([expect.objectContaining({ status: 'FAILED' })]);
 }, 300_000);
 
 test('bad action bodies are 400 naming the field, and change nothing', async () => {
