@@ -411,5 +411,9 @@ test('the Run keeps action results within 512 KiB of UTF-8 and survives continue
   // It did continue as new (the test stack suggests it early), and completes.
   expect((await handle.describe()).runId).not.toBe(first);
   expect(resultOf(await act(runId, 'done', { type: 'complete', output: 1 }))).toEqual({ output: 1 });
-  expect((await handle.describe()).status.name).toBe('COMPLETED');
+  await eventually(
+    async () => ((await handle.describe()).status.name === 'COMPLETED' ? true : undefined),
+    60_000,
+    'the Run to complete',
+  );
 }, 900_000);
