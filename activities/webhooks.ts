@@ -1,5 +1,6 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { signWebhook, WEBHOOK_HEADERS, type WebhookDelivery, type WebhookPayload } from '../common/webhooks';
+import { withRunLabels } from '../common/interactions';
 
 // The webhook delivery activity: one signed POST per call. Temporal retries it
 // with backoff until the receiver takes it (a 2xx), so delivery is at least once.
@@ -27,6 +28,8 @@ export function createWebhookActivities(deps: WebhookActivityDeps) {
       if (!target) return { configured: false };
       const payload: WebhookPayload = {
         ...delivery,
+        // The Run sends its labels once; the interaction shows them as it did when it carried a copy.
+        ...(delivery.interaction ? { interaction: withRunLabels(delivery.interaction, delivery.labels) } : {}),
         ...(delivery.interaction
           ? { link: interactionLink(target.publicUrl, delivery.runId, delivery.interaction.id) }
           : {}),

@@ -80,6 +80,12 @@ export const END_REASON = {
    * own end (terminated, timed out): the client reports such a Run FAILED with this code.
    */
   RUN_FAILED: 'RUN_FAILED',
+  /**
+   * What the Run must carry to continue as new (its spec, its agent's state and last result, its
+   * children), with all it can forget forgotten, is over the bound Temporal takes (run-agent.ts,
+   * PATCH_CARRIED_FITS): it fails, its compute released, rather than be terminated by Temporal.
+   */
+  STATE_TOO_LARGE: 'STATE_TOO_LARGE',
 } as const;
 
 export type EndReason = (typeof END_REASON)[keyof typeof END_REASON];

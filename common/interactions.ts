@@ -62,6 +62,39 @@ export function answerProblem(interaction: InteractionAnswerSpec, response: unkn
   return undefined;
 }
 
+/**
+ * An interaction as the surfaces show it: with the Run's labels (the snapshot, the memo of pending
+ * interactions, the respond Update's answer, webhooks). A Run keeps its labels once, in its spec, not
+ * in each interaction: copied into each one they made every interaction as large as the labels (up to
+ * the 1 MiB input limit), and continue-as-new too large for Temporal. They go where the copy went
+ * (before `createdAt`), so what the surfaces show is as it was, byte for byte. An interaction that has
+ * labels of its own (asked before) or a Run without labels: unchanged.
+ */
+export function withRunLabels<I extends { labels?: Record<string, string> }>(
+  interaction: I,
+  labels: Record<string, string> | undefined,
+): I {
+  if (interaction.labels !== undefined || !labels || Object.keys(labels).length === 0) return interaction;
+  const out: Record<string, unknown> = {};
+  let placed = false;
+  for (const [key, value] of Object.entries(interaction)) {
+    if (key === 'createdAt' && !placed) {
+      out.labels = labels;
+      placed = true;
+    }
+    out[key] = value;
+  }
+  if (!placed) out.labels = labels;
+  return out as I;
+}
+
+/** An interaction without a copy of the Run's labels (what a Run keeps and carries). */
+export function withoutLabels<I extends { labels?: Record<string, string> }>(interaction: I): I {
+  if (interaction.labels === undefined) return interaction;
+  const { labels: _labels, ...rest } = interaction;
+  return rest as I;
+}
+
 /** The memo key under which a Run keeps its pending interactions, for listing them through visibility. */
 export const PENDING_MEMO = 'stasisPendingInteractions';
 /** Longest diff a memo carries: memos stay small; the Run's snapshot has the whole diff. */

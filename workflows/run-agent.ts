@@ -33,7 +33,15 @@ import {
   shared,
   type RunController,
 } from './run-controller';
-import { carriedAggregate, isTerminal, toAnswer } from './run-state';
+import {
+  CARRIED_INPUT_MAX_BYTES,
+  carriedAggregate,
+  fitContinueInput,
+  isTerminal,
+  jsonBytes,
+  toAnswer,
+  type ContinueInput,
+} from './run-state';
 import { finish } from './run-ending';
 import { completeResume, keepsReleased, resumeWithJob, suspendAndWait, undoPendingResume } from './run-suspension';
 import { fusesWithResume } from './lifecycle';
@@ -71,11 +79,8 @@ export async function agentLoop(c: RunController): Promise<void> {
         await condition(allHandlersFinished);
         await drainWebhooks(c);
       }
-      await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>({
-        spec: run.spec,
-        ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
-        carried: carriedAggregate(run),
-      });
+      const input = continueInput(c);
+      if (input) await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>(input);
     }
     if (run.spec.agent.driver === EXTERNAL_DRIVER) {
       const entry = await whileIdle(c, nextAction(c));
@@ -102,6 +107,38 @@ export async function agentLoop(c: RunController): Promise<void> {
   if (!c.completed && c.patched(PATCH_FAILED_KEEPS)) undoPendingResume(c);
   else await completeResume(c);
   await finish(c);
+}
+
+/**
+ * Continue-as-new's input is kept within CARRIED_INPUT_MAX_BYTES (fitContinueInput, run-state.ts): over
+ * Temporal's 2 MiB limit, Temporal terminated the Run (BadContinueAsNewAttributes) and left its sandbox
+ * behind. A Run whose minimum does not fit either performs the action it was sent first (its body is
+ * then dropped) and continues as new after it, or, with none, fails with STATE_TOO_LARGE (its compute
+ * released, its workspace kept, as any failed Run). Asked only when the input as Runs before carried
+ * it is over the bound, so other Runs record nothing new.
+ */
+export const PATCH_CARRIED_FITS = 'stasis-run-carried-fits';
+
+/** The Run's continue-as-new input; undefined when it goes on first (an action sent meanwhile, too large to carry). */
+function continueInput(c: RunController): ContinueInput | undefined {
+  const run = c.run;
+  const input: ContinueInput = {
+    spec: run.spec,
+    ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
+    carried: carriedAggregate(run),
+  };
+  if (jsonBytes(input) <= CARRIED_INPUT_MAX_BYTES || !c.patched(PATCH_CARRIED_FITS)) return input;
+  const fitted = fitContinueInput(input);
+  if (fitted.fits) return fitted.input;
+  if (run.actions?.some((a) => a.status === 'pending')) return undefined;
+  throw ApplicationFailure.create({
+    type: END_REASON.STATE_TOO_LARGE,
+    message:
+      `run: the state it must carry to continue as new is ${jsonBytes(fitted.input)} bytes, over ` +
+      `${CARRIED_INPUT_MAX_BYTES} even with every result and settled interaction forgotten (its spec, ` +
+      "its agent's state and last result, its children)",
+    nonRetryable: true,
+  });
 }
 
 /** The suspension an action goes into, if it does. */
@@ -197,7 +234,7 @@ async function performAction(c: RunController, entry: ActionEntry): Promise<void
     entry.status = 'waiting';
     await asking;
     const answer = answerOf(run, entry.interactionId);
-    if (answer !== undefined) settleAction(run, entry, { result: answer });
+    if (answer !== undefined) settleAction(run, entry, { result: answer }, c.patched);
     return;
   }
   try {
@@ -221,10 +258,15 @@ async function performAction(c: RunController, entry: ActionEntry): Promise<void
     } else {
       result = await perform(c, action);
     }
-    settleAction(run, entry, { result });
+    settleAction(run, entry, { result }, c.patched);
   } catch (err) {
     if (isCancellation(err)) throw err;
-    settleAction(run, entry, { error: { code: failureCode(err) ?? 'ACTION_FAILED', message: failureMessage(err) } });
+    settleAction(
+      run,
+      entry,
+      { error: { code: failureCode(err) ?? 'ACTION_FAILED', message: failureMessage(err) } },
+      c.patched,
+    );
   }
   c.changed();
 }
@@ -287,12 +329,11 @@ async function runJob(
 async function ask(c: RunController, action: Extract<AgentAction, { type: 'interaction' }>): Promise<unknown> {
   c.run.interactionCount = (c.run.interactionCount ?? c.run.interactions.length) + 1;
   const { type: _type, accepts: _accepts, ...fields } = action;
-  const labels = c.run.spec.labels;
+  // The Run's labels stay in its spec: the surfaces add them to what they show (withRunLabels).
   const interaction: InteractionRequest = {
     id: `int-${c.run.interactionCount}`,
     ...fields,
     accepts: resolveAccepts(action),
-    ...(labels && Object.keys(labels).length > 0 ? { labels } : {}),
     createdAt: nowIso(),
     status: 'pending',
   };

@@ -6,6 +6,7 @@ import { admitAction, checkArity } from './lifecycle';
 import { refuse } from './failures';
 import type { RunController } from './run-controller';
 import { isTerminal, toAnswer, type SessionAggregate } from './run-state';
+import { utf8Bytes } from '../common/wire-checks';
 
 // The external driver's side of a Run: the agent is a program outside the worker
 // that sends one action at a time (the `act` Update); the agent loop waits for it
@@ -22,19 +23,29 @@ export interface ActionEntry {
   interactionId?: string;
   result?: unknown;
   error?: RunError;
-  /** Length of the result's JSON, counted once, for the result budget. */
+  /** Length of the result's JSON in UTF-16 code units (Runs before PATCH_RESULT_BYTES). */
   resultChars?: number;
+  /** UTF-8 bytes of the result's JSON, counted once, for the result budget. */
+  resultBytes?: number;
   resultForgotten?: boolean;
 }
 
 /** How many recent actionIds a Run remembers (with their outcome), also across continue-as-new. */
 export const RECENT_ACTIONS = 1_000;
 /**
- * How much of their results it keeps (JSON characters, newest first; the newest is
- * always kept): a retry of a recent action gets its result, and the aggregate
- * continue-as-new carries stays well inside a Temporal payload.
+ * How much of their results it keeps (UTF-8 bytes of JSON, as Temporal counts a payload; newest
+ * first; the newest is always kept, until continue-as-new needs the room: fitContinueInput): a retry
+ * of a recent action gets its result, and the aggregate continue-as-new carries stays well inside a
+ * Temporal payload.
  */
-export const RESULT_BUDGET_CHARS = 512 * 1024;
+export const RESULT_BUDGET_BYTES = 512 * 1024;
+
+/**
+ * The result budget counts UTF-8 bytes: it counted UTF-16 code units, so results of non-ASCII text
+ * (768 KB of "€" is 256,000 units) kept three times the budget, and continue-as-new with them was
+ * over Temporal's limit (the Run terminated). Asked only when the two counts keep different results.
+ */
+export const PATCH_RESULT_BYTES = 'stasis-run-result-bytes';
 
 const isExternal = (run: SessionAggregate): boolean => run.spec.agent.driver === EXTERNAL_DRIVER;
 const findAction = (run: SessionAggregate, actionId: string): ActionEntry | undefined =>
@@ -105,37 +116,78 @@ export async function nextAction(c: RunController): Promise<ActionEntry | undefi
   return pending();
 }
 
-/** What an action says once settled; the Run forgets old results past its budget. */
+/**
+ * What an action says once settled; the Run forgets old results past its budget. `isPatched`:
+ * patched() as the Run decides it (RunController.patched).
+ */
 export function settleAction(
   run: SessionAggregate,
   entry: ActionEntry,
   outcome: { result: unknown } | { error: RunError },
+  isPatched: (patchId: string) => boolean,
 ): void {
   delete entry.action;
   if ('error' in outcome) {
     entry.status = 'failed';
     entry.error = outcome.error;
   } else {
+    const json = JSON.stringify(outcome.result ?? null);
     entry.status = 'succeeded';
     entry.result = outcome.result;
-    entry.resultChars = JSON.stringify(outcome.result ?? null).length;
+    entry.resultChars = json.length;
+    entry.resultBytes = utf8Bytes(json);
   }
-  run.actions = boundActions(run.actions ?? []);
+  const actions = run.actions ?? [];
+  const inBytes = forgottenBy(actions, 'bytes');
+  run.actions = boundActions(
+    actions,
+    sameSet(inBytes, forgottenBy(actions, 'chars')) || isPatched(PATCH_RESULT_BYTES) ? 'bytes' : 'chars',
+  );
 }
 
-/** The newest RECENT_ACTIONS entries; results kept newest first within RESULT_BUDGET_CHARS. */
-export function boundActions(actions: ActionEntry[]): ActionEntry[] {
-  const kept = actions.slice(-RECENT_ACTIONS);
-  let chars = 0;
+/** How an entry's result is counted: UTF-8 bytes, or UTF-16 code units (Runs before PATCH_RESULT_BYTES). */
+type ResultUnit = 'bytes' | 'chars';
+
+/** The size of an entry's result in `unit`; undefined for one without a result (or a count). */
+function resultSize(entry: ActionEntry, unit: ResultUnit): number | undefined {
+  if (entry.result === undefined) return undefined;
+  if (unit === 'chars') return entry.resultChars;
+  // Entries settled before resultBytes was kept (carried across continue-as-new) are measured now.
+  return entry.resultBytes ?? (entry.resultChars === undefined ? undefined : utf8Bytes(JSON.stringify(entry.result)));
+}
+
+/** Indexes (in the newest RECENT_ACTIONS) whose results boundActions would forget, counting in `unit`. */
+function forgottenBy(actions: ActionEntry[], unit: ResultUnit): number[] {
+  return keptResults(actions.slice(-RECENT_ACTIONS), unit).forget;
+}
+
+const sameSet = (a: number[], b: number[]): boolean => a.length === b.length && a.every((x, i) => x === b[i]);
+
+/**
+ * Of `kept` (oldest first), the indexes whose results go: newest first within RESULT_BUDGET_BYTES (or
+ * RESULT_BUDGET_BYTES code units, before PATCH_RESULT_BYTES), the newest always kept.
+ */
+export function keptResults(kept: ActionEntry[], unit: ResultUnit): { forget: number[] } {
+  const forget: number[] = [];
+  let used = 0;
   for (let i = kept.length - 1; i >= 0; i--) {
+    const size = resultSize(kept[i], unit);
+    if (size === undefined) continue;
+    used += size;
+    if (used > RESULT_BUDGET_BYTES && i < kept.length - 1) forget.push(i);
+  }
+  return { forget };
+}
+
+/** The newest RECENT_ACTIONS entries; results kept newest first within RESULT_BUDGET_BYTES (keptResults). */
+export function boundActions(actions: ActionEntry[], unit: ResultUnit = 'bytes'): ActionEntry[] {
+  const kept = actions.slice(-RECENT_ACTIONS);
+  for (const i of keptResults(kept, unit).forget) {
     const entry = kept[i];
-    if (entry.result === undefined || entry.resultChars === undefined) continue;
-    chars += entry.resultChars;
-    if (chars > RESULT_BUDGET_CHARS && i < kept.length - 1) {
-      delete entry.result;
-      delete entry.resultChars;
-      entry.resultForgotten = true;
-    }
+    delete entry.result;
+    delete entry.resultChars;
+    delete entry.resultBytes;
+    entry.resultForgotten = true;
   }
   return kept;
 }

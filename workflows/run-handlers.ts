@@ -2,6 +2,7 @@ import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workf
 import type { ChildStateInput, InteractionRequest, RespondInput } from '../common/schemas';
 import { childStateInputIssues, respondInputIssues } from '../common/wire-checks';
 import { describeIssues, type Rejection } from '../common/errors';
+import { withRunLabels } from '../common/interactions';
 import { nowIso, nowMs } from './clock';
 import {
   childPingSignal,
@@ -33,7 +34,7 @@ export function setRunHandlers(c: RunController): void {
       const check = checkAnswer(c, input, currentUpdateInfo()?.id);
       const interaction = run.interactions.find((i) => i.id === input.interactionId) as InteractionRequest;
       if (check !== 'duplicate') answer(c, input, currentUpdateInfo()?.id);
-      return interaction;
+      return withRunLabels(interaction, run.spec.labels);
     },
     {
       validator: (...args: unknown[]) => {

@@ -11,6 +11,7 @@ import type {
   RunStatus,
   Suspension,
 } from '../common/schemas';
+import { withoutLabels, withRunLabels } from '../common/interactions';
 import { utf8Bytes } from '../common/wire-checks';
 import type { Capabilities } from '../providers/api';
 import { isTerminalRunStatus, type AnsweredBy, type ChildState, type JobState } from './lifecycle';
@@ -68,7 +69,8 @@ export function toSnapshot(run: SessionAggregate): RunSnapshot {
   return {
     runId: run.runId,
     status: run.status,
-    interactions: shownInteractions(run.interactions),
+    // With the Run's labels, each counted in the budget: an older one shows none (forgetContent).
+    interactions: shownInteractions(run.interactions.map((i) => withRunLabels(i, run.spec.labels))),
     ...(run.output !== undefined ? { output: run.output } : {}),
     ...(run.error ? { error: run.error } : {}),
     ...(run.parentRunId ? { parentRunId: run.parentRunId } : {}),
@@ -143,11 +145,12 @@ export function shownInteractions(interactions: InteractionRequest[]): Interacti
 
 /**
  * A settled interaction without what can be large: the reviewed action, details, the answer's input,
- * edited action and comment; its prompt cut to FORGOTTEN_PROMPT_CHARS. Kept: who was asked what kind
- * of question, its status, the decision or option chosen, who answered and when.
+ * edited action and comment, the Run's labels (a copy an interaction asked before carried; the Run
+ * has them); its prompt cut to FORGOTTEN_PROMPT_CHARS. Kept: who was asked what kind of question, its
+ * status, the decision or option chosen, who answered and when.
  */
 export function forgetContent(interaction: InteractionRequest): InteractionRequest {
-  const { action: _action, details: _details, response, prompt, ...rest } = interaction;
+  const { action: _action, details: _details, labels: _labels, response, prompt, ...rest } = interaction;
   const answer = (response ?? {}) as { decision?: unknown; option?: unknown };
   const kept = {
     ...(answer.decision !== undefined ? { decision: answer.decision } : {}),
@@ -180,4 +183,78 @@ export function carriedAggregate(run: SessionAggregate): CarriedAggregate {
     answeredBy: Object.fromEntries(Object.entries(run.answeredBy).filter(([id]) => ids.has(id))),
     jobs: run.jobs.filter((j) => j.status === 'running'),
   };
+}
+
+/** What a Run continues as new with (RunWorkflowInput). */
+export interface ContinueInput {
+  spec: RunSpec;
+  parentRunId?: string;
+  carried: CarriedAggregate;
+}
+
+/**
+ * The most UTF-8 bytes of JSON a Run continues as new with, spec included: well under Temporal's
+ * 2 MiB payload limit (over it, Temporal terminates the Run, its sandbox left behind), with room for
+ * the payload's metadata. A spec takes at most 1 MiB through the API.
+ */
+export const CARRIED_INPUT_MAX_BYTES = 1_536 * 1024;
+
+/** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
+export const jsonBytes = (value: unknown): number => utf8Bytes(JSON.stringify(value ?? null));
+
+/**
+ * The continue-as-new input within `maxBytes` (UTF-8 bytes of its JSON, spec included), forgetting
+ * what a later step can do without, oldest first, until it fits: the copies of the Run's labels in its
+ * interactions, then action results (resultForgotten, the newest too), then settled interactions'
+ * content (forgetContent), then settled interactions themselves (their ids stay used:
+ * interactionCount). Never forgotten: the spec, pending interactions, action entries and their
+ * outcomes' codes, an action not yet performed (its body), jobs, children, the agent's checkpoint and
+ * last result. `fits` is false when even that minimum is larger than `maxBytes`. Pure: `input` is not
+ * changed.
+ */
+export function fitContinueInput(
+  input: ContinueInput,
+  maxBytes: number = CARRIED_INPUT_MAX_BYTES,
+): { input: ContinueInput; fits: boolean } {
+  let total = jsonBytes(input);
+  if (total <= maxBytes) return { input, fits: true };
+  const carried: CarriedAggregate = {
+    ...input.carried,
+    interactions: input.carried.interactions.map(withoutLabels),
+    answeredBy: { ...input.carried.answeredBy },
+    ...(input.carried.actions ? { actions: [...input.carried.actions] } : {}),
+  };
+  const fitted: ContinueInput = { ...input, carried };
+  total = jsonBytes(fitted);
+  // Each step replaces one item and lowers the total by exactly what that item's JSON lost.
+  const actions = carried.actions ?? [];
+  for (let i = 0; i < actions.length && total > maxBytes; i++) {
+    const entry = actions[i];
+    if (entry.result === undefined) continue;
+    const { result: _result, resultChars: _chars, resultBytes: _bytes, ...rest } = entry;
+    const forgotten: ActionEntry = { ...rest, resultForgotten: true };
+    total -= jsonBytes(entry) - jsonBytes(forgotten);
+    actions[i] = forgotten;
+  }
+  const settled = (i: InteractionRequest) => i.status !== 'pending';
+  const list = carried.interactions;
+  for (let i = 0; i < list.length && total > maxBytes; i++) {
+    if (!settled(list[i]) || list[i].contentForgotten) continue;
+    const forgotten = forgetContent(list[i]);
+    total -= jsonBytes(list[i]) - jsonBytes(forgotten);
+    list[i] = forgotten;
+  }
+  for (;;) {
+    while (total > maxBytes && list.some(settled)) {
+      const [dropped] = list.splice(list.findIndex(settled), 1);
+      total -= jsonBytes(dropped) + 1; // and its comma
+      if (Object.hasOwn(carried.answeredBy, dropped.id)) {
+        total -= jsonBytes(dropped.id) + jsonBytes(carried.answeredBy[dropped.id]) + 2;
+        delete carried.answeredBy[dropped.id];
+      }
+    }
+    // Measured again, whole: dropping only estimates the separators around what it dropped.
+    total = jsonBytes(fitted);
+    if (total <= maxBytes || !list.some(settled)) return { input: fitted, fits: total <= maxBytes };
+  }
 }

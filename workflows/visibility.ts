@@ -1,7 +1,7 @@
 import { patched, setCurrentDetails, upsertMemo, upsertSearchAttributes, workflowInfo } from '@temporalio/workflow';
 import type { SearchAttributeUpdatePair } from '@temporalio/common';
 import { labelKeywords } from '../common/labels';
-import { PENDING_MEMO, pendingMemo } from '../common/interactions';
+import { PENDING_MEMO, pendingMemo, withRunLabels } from '../common/interactions';
 import type { ExecutionResourceRecord, InteractionRequest } from '../common/schemas';
 import { pendingInteractions, type SessionAggregate } from './run-state';
 import {
@@ -110,7 +110,7 @@ function labelPairs(labels: Record<string, string> | undefined): SearchAttribute
 
 function publishRun(publisher: Publisher, run: SessionAggregate): void {
   const pending = pendingInteractions(run);
-  publisher.pending(pending);
+  publisher.pending(pending.map((i) => withRunLabels(i, run.spec.labels)));
   publisher.upsertChanged([
     { key: StasisKind, value: 'run' },
     { key: StasisStatus, value: run.status },

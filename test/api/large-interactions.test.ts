@@ -20,9 +20,14 @@ const approver = api.as(APPROVER);
 const TEMPORAL_BLOB_LIMIT = 2 * 1024 * 1024;
 const BIG = 900_000;
 
-async function startExternalRun(): Promise<string> {
+async function startExternalRun(labels?: Record<string, string>): Promise<string> {
   const started = await agent('POST', '/api/v1/runs', {
-    body: { agent: { driver: 'external' }, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' } },
+    body: {
+      agent: { driver: 'external' },
+      sandbox: { provider: 'local' },
+      policy: { pauseMode: 'DETACH' },
+      ...(labels ? { labels } : {}),
+    },
   });
   expect(started.status).toBe(201);
   return (started.json as { runId: string }).runId;
@@ -122,3 +127,68 @@ test('an approver answering with 900 KB inputs keeps a Run that answers and cont
     (i) => ((i.response as { input?: string } | undefined)?.input ?? '').length,
   );
 });
+
+// A Run's labels are "any strings (within the 1 MiB input limit)" (SURFACES.md). Each interaction
+// carried a copy of them, also once its content was forgotten: with labels of 900 KB the Run was
+// terminated by Temporal at its first continue-as-new (its input ~2.7 MB), with 200 KB at its tenth
+// ask. The Run keeps them once, in its spec; the surfaces show them on the interactions.
+test.each([
+  ['900 KB', 900_000, 4],
+  ['200 KB', 200_000, 12],
+])(
+  'a Run with labels of %s keeps answering and continues as new (labels kept once, shown on its interactions)',
+  async (_name, size, asks) => {
+    const labels = { team: 'web', note: 'n'.repeat(size) };
+    const runId = await startExternalRun(labels);
+    const handle = api.stack.temporal.workflow.getHandle(runId);
+    const first = (await handle.describe()).runId;
+    let continued = false;
+    for (let n = 1; n <= asks || !continued; n++) {
+      expect(n).toBeLessThanOrEqual(asks + 10);
+      const sent = await agent('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+        body: { actionId: `ask-${n}`, action: { type: 'ask', ask: `step ${n}?` } },
+      });
+      expect(sent.status).toBeLessThan(300);
+      const interactionId = await eventually(
+        async () =>
+          saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-${n}`)).json as ActionView).interactionId,
+        60_000,
+        `ask ${n} to open its interaction`,
+      );
+      // The pending interaction shows the Run's labels: on the page's listing and in the snapshot.
+      const listed = await approver('GET', '/api/v1/interactions?limit=100');
+      const mine = (
+        listed.json as { interactions: { runId: string; interaction: InteractionRequest }[] }
+      ).interactions.find((p) => p.runId === runId);
+      expect(mine?.interaction.labels).toEqual(labels);
+      expect((await snapshot(runId)).interactions.find((i) => i.id === interactionId)?.labels).toEqual(labels);
+      const answered = await approver('POST', `/api/v1/runs/${runId}/interactions/${interactionId}`, {
+        body: { decision: 'approve' },
+      });
+      expect(answered.status).toBe(200);
+      expect((answered.json as InteractionRequest).labels).toEqual(labels);
+      await eventually(
+        async () =>
+          saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-${n}`)).json as ActionView).status === 'succeeded'
+            ? true
+            : undefined,
+        60_000,
+        `ask ${n} to succeed`,
+      );
+      expect((await snapshot(runId)).status).toBe('RUNNING');
+      const described = await handle.describe();
+      expect({ n, status: described.status.name }).toEqual({ n, status: 'RUNNING' });
+      if (described.runId !== first) continued = true;
+    }
+    const done = await agent('POST', `/api/v1/runs/${runId}/actions`, {
+      body: { actionId: 'done', action: { type: 'complete', output: { ok: true } } },
+    });
+    expect(done.status).toBeLessThan(300);
+    await eventually(
+      async () => ((await snapshot(runId)).status === 'COMPLETED' ? true : undefined),
+      60_000,
+      'COMPLETED',
+    );
+  },
+  900_000,
+);

@@ -457,3 +457,53 @@ test('a Run suspended by hand takes no action until resumed; an action under way
   expect(ended).toMatchObject({ status: 'failed', error: { message: expect.stringContaining('CANCELLED') } });
   expect(await api.stack.client.runs.get(runId)).toMatchObject({ status: 'CANCELLED' });
 }, 300_000);
+
+// The Run kept action results "within 512 KiB" counting UTF-16 code units: two readFile results of
+// 256,000 "€" (768 KB of UTF-8 each, as Temporal counts them) were both kept, and with a spec of 600 KB
+// continue-as-new's input was over Temporal's limit: Temporal terminated the Run (found by an attack
+// review). Results are counted in UTF-8 bytes, and continue-as-new's whole input is kept within bound.
+test('the Run keeps action results within 512 KiB of UTF-8 and survives continue-as-new with non-ASCII file contents', async () => {
+  const started = await operator('POST', '/api/v1/runs', {
+    body: { agent: { driver: 'external' }, sandbox: { provider: 'local' }, labels: { note: 'n'.repeat(600_000) } },
+  });
+  expect(started.status).toBe(201);
+  const runId = (started.json as { runId: string }).runId;
+  const handle = api.stack.temporal.workflow.getHandle(runId);
+  const first = (await handle.describe()).runId;
+  const text = '€'.repeat(256_000);
+  expect((await act(runId, 'w1', { type: 'writeFile', path: 'a.txt', content: text })).status).toBe('succeeded');
+  expect((await act(runId, 'w2', { type: 'writeFile', path: 'b.txt', content: text })).status).toBe('succeeded');
+  const utf8 = (v: unknown) => Buffer.byteLength(JSON.stringify(v), 'utf8');
+  let worstKeptBytes = 0;
+  for (let round = 1; round <= 6; round++) {
+    const a = await act(runId, `ra-${round}`, { type: 'readFile', path: 'a.txt' });
+    const b = await act(runId, `rb-${round}`, { type: 'readFile', path: 'b.txt' });
+    expect({ round, a: a.status, b: b.status, content: (b.result as { content?: string }).content === text }).toEqual({
+      round,
+      a: 'succeeded',
+      b: 'succeeded',
+      content: true,
+    });
+    await act(runId, `x-${round}`, { type: 'exec', command: 'true' });
+    const views = await Promise.all(
+      [a, b].map(
+        async (v) => (await operator('GET', `/api/v1/runs/${runId}/actions/${v.actionId}`)).json as ActionView,
+      ),
+    );
+    worstKeptBytes = Math.max(
+      worstKeptBytes,
+      views.filter((v) => v.result !== undefined).reduce((sum, v) => sum + utf8(v.result), 0),
+    );
+    expect(views.every((v) => v.result !== undefined || v.resultForgotten)).toBe(true);
+    expect({ round, wf: (await handle.describe()).status.name }).toEqual({ round, wf: 'RUNNING' });
+  }
+  expect(worstKeptBytes).toBeLessThanOrEqual(512 * 1024);
+  // It did continue as new (the test stack suggests it early), and completes.
+  expect((await handle.describe()).runId).not.toBe(first);
+  expect(resultOf(await act(runId, 'done', { type: 'complete', output: 1 }))).toEqual({ output: 1 });
+  await eventually(
+    async () => ((await handle.describe()).status.name === 'COMPLETED' ? true : undefined),
+    60_000,
+    'the Run to complete',
+  );
+}, 900_000);

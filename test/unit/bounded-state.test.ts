@@ -1,9 +1,16 @@
 import fc from 'fast-check';
 import { keepTail } from '../../activities/exec-output';
 import type { InteractionRequest, RunSpec } from '../../common/schemas';
+import { withoutLabels, withRunLabels } from '../../common/interactions';
+import type { ActionEntry } from '../../workflows/run-external';
 import {
+  CARRIED_INPUT_MAX_BYTES,
   CARRIED_INTERACTIONS,
   carriedAggregate,
+  fitContinueInput,
+  forgetContent,
+  toSnapshot,
+  type ContinueInput,
   FORGOTTEN_PROMPT_CHARS,
   SETTLED_WHOLE_BYTES,
   shownInteractions,
@@ -159,5 +166,192 @@ describe('a Run shows and carries its settled interactions within a byte budget'
     // A Run continued by an earlier version carried its spec: that one is taken.
     const older = { ...carried, spec: { agent: { driver: 'scripted' } } } as unknown as CarriedAggregate;
     expect(takeUp(older, run.spec as unknown as RunSpec).spec).toBe(older.spec);
+  });
+});
+
+describe("a Run's labels are kept once, in its spec", () => {
+  const asked: InteractionRequest = {
+    id: 'int-1',
+    kind: 'approval',
+    prompt: 'p',
+    accepts: ['approve', 'deny'],
+    createdAt: 't',
+    status: 'pending',
+  };
+  const labels = { team: 'web', note: 'n'.repeat(10) };
+
+  test('the surfaces show them where the copy was, byte for byte; none for a Run without labels', () => {
+    const copied = {
+      id: 'int-1',
+      kind: 'approval',
+      prompt: 'p',
+      accepts: ['approve', 'deny'],
+      labels,
+      createdAt: 't',
+      status: 'pending',
+    };
+    expect(JSON.stringify(withRunLabels(asked, labels))).toBe(JSON.stringify(copied));
+    // An interaction asked before keeps its own copy; a Run without labels shows none.
+    expect(withRunLabels(copied, { other: 'x' })).toBe(copied);
+    expect(withRunLabels(asked, {})).toBe(asked);
+    expect(withRunLabels(asked, undefined)).toBe(asked);
+    expect(JSON.stringify(withoutLabels(copied))).toBe(JSON.stringify(asked));
+  });
+
+  test('the snapshot shows them on pending and recent interactions, none on forgotten ones; its size does not grow with them', () => {
+    const big = { note: 'n'.repeat(900_000) };
+    const interactions = Array.from({ length: 120 }, (_, i) => ({
+      ...asked,
+      id: `int-${i + 1}`,
+      status: i === 119 ? 'pending' : 'answered',
+      response: { decision: 'approve' },
+    }));
+    const run = { runId: 'r', status: 'WAITING', spec: { labels: big }, interactions, children: [] };
+    const snapshot = toSnapshot(run as unknown as SessionAggregate);
+    const shown = snapshot.interactions;
+    expect(shown.at(-1)).toMatchObject({ id: 'int-120', status: 'pending', labels: big });
+    expect(shown.slice(0, -1).every((i) => i.labels === undefined && i.contentForgotten)).toBe(true);
+    expect(Buffer.byteLength(JSON.stringify(snapshot))).toBeLessThan(1_000_000);
+    // Small labels: every interaction shows them, as when each carried a copy.
+    const small = toSnapshot({ ...run, spec: { labels } } as unknown as SessionAggregate);
+    expect(small.interactions.every((i) => i.labels === labels)).toBe(true);
+    expect(forgetContent({ ...(asked as InteractionRequest), labels, status: 'answered' }).labels).toBeUndefined();
+  });
+});
+
+describe('continue-as-new input is within CARRIED_INPUT_MAX_BYTES', () => {
+  const bytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value ?? null), 'utf8');
+  const text = fc
+    .tuple(fc.constantFrom('a', '€', '\u0001', '😀', '\uDC00'), fc.nat({ max: 120_000 }))
+    .map(([c, n]) => c.repeat(n));
+  const drawnInteraction = fc.record({
+    settled: fc.boolean(),
+    prompt: text,
+    details: text,
+    labelled: fc.boolean(),
+  });
+  const drawnAction = fc.record({ result: fc.option(text, { nil: undefined }), pending: fc.boolean() });
+
+  /** A carried aggregate as a Run builds it (carriedAggregate over its state). */
+  function inputOf(
+    specLabels: string,
+    drawn: { settled: boolean; prompt: string; details: string; labelled: boolean }[],
+    actions: { result?: string; pending: boolean }[],
+  ): ContinueInput {
+    const labels = { note: specLabels };
+    const interactions = drawn.map((d, i) => ({
+      id: `int-${i + 1}`,
+      kind: 'approval',
+      prompt: d.prompt,
+      details: d.details,
+      ...(d.labelled ? { labels } : {}),
+      createdAt: 't',
+      status: d.settled || i < drawn.length - 1 ? 'answered' : 'pending',
+      ...(d.settled || i < drawn.length - 1 ? { response: { decision: 'approve', comment: d.prompt } } : {}),
+    })) as InteractionRequest[];
+    const entries: ActionEntry[] = actions.map((a, i) =>
+      a.pending && i === actions.length - 1
+        ? {
+            actionId: `a${i}`,
+            type: 'writeFile',
+            bodyHash: 'h',
+            status: 'pending',
+            action: { type: 'writeFile', path: 'f', content: a.result ?? '' },
+          }
+        : {
+            actionId: `a${i}`,
+            type: 'readFile',
+            bodyHash: 'h',
+            status: 'succeeded',
+            ...(a.result !== undefined ? { result: { content: a.result } } : {}),
+          },
+    );
+    const spec = { agent: { driver: 'external' }, sandbox: { provider: 'local' }, labels } as RunSpec;
+    const run = {
+      runId: 'r',
+      spec,
+      interactions,
+      answeredBy: Object.fromEntries(interactions.map((i) => [i.id, { updateId: `u-${i.id}` }])),
+      jobs: [],
+      children: [],
+      actions: entries,
+    } as unknown as SessionAggregate;
+    return { spec, carried: carriedAggregate(run) };
+  }
+
+  /** What cannot be forgotten: the input with every result, and every settled interaction, gone. */
+  const minimum = (input: ContinueInput): ContinueInput => ({
+    ...input,
+    carried: {
+      ...input.carried,
+      interactions: input.carried.interactions.filter((i) => i.status === 'pending').map(withoutLabels),
+      answeredBy: {},
+      actions: (input.carried.actions ?? []).map(({ result: _r, resultBytes: _b, resultChars: _c, ...e }) =>
+        e.status === 'pending' ? e : { ...e, resultForgotten: true as const },
+      ),
+    },
+  });
+
+  test('arbitrary labels, interactions and results: fitted within the bound, or fits=false only when the minimum is over it', () => {
+    fc.assert(
+      fc.property(
+        text,
+        fc.array(drawnInteraction, { maxLength: 12 }),
+        fc.array(drawnAction, { maxLength: 12 }),
+        fc.constantFrom(CARRIED_INPUT_MAX_BYTES, 256 * 1024, 64 * 1024),
+        (labels, drawn, actions, max) => {
+          const input = inputOf(labels, drawn, actions);
+          const before = JSON.stringify(input);
+          const { input: fitted, fits } = fitContinueInput(input, max);
+          expect(JSON.stringify(input)).toBe(before); // pure
+          if (fits) expect(bytes(fitted)).toBeLessThanOrEqual(max);
+          else expect(bytes(minimum(input))).toBeGreaterThan(max);
+          if (bytes(input) <= max) expect(fitted).toBe(input);
+          // Never forgotten: the spec, pending interactions, every action entry (its id and outcome), a pending action's body.
+          expect(fitted.spec).toBe(input.spec);
+          const pendingIds = (c: ContinueInput) =>
+            c.carried.interactions.filter((i) => i.status === 'pending').map((i) => i.id);
+          expect(pendingIds(fitted)).toEqual(pendingIds(input));
+          expect(fitted.carried.actions?.map((a) => [a.actionId, a.status, a.action])).toEqual(
+            input.carried.actions?.map((a) => [a.actionId, a.status, a.action]),
+          );
+          // Forgetting goes oldest first: a kept result is never older than a forgotten one.
+          const forgotten = (fitted.carried.actions ?? []).map((a) => a.resultForgotten === true);
+          const lastForgotten = forgotten.lastIndexOf(true);
+          if (lastForgotten >= 0) {
+            expect((fitted.carried.actions ?? []).slice(0, lastForgotten).every((a) => a.result === undefined)).toBe(
+              true,
+            );
+          }
+          // answeredBy only for interactions still carried.
+          const ids = new Set(fitted.carried.interactions.map((i) => i.id));
+          expect(Object.keys(fitted.carried.answeredBy).every((id) => ids.has(id))).toBe(true);
+        },
+      ),
+      { numRuns: 50 },
+    );
+  });
+
+  test('labels of 900 KB copied into interactions, and results of "€": within the bound, labels once', () => {
+    const labels = 'n'.repeat(900_000);
+    const input = inputOf(
+      labels,
+      Array.from({ length: 4 }, () => ({ settled: true, prompt: 'p', details: '', labelled: true })),
+      [
+        { result: '€'.repeat(256_000), pending: false },
+        { result: '€'.repeat(256_000), pending: false },
+      ],
+    );
+    expect(bytes(input)).toBeGreaterThan(2 * 1024 * 1024);
+    const { input: fitted, fits } = fitContinueInput(input);
+    expect(fits).toBe(true);
+    expect(bytes(fitted)).toBeLessThanOrEqual(CARRIED_INPUT_MAX_BYTES);
+    expect(fitted.carried.interactions.every((i) => i.labels === undefined)).toBe(true);
+    expect(fitted.carried.interactions).toHaveLength(4);
+  });
+
+  test('a minimum over the bound (a spec and a pending action of 1 MiB each) does not fit', () => {
+    const input = inputOf('n'.repeat(1_000_000), [], [{ result: 'x'.repeat(1_000_000), pending: true }]);
+    expect(fitContinueInput(input).fits).toBe(false);
   });
 });

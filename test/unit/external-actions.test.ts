@@ -2,7 +2,7 @@ import fc from 'fast-check';
 import { ACTION_TYPES, actionBodyHash, actionRequestProblem } from '../../common/external-actions';
 import { ActionRequest, type RunStatus, type RunPhase } from '../../common/schemas';
 import { admitAction, type ActionFacts } from '../../workflows/lifecycle';
-import { boundActions, RECENT_ACTIONS, RESULT_BUDGET_CHARS, type ActionEntry } from '../../workflows/run-external';
+import { boundActions, RECENT_ACTIONS, RESULT_BUDGET_BYTES, type ActionEntry } from '../../workflows/run-external';
 
 // The rules of an external agent's actions, without Temporal: admission, the
 // bounded memory of recent results, and the workflow's zod-free check of a
@@ -61,15 +61,17 @@ describe('action admission', () => {
   });
 });
 
-describe('recent actions', () => {
-  const entry = (i: number, resultChars?: number): ActionEntry => ({
-    actionId: `a${i}`,
-    type: 'exec',
-    bodyHash: `h${i}`,
-    status: 'succeeded',
-    ...(resultChars !== undefined ? { result: 'x'.repeat(resultChars), resultChars } : {}),
-  });
+const withResult = (i: number, result?: unknown): ActionEntry => ({
+  actionId: `a${i}`,
+  type: 'exec',
+  bodyHash: `h${i}`,
+  status: 'succeeded',
+  ...(result !== undefined ? { result, resultChars: JSON.stringify(result).length, resultBytes: utf8(result) } : {}),
+});
+const entry = (i: number, resultChars?: number): ActionEntry =>
+  withResult(i, resultChars === undefined ? undefined : 'x'.repeat(resultChars));
 
+describe('recent actions', () => {
   test(`remembers the newest ${RECENT_ACTIONS} actionIds`, () => {
     const kept = boundActions(Array.from({ length: RECENT_ACTIONS + 5 }, (_, i) => entry(i)));
     expect(kept).toHaveLength(RECENT_ACTIONS);
@@ -79,13 +81,13 @@ describe('recent actions', () => {
   test('keeps results newest first within the budget; the newest always; older ones say they were forgotten', () => {
     fc.assert(
       fc.property(
-        fc.array(fc.integer({ min: 0, max: RESULT_BUDGET_CHARS * 2 }), { minLength: 1, maxLength: 30 }),
+        fc.array(fc.integer({ min: 0, max: RESULT_BUDGET_BYTES * 2 }), { minLength: 1, maxLength: 30 }),
         (sizes) => {
           const kept = boundActions(sizes.map((n, i) => entry(i, n)));
           const newest = kept[kept.length - 1];
           expect(newest.result).toBeDefined();
           const older = kept.slice(0, -1).filter((e) => e.result !== undefined);
-          expect(older.reduce((sum, e) => sum + e.resultChars!, 0)).toBeLessThanOrEqual(RESULT_BUDGET_CHARS);
+          expect(older.reduce((sum, e) => sum + utf8(e.result), 0)).toBeLessThanOrEqual(RESULT_BUDGET_BYTES);
           for (const e of kept) expect(e.result === undefined).toBe(e.resultForgotten === true);
           // Forgetting goes oldest first: no kept result is older than a forgotten one.
           const firstKept = kept.findIndex((e) => e.result !== undefined);
@@ -241,4 +243,34 @@ describe("the workflow's check of an action request agrees with the wire schema"
     expect(actionBodyHash({ type: 'exec', command: 'x' })).not.toBe(actionBodyHash({ type: 'exec', command: 'y' }));
     expect(ACTION_TYPES).toEqual(['exec', 'writeFile', 'readFile', 'ask', 'spawn', 'complete', 'fail']);
   });
+
+  test('counts UTF-8 bytes of JSON, as Temporal does: non-ASCII text and escaped control characters weigh what they send', () => {
+    // 256,000 "€" are 256,000 UTF-16 units but 768,000 bytes: two of them kept 1.5 MiB "within 512 KiB".
+    const euros = '€'.repeat(256_000);
+    const kept = boundActions([
+      withResult(0, { content: euros }),
+      withResult(1, { content: euros }),
+      withResult(2, 'ok'),
+    ]);
+    expect(kept.map((e) => e.resultForgotten === true)).toEqual([true, true, false]);
+    fc.assert(
+      fc.property(
+        fc.array(fc.tuple(fc.constantFrom('€', '\u0001', 'x', '😀', '\uD800'), fc.integer({ min: 0, max: 200_000 })), {
+          minLength: 1,
+          maxLength: 12,
+        }),
+        (parts) => {
+          const got = boundActions(parts.map(([ch, n], i) => withResult(i, { content: ch.repeat(n) })));
+          const older = got.slice(0, -1).filter((e) => e.result !== undefined);
+          expect(older.reduce((sum, e) => sum + utf8(e.result), 0)).toBeLessThanOrEqual(RESULT_BUDGET_BYTES);
+          expect(got[got.length - 1].result).toBeDefined();
+        },
+      ),
+      { numRuns: 60 },
+    );
+  });
 });
+
+function utf8(value: unknown): number {
+  return Buffer.byteLength(JSON.stringify(value ?? null), 'utf8');
+}
