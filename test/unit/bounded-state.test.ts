@@ -35,9 +35,10 @@ describe('exec output keeps its tail', () => {
           const [note, ...rest] = out.split('\n');
           const tail = rest.join('\n');
           expect(note).toMatch(/^\[stasis: output truncated: the first \d+ bytes were dropped, the last \d+ kept\]$/);
+          // A suffix of the text itself: no character cut in half (that would decode to U+FFFD, which the
+          // text may hold of its own, so the suffix is what shows it).
           expect(s.endsWith(tail)).toBe(true);
           expect(Buffer.byteLength(tail)).toBeLessThanOrEqual(limit);
-          expect(tail).not.toContain('\uFFFD');
         },
       ),
       { numRuns: 300 },
