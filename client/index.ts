@@ -260,7 +260,9 @@ export class StasisClient {
    * Connects to Temporal: `options.client` if given, else `options.connection`, else the environment
    * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
    * `temporal.toml`, through `@temporalio/envconfig`); the environment also gives the namespace when
-   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached.
+   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached;
+   * INVALID_ARGUMENT (a ConfigError, which is a StasisError) naming the namespace when the server
+   * does not have it.
    */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);

@@ -1,6 +1,7 @@
 import type { Client } from '@temporalio/client';
 import * as fc from 'fast-check';
 import { StasisClient, StasisError } from '../../client';
+import { ConfigError, loadConfig } from '../../common/config';
 import { MAX_ACTION_WAIT_MS } from '../../common/external-actions';
 import { RunId } from '../../common/schemas';
 import { freePort } from '../../platform/servers';
@@ -330,3 +331,18 @@ test('connect() to a server that is down is UNAVAILABLE naming the address (was 
   expect(err).toBeInstanceOf(StasisError);
   expect(err).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining(down) });
 }, 60_000);
+
+test('connect() to a namespace the server does not have is a StasisError (INVALID_ARGUMENT) a library caller catches, and still a ConfigError', async () => {
+  const err = await StasisClient.connect({ connection: { address: address() }, namespace: 'no-such-namespace' }).catch(
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StasisError);
+  expect(err).toBeInstanceOf(ConfigError);
+  expect(err).toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    httpStatus: 400,
+    message: expect.stringContaining('TEMPORAL_NAMESPACE: "no-such-namespace" does not exist'),
+  });
+  // loadConfig's refusals are StasisErrors too.
+  expect(() => loadConfig({ STASIS_TASK_QUEUE: 'a b' })).toThrow(StasisError);
+});
