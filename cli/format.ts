@@ -1,13 +1,12 @@
 import { resolveAccepts } from '../common/interactions';
 import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '../common/schemas';
+import { CONTROL_CHARACTER } from '../common/wire-json';
 
 // Human renderings of the wire types, shared by the commands. Text an agent or a
 // remote caller chose goes through `terminalSafe`, words of a command to paste
 // through `shellWord`.
 
-// C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates.
-// eslint-disable-next-line no-control-regex
-const UNSAFE_FOR_TERMINAL = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/g;
+const UNSAFE_FOR_TERMINAL = new RegExp(CONTROL_CHARACTER.source, 'g');
 
 /**
  * Text made safe to print on a terminal: each control character is shown as `\uXXXX`, so an

@@ -20,6 +20,7 @@ import {
   ActionRequest,
   ActionWaitMs,
   type ActionView,
+  ClientIdentity,
   CreateSandboxInput,
   ExecInput,
   Identifier,
@@ -237,9 +238,17 @@ export class StasisClient {
   /**
    * This client acting as `identity`, on the same connection: Temporal records the
    * identity on the events of what it starts, signals, cancels and updates, so
-   * Temporal Web shows who did it. One client per identity, kept.
+   * Temporal Web shows who did it. One client per identity, kept. The identity is
+   * 1-256 characters without control characters ({@link ClientIdentity}); anything else
+   * is INVALID_ARGUMENT naming `identity`, thrown at once.
    */
   withIdentity(identity: string): StasisClient {
+    checkString(identity, 'identity');
+    const parsed = ClientIdentity.safeParse(identity);
+    if (!parsed.success) {
+      const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
+      throw new StasisError('INVALID_ARGUMENT', `identity ${shown(identity)}: ${problems}`);
+    }
     let client = this.identities.get(identity);
     if (!client) {
       const { namespace, dataConverter, interceptors } = this.temporal.options;

@@ -13,6 +13,13 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 /** True when a string holds a UTF-16 surrogate without its pair. */
 export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
 
+/**
+ * C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates: what
+ * moves a terminal's cursor, starts a line of its own, or reorders what is shown.
+ */
+// eslint-disable-next-line no-control-regex
+export const CONTROL_CHARACTER = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
+
 /** Where a JSON value breaks a rule beyond its schema, and which rule. */
 export interface JsonProblem {
   path: (string | number)[];

@@ -1,9 +1,10 @@
-import type { Client } from '@temporalio/client';
+import { Client, Connection } from '@temporalio/client';
 import * as fc from 'fast-check';
 import { StasisClient, StasisError } from '../../client';
 import { ConfigError, loadConfig } from '../../common/config';
 import { MAX_ACTION_WAIT_MS } from '../../common/external-actions';
-import { RunId } from '../../common/schemas';
+import { ClientIdentity, RunId } from '../../common/schemas';
+import { ACTOR_MAX } from '../../common/wire-checks';
 import { freePort } from '../../platform/servers';
 
 // The typed client refuses a Run id no Run can have and a list limit out of bounds
@@ -331,6 +332,71 @@ test('connect() to a server that is down is UNAVAILABLE naming the address (was 
   expect(err).toBeInstanceOf(StasisError);
   expect(err).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining(down) });
 }, 60_000);
+
+// withIdentity's identity is recorded by Temporal on every event the client causes and shown in
+// Temporal Web: it was taken as given (undefined, 123, '', 10,000 characters, a newline or an ANSI
+// escape), to fail later or be shown as sent.
+
+/** Identities withIdentity refuses: not strings, empty, too long, with a control character, or not well-formed. */
+const badIdentities = fc.oneof(
+  fc.constantFrom<unknown>(
+    undefined,
+    null,
+    123,
+    '',
+    {},
+    ['bob'],
+    'x'.repeat(257),
+    '€'.repeat(400),
+    'bob\n',
+    'a\u202eb',
+  ),
+  fc.anything().filter((v) => typeof v !== 'string'),
+  fc.string({ minLength: ACTOR_MAX + 1, maxLength: ACTOR_MAX + 50 }),
+  fc
+    .tuple(
+      fc.string({ maxLength: 20 }),
+      fc.constantFrom('\u0000', '\n', '\r', '\t', '\u001b', '\u007f', '\u0085', '\u009b', '\u202e', '\u2067', '\ud800'),
+      fc.string({ maxLength: 20 }),
+    )
+    .map(([a, bad, b]) => `${a}${bad}${b}`),
+);
+
+test('property: withIdentity refuses an identity that is not 1-256 characters free of control characters, at once, as INVALID_ARGUMENT naming identity, and changes nothing', () => {
+  const temporal = untouchable();
+  const client = new StasisClient(temporal.client);
+  fc.assert(
+    fc.property(badIdentities, (identity) => {
+      let thrown: unknown;
+      try {
+        client.withIdentity(identity as string);
+      } catch (err) {
+        thrown = err;
+      }
+      expect(thrown).toBeInstanceOf(StasisError);
+      expect(thrown).toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^identity[ :]/) });
+    }),
+    { numRuns: 300 },
+  );
+  // Nothing was kept and nothing asked.
+  expect((client as unknown as { identities: Map<string, unknown> }).identities.size).toBe(0);
+  expect(temporal.asked()).toBe(false);
+});
+
+test('property: withIdentity takes every identity of 1-256 characters free of control characters, one client per identity', () => {
+  const client = new StasisClient(new Client({ connection: Connection.lazy({ address: '127.0.0.1:1' }) }));
+  fc.assert(
+    fc.property(
+      fc.string({ unit: 'grapheme', minLength: 1, maxLength: 80 }).filter((s) => ClientIdentity.safeParse(s).success),
+      (identity) => {
+        const derived = client.withIdentity(identity);
+        expect(derived.temporal.options.identity).toBe(identity);
+        expect(client.withIdentity(identity)).toBe(derived);
+      },
+    ),
+  );
+  expect(client.withIdentity('b'.repeat(ACTOR_MAX)).temporal.options.identity).toHaveLength(ACTOR_MAX);
+});
 
 test('connect() to a namespace the server does not have is a StasisError (INVALID_ARGUMENT) a library caller catches, and still a ConfigError', async () => {
   const err = await StasisClient.connect({ connection: { address: address() }, namespace: 'no-such-namespace' }).catch(
