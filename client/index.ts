@@ -217,6 +217,8 @@ export class StasisClient {
   /** Create and drive standalone sandboxes (no Run, no agent loop). */
   readonly sandboxes: SandboxesApi;
   private readonly identities = new Map<string, StasisClient>();
+  /** Made by {@link withIdentity}: the connection is its parent's, and close() leaves it open. */
+  private borrowsConnection = false;
 
   /** Wraps a connected Temporal client; {@link StasisClient.connect} makes one from the environment. */
   constructor(
@@ -240,7 +242,9 @@ export class StasisClient {
    * identity on the events of what it starts, signals, cancels and updates, so
    * Temporal Web shows who did it. One client per identity, kept. The identity is
    * 1-256 characters without control characters ({@link ClientIdentity}); anything else
-   * is INVALID_ARGUMENT naming `identity`, thrown at once.
+   * is INVALID_ARGUMENT naming `identity`, thrown at once. The client made shares this
+   * one's connection without owning it: its close() does nothing, and it is closed
+   * when this client is.
    */
   withIdentity(identity: string): StasisClient {
     checkString(identity, 'identity');
@@ -260,6 +264,7 @@ export class StasisClient {
         identity,
       });
       client = new StasisClient(temporal, this.options);
+      client.borrowsConnection = true;
       this.identities.set(identity, client);
     }
     return client;
@@ -303,10 +308,13 @@ export class StasisClient {
   }
 
   /**
-   * Closes the Temporal connection (also the one `connect` made), shared with the clients of
-   * {@link withIdentity}; every call after it is UNAVAILABLE. Closing again does nothing.
+   * Closes the Temporal connection (the one `connect` made, or the one of the client given), and with
+   * it the clients of {@link withIdentity}, which share it; every call after it is UNAVAILABLE. Closing
+   * again does nothing. On a client of withIdentity, close() does nothing: the connection is not
+   * its own, and its parent and the other identities go on using it.
    */
   async close(): Promise<void> {
+    if (this.borrowsConnection) return;
     const { connection } = this.temporal;
     if (closedConnections.has(connection)) return;
     closedConnections.add(connection);

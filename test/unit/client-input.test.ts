@@ -398,6 +398,25 @@ test('property: withIdentity takes every identity of 1-256 characters free of co
   expect(client.withIdentity('b'.repeat(ACTOR_MAX)).temporal.options.identity).toHaveLength(ACTOR_MAX);
 });
 
+test("a withIdentity client's close() leaves the connection open for its parent and the other identities; the parent's close() closes it for all", async () => {
+  const client = await StasisClient.connect({ connection: { address: address() } });
+  const bob = client.withIdentity('bob');
+  const carol = client.withIdentity('carol');
+  const reaches = async (c: StasisClient) => refusal(() => c.runs.get('run-no-such-run'));
+  const notFound = { code: 'NOT_FOUND', message: 'run run-no-such-run not found' };
+  const closed = { code: 'UNAVAILABLE', message: 'the client is closed' };
+  try {
+    await bob.close();
+    await bob.close();
+    // It closed the shared connection: the parent and every other identity were UNAVAILABLE.
+    expect([await reaches(client), await reaches(carol), await reaches(bob)]).toEqual([notFound, notFound, notFound]);
+    expect(client.withIdentity('bob')).toBe(bob);
+  } finally {
+    await client.close();
+  }
+  expect([await reaches(client), await reaches(carol), await reaches(bob)]).toEqual([closed, closed, closed]);
+});
+
 test('connect() to a namespace the server does not have is a StasisError (INVALID_ARGUMENT) a library caller catches, and still a ConfigError', async () => {
   const err = await StasisClient.connect({ connection: { address: address() }, namespace: 'no-such-namespace' }).catch(
     (e: unknown) => e,
