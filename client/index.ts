@@ -90,14 +90,15 @@ import { collectMetrics, type WorkerMetricsSource } from './metrics';
 export { StasisError } from '../common/errors';
 
 /**
- * `value` parsed by `schema` (INVALID_ARGUMENT naming each bad field), JSON as REST's body parser
- * takes it (well-formed Unicode, no `__proto__` key), and no larger than JSON_INPUT_LIMIT_BYTES as
- * JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
+ * `value` as JSON first, as REST's body parser takes it (JSON at all: no BigInt, function, symbol,
+ * NaN, Infinity or circular object; well-formed Unicode; bounded nesting), then parsed by `schema`
+ * (INVALID_ARGUMENT naming each bad field), without a `__proto__` key, and no larger than
+ * JSON_INPUT_LIMIT_BYTES as JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
  */
 function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
-  const valid = parseOrInvalid(schema, value, what);
   const problem = jsonValueProblem(value, what);
   if (problem) throw new StasisError('INVALID_ARGUMENT', problem);
+  const valid = parseOrInvalid(schema, value, what);
   const proto = protoKeyPath(value);
   // zod's records and objects drop the key silently; REST refuses it (fastify's onProtoPoisoning).
   if (proto)

@@ -398,6 +398,107 @@ test('property: withIdentity takes every identity of 1-256 characters free of co
   expect(client.withIdentity('b'.repeat(ACTOR_MAX)).temporal.options.identity).toHaveLength(ACTOR_MAX);
 });
 
+// A value JSON cannot carry (a BigInt, a function, a symbol, NaN or Infinity, a circular object) in a
+// client's free-form payload surfaced as a raw TypeError ("Do not know how to serialize a BigInt"), or
+// was dropped or turned into null on its way to Temporal.
+
+/** A value JSON cannot carry, and where findJsonProblem names it below the place it is put. */
+const notJsonValues = fc.oneof(
+  fc.bigInt().map((value) => ({ value: value as unknown, below: [] as string[], what: /a BigInt/ })),
+  fc.constant({ value: (() => 1) as unknown, below: [] as string[], what: /a function/ }),
+  fc.constant({ value: Symbol('s') as unknown, below: [] as string[], what: /a symbol/ }),
+  fc.constantFrom(Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY).map((value) => ({
+    value: value as unknown,
+    below: [] as string[],
+    what: /(NaN|Infinity) is not one/,
+  })),
+  fc.constant(null).map(() => {
+    const circular: Record<string, unknown> = { a: 1 };
+    circular.self = circular;
+    return { value: circular as unknown, below: ['self'], what: /circular/ };
+  }),
+);
+const key = fc.stringMatching(/^[a-z]{1,6}$/);
+/** `value` at `keys` inside objects that hold other, JSON, fields too. */
+const nestedAt = (keys: string[], value: unknown, siblings: Record<string, unknown>[]): unknown =>
+  keys.reduceRight<unknown>((inner, k, i) => ({ ...siblings[i], [k]: inner }), value);
+
+/** The client's free-form payloads, each with `value` put in it, and the field named for it. */
+const payloadCalls = (runs: StasisClient['runs'], value: unknown): [string, () => Promise<unknown>][] => [
+  ['request.action.output', () => runs.act('run-1', { actionId: 'a1', action: { type: 'complete', output: value } })],
+  [
+    'spec.agent.input',
+    () => runs.start({ agent: { driver: 'my-agent', input: value }, sandbox: { provider: 'local' } }),
+  ],
+  [
+    'spec.agent.steps.0.complete',
+    () => runs.start({ agent: { driver: 'scripted', steps: [{ complete: value }] }, sandbox: { provider: 'local' } }),
+  ],
+  [
+    'request.action.spec.agent.input',
+    () =>
+      runs.act('run-1', {
+        actionId: 'a1',
+        action: {
+          type: 'spawn',
+          spec: { agent: { driver: 'my-agent', input: value }, sandbox: { provider: 'local' } },
+        },
+      }),
+  ],
+];
+
+test('property: a value JSON cannot carry, anywhere in a free-form payload (complete output, agent input), is INVALID_ARGUMENT naming its field, and nothing is sent', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      notJsonValues,
+      fc.array(key, { maxLength: 4 }),
+      fc.array(fc.dictionary(key, fc.jsonValue({ maxDepth: 1 }), { maxKeys: 3, noNullPrototype: true }), {
+        minLength: 4,
+        maxLength: 4,
+      }),
+      async ({ value, below, what }, keys, siblings) => {
+        const temporal = untouchable();
+        const runs = new StasisClient(temporal.client).runs;
+        for (const [field, call] of payloadCalls(runs, nestedAt(keys, value, siblings))) {
+          const err = await call().then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+          const at = [field, ...keys, ...below].join('.');
+          expect(err).toBeInstanceOf(StasisError);
+          expect([at, err]).toEqual([
+            at,
+            expect.objectContaining({
+              code: 'INVALID_ARGUMENT',
+              message: expect.stringContaining(`${at}: must be a JSON value`),
+            }),
+          ]);
+          expect((err as Error).message).toMatch(what);
+        }
+        expect(temporal.asked()).toBe(false);
+      },
+    ),
+    { numRuns: 150 },
+  );
+});
+
+test('an answer holding a value JSON cannot carry is INVALID_ARGUMENT naming its field, and nothing is sent', async () => {
+  const temporal = untouchable();
+  const { runs } = new StasisClient(temporal.client);
+  const circular: Record<string, unknown> = {};
+  circular.self = circular;
+  for (const comment of [1n, () => 1, Symbol('s'), Number.NaN, circular])
+    for (const call of [
+      () => runs.respond('run-1', 'int-1', { decision: 'approve', comment }),
+      () => runs.respondBySignal('run-1', 'int-1', { decision: 'approve', comment }),
+    ])
+      expect(await refusal(call)).toEqual({
+        code: 'INVALID_ARGUMENT',
+        message: expect.stringMatching(/^response\.comment(\.self)?: must be a JSON value/),
+      });
+  expect(temporal.asked()).toBe(false);
+});
+
 test("a withIdentity client's close() leaves the connection open for its parent and the other identities; the parent's close() closes it for all", async () => {
   const client = await StasisClient.connect({ connection: { address: address() } });
   const bob = client.withIdentity('bob');
