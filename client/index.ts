@@ -83,7 +83,7 @@ import {
 import { PENDING_MEMO } from '../common/interactions';
 import { compareCursors, decodeCursor, encodeCursor, type Cursor } from './cursor';
 import { listSandboxes } from './sandbox-list';
-import { isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
+import { grpcErrorOf, isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
 
@@ -417,7 +417,14 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `status` or `limit`. */
+  /**
+   * The Runs of this client's task queue (those its workers serve; another deployment sharing the namespace
+   * has its own), newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT
+   * for a bad `status` or `limit`. Each Run listed is read by a query; one that cannot be read (no worker
+   * answers it, its workflow task fails) fails the whole list, naming that Run and the cause (UNAVAILABLE
+   * when Temporal or a worker did not answer in time, INTERNAL otherwise): a list never leaves a Run out
+   * silently. A Run {@link get} answers NOT_FOUND for (deleted since the listing) is left out.
+   */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
     checkObject(filter, 'filter');
     // Checked, never spliced into the visibility query as given.
@@ -429,30 +436,54 @@ export class RunsApi {
     const ids: string[] = [];
     try {
       for await (const wf of this.temporal.workflow.list({ query })) {
+        if (wf.taskQueue !== this.taskQueue) continue;
         if (!ids.includes(wf.workflowId)) ids.push(wf.workflowId);
         if (ids.length >= (filter.limit ?? 200)) break;
       }
     } catch (err) {
       throw toStasisError(err, 'runs');
     }
-    // The ids come from Temporal itself: asked as they are, not through the checks of an id a caller gives.
-    const snapshots = await Promise.all(
-      ids.map((id) =>
-        this.temporal.workflow
-          .getHandle<typeof runWorkflow>(id)
-          .query(snapshotQuery)
-          .catch(() => undefined),
-      ),
-    );
+    const snapshots = await Promise.all(ids.map((id) => this.listedSnapshot(id, 'runs')));
     // Visibility lags the workflow a little: trust the snapshot for the status filter.
     return snapshots.filter((s): s is RunSnapshot => s !== undefined && (!filter.status || s.status === filter.status));
   }
 
   /**
-   * Every pending interaction, oldest first, a page at a time, from one visibility
-   * listing: each waiting Run keeps its pending interactions in its memo (no query per
-   * Run, except a Run started before the memo existed). `after` is the `next` of the
-   * previous page.
+   * The snapshot of a Run a listing named; undefined where {@link get} answers NOT_FOUND (deleted since
+   * the listing, or a workflow of another kind). Any other failure (no worker answers the query, the Run's
+   * workflow task fails) fails the listing, naming the Run and the cause: a Run left out of a list
+   * silently reads as no Run at all.
+   * With `closedHasNone`, a Run closed since the listing that cannot be queried is undefined too: a
+   * closed Run waits on no one.
+   */
+  private async listedSnapshot(
+    runId: string,
+    listing: string,
+    closedHasNone = false,
+  ): Promise<RunSnapshot | undefined> {
+    // The ids come from Temporal itself: asked as they are, not through the checks of an id a caller gives.
+    const handle = this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
+    try {
+      return await handle.query(snapshotQuery);
+    } catch (err) {
+      const failure = toStasisError(err, `run ${runId}`);
+      if (failure.code === 'NOT_FOUND') return undefined;
+      if (closedHasNone) {
+        const described = await handle.describe().catch(() => undefined);
+        if (described && described.status.name !== 'RUNNING') return undefined;
+      }
+      // The client wraps the server's answer ("Failed to query Workflow"): its status says why.
+      const cause = grpcErrorOf(err)?.message ?? (err instanceof Error ? err.message : String(err));
+      throw new StasisError(failure.code, `${listing}: run ${runId} could not be read (${cause})`);
+    }
+  }
+
+  /**
+   * Every pending interaction of the Runs of this client's task queue, oldest first, a page at a
+   * time, from one visibility listing: each waiting Run keeps its pending interactions in its memo
+   * (no query per Run, except a Run started before the memo existed). `after` is the `next` of the
+   * previous page. A Run that must be queried and cannot be fails the call as in {@link list},
+   * unless it closed since the listing (a closed Run waits on no one) or is gone.
    */
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
@@ -467,12 +498,14 @@ export class RunsApi {
       for await (const wf of this.temporal.workflow.list({
         query: `StasisKind = 'run' AND StasisPendingInteractions > 0`,
       })) {
-        if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING') continue;
+        if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING' || wf.taskQueue !== this.taskQueue) continue;
         seen.add(wf.workflowId);
         const memo = wf.memo?.[PENDING_MEMO] as (InteractionRequest & { diffTruncated?: true })[] | undefined;
         const pending =
           memo ??
-          (await this.get(wf.workflowId).catch(() => undefined))?.interactions.filter((i) => i.status === 'pending') ??
+          (await this.listedSnapshot(wf.workflowId, 'interactions', true))?.interactions.filter(
+            (i) => i.status === 'pending',
+          ) ??
           [];
         for (const { diffTruncated, ...interaction } of pending as (InteractionRequest & { diffTruncated?: true })[]) {
           items.push({
