@@ -63,8 +63,14 @@ export function toStasisError(err: unknown, what: string): StasisError {
   if (grpc?.code === GRPC_STATUS.NOT_FOUND) return new StasisError('NOT_FOUND', `${what} not found`);
   if (grpc && isTransientGrpc(grpc.code))
     return new StasisError('UNAVAILABLE', `Temporal is unavailable: ${grpc.message}`);
+  // A query no worker took: Temporal says so when none has polled the task queue lately (else it times out).
+  if (grpc?.code === GRPC_STATUS.FAILED_PRECONDITION && NO_POLLER.test(grpc.message))
+    return new StasisError('UNAVAILABLE', `no worker answers for ${what}: ${grpc.message}`);
   return toInternal(err, what);
 }
+
+/** Temporal's FAILED_PRECONDITION for a query to a task queue no worker has polled lately. */
+const NO_POLLER = /no poller seen for task queue recently/i;
 
 /**
  * The gRPC status error in a failure chain: the client wraps it (a ServiceError

@@ -20,6 +20,7 @@ import {
   ActionRequest,
   ActionWaitMs,
   type ActionView,
+  ClientIdentity,
   CreateSandboxInput,
   ExecInput,
   Identifier,
@@ -82,7 +83,7 @@ import {
 import { PENDING_MEMO } from '../common/interactions';
 import { compareCursors, decodeCursor, encodeCursor, type Cursor } from './cursor';
 import { listSandboxes } from './sandbox-list';
-import { isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
+import { grpcErrorOf, isClosedWorkflow, refusedByClosedRun, toStasisError } from './errors';
 import { actionEndedOutside, closeReason, endedOutside, isSettled, workflowClosed } from './closed-run';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
@@ -90,14 +91,15 @@ import { collectMetrics, type WorkerMetricsSource } from './metrics';
 export { StasisError } from '../common/errors';
 
 /**
- * `value` parsed by `schema` (INVALID_ARGUMENT naming each bad field), JSON as REST's body parser
- * takes it (well-formed Unicode, no `__proto__` key), and no larger than JSON_INPUT_LIMIT_BYTES as
- * JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
+ * `value` as JSON first, as REST's body parser takes it (JSON at all: no BigInt, function, symbol,
+ * NaN, Infinity or circular object; well-formed Unicode; bounded nesting), then parsed by `schema`
+ * (INVALID_ARGUMENT naming each bad field), without a `__proto__` key, and no larger than
+ * JSON_INPUT_LIMIT_BYTES as JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
  */
 function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
-  const valid = parseOrInvalid(schema, value, what);
   const problem = jsonValueProblem(value, what);
   if (problem) throw new StasisError('INVALID_ARGUMENT', problem);
+  const valid = parseOrInvalid(schema, value, what);
   const proto = protoKeyPath(value);
   // zod's records and objects drop the key silently; REST refuses it (fastify's onProtoPoisoning).
   if (proto)
@@ -217,6 +219,8 @@ export class StasisClient {
   /** Create and drive standalone sandboxes (no Run, no agent loop). */
   readonly sandboxes: SandboxesApi;
   private readonly identities = new Map<string, StasisClient>();
+  /** Made by {@link withIdentity}: the connection is its parent's, and close() leaves it open. */
+  private borrowsConnection = false;
 
   /** Wraps a connected Temporal client; {@link StasisClient.connect} makes one from the environment. */
   constructor(
@@ -238,9 +242,19 @@ export class StasisClient {
   /**
    * This client acting as `identity`, on the same connection: Temporal records the
    * identity on the events of what it starts, signals, cancels and updates, so
-   * Temporal Web shows who did it. One client per identity, kept.
+   * Temporal Web shows who did it. One client per identity, kept. The identity is
+   * 1-256 characters without control characters ({@link ClientIdentity}); anything else
+   * is INVALID_ARGUMENT naming `identity`, thrown at once. The client made shares this
+   * one's connection without owning it: its close() does nothing, and it is closed
+   * when this client is.
    */
   withIdentity(identity: string): StasisClient {
+    checkString(identity, 'identity');
+    const parsed = ClientIdentity.safeParse(identity);
+    if (!parsed.success) {
+      const problems = parsed.error.issues.map((issue) => issue.message).join('; ');
+      throw new StasisError('INVALID_ARGUMENT', `identity ${shown(identity)}: ${problems}`);
+    }
     let client = this.identities.get(identity);
     if (!client) {
       const { namespace, dataConverter, interceptors } = this.temporal.options;
@@ -252,6 +266,7 @@ export class StasisClient {
         identity,
       });
       client = new StasisClient(temporal, this.options);
+      client.borrowsConnection = true;
       this.identities.set(identity, client);
     }
     return client;
@@ -261,7 +276,9 @@ export class StasisClient {
    * Connects to Temporal: `options.client` if given, else `options.connection`, else the environment
    * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
    * `temporal.toml`, through `@temporalio/envconfig`); the environment also gives the namespace when
-   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached.
+   * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached;
+   * INVALID_ARGUMENT (a ConfigError, which is a StasisError) naming the namespace when the server
+   * does not have it.
    */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
@@ -293,10 +310,13 @@ export class StasisClient {
   }
 
   /**
-   * Closes the Temporal connection (also the one `connect` made), shared with the clients of
-   * {@link withIdentity}; every call after it is UNAVAILABLE. Closing again does nothing.
+   * Closes the Temporal connection (the one `connect` made, or the one of the client given), and with
+   * it the clients of {@link withIdentity}, which share it; every call after it is UNAVAILABLE. Closing
+   * again does nothing. On a client of withIdentity, close() does nothing: the connection is not
+   * its own, and its parent and the other identities go on using it.
    */
   async close(): Promise<void> {
+    if (this.borrowsConnection) return;
     const { connection } = this.temporal;
     if (closedConnections.has(connection)) return;
     closedConnections.add(connection);
@@ -414,7 +434,14 @@ export class RunsApi {
     }
   }
 
-  /** Runs, newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT for a bad `status` or `limit`. */
+  /**
+   * The Runs of this client's task queue (those its workers serve; another deployment sharing the namespace
+   * has its own), newest first; `status` filters through the StasisStatus search attribute. INVALID_ARGUMENT
+   * for a bad `status` or `limit`. Each Run listed is read by a query; one that cannot be read (no worker
+   * answers it, its workflow task fails) fails the whole list, naming that Run and the cause (UNAVAILABLE
+   * when Temporal or a worker did not answer in time, INTERNAL otherwise): a list never leaves a Run out
+   * silently. A Run {@link get} answers NOT_FOUND for (deleted since the listing) is left out.
+   */
   async list(filter: { status?: RunStatus; limit?: number } = {}): Promise<RunSnapshot[]> {
     checkObject(filter, 'filter');
     // Checked, never spliced into the visibility query as given.
@@ -427,6 +454,7 @@ export class RunsApi {
     const closed = new Map<string, string>();
     try {
       for await (const wf of this.temporal.workflow.list({ query })) {
+        if (wf.taskQueue !== this.taskQueue) continue;
         if (!ids.includes(wf.workflowId)) ids.push(wf.workflowId);
         if (workflowClosed(wf.status.name)) closed.set(wf.workflowId, wf.status.name);
         if (ids.length >= (filter.limit ?? 200)) break;
@@ -434,29 +462,56 @@ export class RunsApi {
     } catch (err) {
       throw toStasisError(err, 'runs');
     }
-    // The ids come from Temporal itself: asked as they are, not through the checks of an id a caller gives.
     const snapshots = await Promise.all(
-      ids.map((id) =>
-        this.temporal.workflow
-          .getHandle<typeof runWorkflow>(id)
-          .query(snapshotQuery)
-          .then(async (s) => {
-            // Closed without the Run's end (terminated, timed out): ended, as get() says.
-            const status = closed.get(id);
-            return status && !isTerminal(s.status) ? endedOutside(s, await closeReason(this.temporal, id, status)) : s;
-          })
-          .catch(() => undefined),
-      ),
+      ids.map(async (id) => {
+        const snapshot = await this.listedSnapshot(id, 'runs');
+        // Closed without the Run's end (terminated, timed out): ended, as get() says.
+        const status = closed.get(id);
+        return snapshot && status && !isTerminal(snapshot.status)
+          ? endedOutside(snapshot, await closeReason(this.temporal, id, status))
+          : snapshot;
+      }),
     );
     // Visibility lags the workflow a little: trust the snapshot for the status filter.
     return snapshots.filter((s): s is RunSnapshot => s !== undefined && (!filter.status || s.status === filter.status));
   }
 
   /**
-   * Every pending interaction, oldest first, a page at a time, from one visibility
-   * listing: each waiting Run keeps its pending interactions in its memo (no query per
-   * Run, except a Run started before the memo existed). `after` is the `next` of the
-   * previous page.
+   * The snapshot of a Run a listing named; undefined where {@link get} answers NOT_FOUND (deleted since
+   * the listing, or a workflow of another kind). Any other failure (no worker answers the query, the Run's
+   * workflow task fails) fails the listing, naming the Run and the cause: a Run left out of a list
+   * silently reads as no Run at all.
+   * With `closedHasNone`, a Run closed since the listing that cannot be queried is undefined too: a
+   * closed Run waits on no one.
+   */
+  private async listedSnapshot(
+    runId: string,
+    listing: string,
+    closedHasNone = false,
+  ): Promise<RunSnapshot | undefined> {
+    // The ids come from Temporal itself: asked as they are, not through the checks of an id a caller gives.
+    const handle = this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
+    try {
+      return await handle.query(snapshotQuery);
+    } catch (err) {
+      const failure = toStasisError(err, `run ${runId}`);
+      if (failure.code === 'NOT_FOUND') return undefined;
+      if (closedHasNone) {
+        const described = await handle.describe().catch(() => undefined);
+        if (described && described.status.name !== 'RUNNING') return undefined;
+      }
+      // The client wraps the server's answer ("Failed to query Workflow"): its status says why.
+      const cause = grpcErrorOf(err)?.message ?? (err instanceof Error ? err.message : String(err));
+      throw new StasisError(failure.code, `${listing}: run ${runId} could not be read (${cause})`);
+    }
+  }
+
+  /**
+   * Every pending interaction of the Runs of this client's task queue, oldest first, a page at a
+   * time, from one visibility listing: each waiting Run keeps its pending interactions in its memo
+   * (no query per Run, except a Run started before the memo existed). `after` is the `next` of the
+   * previous page. A Run that must be queried and cannot be fails the call as in {@link list},
+   * unless it closed since the listing (a closed Run waits on no one) or is gone.
    */
   async pendingInteractions(
     page: { limit?: number; after?: string } = {},
@@ -471,12 +526,14 @@ export class RunsApi {
       for await (const wf of this.temporal.workflow.list({
         query: `StasisKind = 'run' AND StasisPendingInteractions > 0`,
       })) {
-        if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING') continue;
+        if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING' || wf.taskQueue !== this.taskQueue) continue;
         seen.add(wf.workflowId);
         const memo = wf.memo?.[PENDING_MEMO] as (InteractionRequest & { diffTruncated?: true })[] | undefined;
         const pending =
           memo ??
-          (await this.get(wf.workflowId).catch(() => undefined))?.interactions.filter((i) => i.status === 'pending') ??
+          (await this.listedSnapshot(wf.workflowId, 'interactions', true))?.interactions.filter(
+            (i) => i.status === 'pending',
+          ) ??
           [];
         for (const { diffTruncated, ...interaction } of pending as (InteractionRequest & { diffTruncated?: true })[]) {
           items.push({

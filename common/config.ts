@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { temporalConnectConfig, type TemporalConnectConfig } from './temporal-connection';
 import type { HostPathPolicy } from './host-paths';
 import { DEFAULT_ROLE, isRole, ROLES, type ApiToken } from './roles';
+import { StasisError } from './errors';
 
 // The environment (README, Configuration), read once at start-up. A bad variable stops
 // the process with one line naming it.
@@ -138,9 +139,14 @@ export type Config = Omit<z.infer<typeof Env>, 'TEMPORAL_NAMESPACE'> & {
   temporal: TemporalConnectConfig;
 };
 
-export class ConfigError extends Error {
+/**
+ * A configuration Stasis cannot run with, one problem a line (the CLI exits 2 on it). It is a
+ * {@link StasisError} (INVALID_ARGUMENT), so a library caller catching StasisError gets it too,
+ * e.g. from `StasisClient.connect` to a namespace the server does not have.
+ */
+export class ConfigError extends StasisError {
   constructor(readonly problems: string[]) {
-    super(problems.join('\n'));
+    super('INVALID_ARGUMENT', problems.join('\n'));
     this.name = 'ConfigError';
   }
 }

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { DURATION_PROBLEM, DURATION_RE } from './duration';
 import {
+  ACTOR_MAX,
   BLANK_COMMAND,
   EXTERNAL_DRIVER,
   IDENTIFIER_PROBLEM,
@@ -14,7 +15,7 @@ import {
   SANDBOX_WORKFLOW_PREFIX,
   workspacePathProblem,
 } from './wire-checks';
-import { findJsonProblem, hasLoneSurrogate } from './wire-json';
+import { CONTROL_CHARACTER, findJsonProblem, hasLoneSurrogate } from './wire-json';
 import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
 import { ACTION_LIMITS, askProblem, MAX_ACTION_WAIT_MS } from './external-actions';
 import { labelKeywords, LABELS_MAX_CHARS } from './labels';
@@ -340,10 +341,23 @@ export const RespondInput = z
   .object({
     interactionId: z.string().min(1),
     response: InteractionResponse,
-    respondedBy: z.string().min(1).max(256).optional(),
+    respondedBy: z.string().min(1).max(ACTOR_MAX).optional(),
   })
   .strict();
 export type RespondInput = z.infer<typeof RespondInput>;
+
+/**
+ * A client's Temporal identity (StasisClient.withIdentity), recorded on the events of what it does and
+ * shown in Temporal Web: 1-256 characters as `respondedBy` (within Temporal's limit, 1000 bytes, in any
+ * encoding), without a control character, DEL, C1 control or bidi override (it would start a line or
+ * reorder what is shown where it is printed), and well-formed Unicode (Temporal would store U+FFFD).
+ */
+export const ClientIdentity = z
+  .string()
+  .min(1)
+  .max(ACTOR_MAX)
+  .refine((s) => !CONTROL_CHARACTER.test(s), 'must not contain a control character, DEL, C1 control or bidi override')
+  .refine((s) => !hasLoneSurrogate(s), 'must be well-formed Unicode (it holds a lone surrogate)');
 
 /** A pending interaction with its Run, as the list of everything waiting on a person gives it. */
 export const PendingInteraction = z.object({

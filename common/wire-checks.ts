@@ -34,6 +34,9 @@ export const RUN_ID_MAX = IDENTIFIER_MAX - RUN_SANDBOX_SUFFIX.length;
 export const RUN_ID_MAX_PROBLEM = `must be at most ${RUN_ID_MAX} characters (its sandbox's id adds "${RUN_SANDBOX_SUFFIX}")`;
 export const IDENTIFIER_PROBLEM = 'must be letters, digits, ".", "_" or "-"';
 
+/** Longest name of who acted: an answer's `respondedBy`, a client's Temporal identity. */
+export const ACTOR_MAX = 256;
+
 /** The driver whose agent is a program outside the worker, acting through the `act` Update. */
 export const EXTERNAL_DRIVER = 'external';
 
@@ -244,7 +247,7 @@ const respondInput = strictObject(
   {
     interactionId: text({ min: 1 }),
     response: firstOf(approvalResponse, editResponse, inputResponse, optionResponse),
-    respondedBy: text({ min: 1, max: 256 }),
+    respondedBy: text({ min: 1, max: ACTOR_MAX }),
   },
   ['respondedBy'],
 );

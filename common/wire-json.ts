@@ -1,9 +1,13 @@
+import { UNSAFE_TEXT_CLASS } from './unsafe-text';
 // What every JSON request must be beyond its schema (I-JSON, RFC 7493, and a
 // nesting limit): no key twice in an object (parsers disagree on which one
 // counts), only well-formed Unicode (a lone surrogate cannot travel as UTF-8,
 // and Temporal's payloads would silently turn it into U+FFFD), and at most
 // MAX_JSON_DEPTH levels of nesting (deeper values overflow the stack of the
-// recursive code that validates and serialises them).
+// recursive code that validates and serialises them). A value a library caller
+// passes must also be JSON at all: no BigInt, function, symbol, NaN, Infinity
+// or circular object (JSON.stringify throws on some and silently drops or nulls
+// the others; a parsed request never holds one).
 
 /** Deepest nesting of arrays and objects a request may carry. */
 export const MAX_JSON_DEPTH = 64;
@@ -12,6 +16,25 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 
 /** True when a string holds a UTF-16 surrogate without its pair. */
 export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
+
+/** Any character of the set shown escaped to people (common/unsafe-text.ts, its one home); not global. */
+export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_CLASS);
+
+/** Why a value that is not an array or object is not JSON (a library caller's, never a parsed one's), or undefined. */
+function notJson(v: unknown): string | undefined {
+  switch (typeof v) {
+    case 'bigint':
+      return 'must be a JSON value (a BigInt is not one: send it as a string or a number)';
+    case 'function':
+      return 'must be a JSON value (a function is not one)';
+    case 'symbol':
+      return 'must be a JSON value (a symbol is not one)';
+    case 'number':
+      return Number.isFinite(v) ? undefined : `must be a JSON value (${String(v)} is not one)`;
+    default:
+      return undefined;
+  }
+}
 
 /** Where a JSON value breaks a rule beyond its schema, and which rule. */
 export interface JsonProblem {
@@ -24,23 +47,46 @@ export interface JsonProblem {
  * nothing is. Iterative, so any depth is measured without recursion.
  */
 export function findJsonProblem(value: unknown): JsonProblem | undefined {
-  const stack: { value: unknown; path: (string | number)[] }[] = [{ value, path: [] }];
+  const stack: Walked[] = [{ value, path: [] }];
   while (stack.length > 0) {
-    const { value: v, path } = stack.pop()!;
+    const walked = stack.pop()!;
+    const { value: v, path } = walked;
     if (typeof v === 'string') {
       if (hasLoneSurrogate(v)) return { path, message: 'must be well-formed Unicode (it holds a lone surrogate)' };
       continue;
     }
+    const notJsonValue = notJson(v);
+    if (notJsonValue) return { path, message: notJsonValue };
     if (typeof v !== 'object' || v === null) continue;
+    // A circular value is endlessly deep: it is found where it runs past the limit.
     if (path.length >= MAX_JSON_DEPTH)
-      return { path: path.slice(0, 2), message: `nested deeper than ${MAX_JSON_DEPTH} levels` };
-    if (Array.isArray(v)) v.forEach((item, i) => stack.push({ value: item, path: [...path, i] }));
+      return circularAt(walked) ?? { path: path.slice(0, 2), message: `nested deeper than ${MAX_JSON_DEPTH} levels` };
+    if (Array.isArray(v)) v.forEach((item, i) => stack.push({ value: item, path: [...path, i], parent: walked }));
     else
       for (const [key, item] of Object.entries(v)) {
         if (hasLoneSurrogate(key))
           return { path, message: 'a key must be well-formed Unicode (it holds a lone surrogate)' };
-        stack.push({ value: item, path: [...path, key] });
+        stack.push({ value: item, path: [...path, key], parent: walked });
       }
+  }
+  return undefined;
+}
+
+/** A value on findJsonProblem's walk, with the one it is in. */
+interface Walked {
+  value: unknown;
+  path: (string | number)[];
+  parent?: Walked;
+}
+
+/** Where the chain of values down to `deepest` first comes back to one it is inside of, if it does. */
+function circularAt(deepest: Walked): JsonProblem | undefined {
+  const chain: Walked[] = [];
+  for (let w: Walked | undefined = deepest; w; w = w.parent) chain.unshift(w);
+  const seen = new Set<unknown>();
+  for (const { value, path } of chain) {
+    if (seen.has(value)) return { path, message: 'must be a JSON value (it is circular: it contains itself)' };
+    seen.add(value);
   }
   return undefined;
 }

@@ -37,6 +37,15 @@ describe('toStasisError', () => {
       'INVALID_ARGUMENT',
       400,
     ],
+    [
+      'a query no worker took (FAILED_PRECONDITION "no poller seen"): the workers are down',
+      new ServiceError('Failed to query Workflow', {
+        cause: grpc(9, '9 FAILED_PRECONDITION: no poller seen for task queue recently, worker may be down'),
+      }),
+      'UNAVAILABLE',
+      503,
+    ],
+    ['another FAILED_PRECONDITION', grpc(9, '9 FAILED_PRECONDITION: something else'), 'INTERNAL', 500],
     ['anything else', new Error('boom'), 'INTERNAL', 500],
   ])('%s', (_what, err, code, httpStatus) => {
     expect(toStasisError(err, 'run r1')).toMatchObject({ code, httpStatus });

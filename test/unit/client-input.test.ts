@@ -1,8 +1,10 @@
-import type { Client } from '@temporalio/client';
+import { Client, Connection } from '@temporalio/client';
 import * as fc from 'fast-check';
 import { StasisClient, StasisError } from '../../client';
+import { ConfigError, loadConfig } from '../../common/config';
 import { MAX_ACTION_WAIT_MS } from '../../common/external-actions';
-import { RunId } from '../../common/schemas';
+import { ClientIdentity, RunId } from '../../common/schemas';
+import { ACTOR_MAX } from '../../common/wire-checks';
 import { freePort } from '../../platform/servers';
 
 // The typed client refuses a Run id no Run can have and a list limit out of bounds
@@ -330,3 +332,203 @@ test('connect() to a server that is down is UNAVAILABLE naming the address (was 
   expect(err).toBeInstanceOf(StasisError);
   expect(err).toMatchObject({ code: 'UNAVAILABLE', message: expect.stringContaining(down) });
 }, 60_000);
+
+// withIdentity's identity is recorded by Temporal on every event the client causes and shown in
+// Temporal Web: it was taken as given (undefined, 123, '', 10,000 characters, a newline or an ANSI
+// escape), to fail later or be shown as sent.
+
+/** Identities withIdentity refuses: not strings, empty, too long, with a control character, or not well-formed. */
+const badIdentities = fc.oneof(
+  fc.constantFrom<unknown>(
+    undefined,
+    null,
+    123,
+    '',
+    {},
+    ['bob'],
+    'x'.repeat(257),
+    '€'.repeat(400),
+    'bob\n',
+    'a\u202eb',
+  ),
+  fc.anything().filter((v) => typeof v !== 'string'),
+  fc.string({ minLength: ACTOR_MAX + 1, maxLength: ACTOR_MAX + 50 }),
+  fc
+    .tuple(
+      fc.string({ maxLength: 20 }),
+      fc.constantFrom('\u0000', '\n', '\r', '\t', '\u001b', '\u007f', '\u0085', '\u009b', '\u202e', '\u2067', '\ud800'),
+      fc.string({ maxLength: 20 }),
+    )
+    .map(([a, bad, b]) => `${a}${bad}${b}`),
+);
+
+test('property: withIdentity refuses an identity that is not 1-256 characters free of control characters, at once, as INVALID_ARGUMENT naming identity, and changes nothing', () => {
+  const temporal = untouchable();
+  const client = new StasisClient(temporal.client);
+  fc.assert(
+    fc.property(badIdentities, (identity) => {
+      let thrown: unknown;
+      try {
+        client.withIdentity(identity as string);
+      } catch (err) {
+        thrown = err;
+      }
+      expect(thrown).toBeInstanceOf(StasisError);
+      expect(thrown).toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^identity[ :]/) });
+    }),
+    { numRuns: 300 },
+  );
+  // Nothing was kept and nothing asked.
+  expect((client as unknown as { identities: Map<string, unknown> }).identities.size).toBe(0);
+  expect(temporal.asked()).toBe(false);
+});
+
+test('property: withIdentity takes every identity of 1-256 characters free of control characters, one client per identity', () => {
+  const client = new StasisClient(new Client({ connection: Connection.lazy({ address: '127.0.0.1:1' }) }));
+  fc.assert(
+    fc.property(
+      fc.string({ unit: 'grapheme', minLength: 1, maxLength: 80 }).filter((s) => ClientIdentity.safeParse(s).success),
+      (identity) => {
+        const derived = client.withIdentity(identity);
+        expect(derived.temporal.options.identity).toBe(identity);
+        expect(client.withIdentity(identity)).toBe(derived);
+      },
+    ),
+  );
+  expect(client.withIdentity('b'.repeat(ACTOR_MAX)).temporal.options.identity).toHaveLength(ACTOR_MAX);
+});
+
+// A value JSON cannot carry (a BigInt, a function, a symbol, NaN or Infinity, a circular object) in a
+// client's free-form payload surfaced as a raw TypeError ("Do not know how to serialize a BigInt"), or
+// was dropped or turned into null on its way to Temporal.
+
+/** A value JSON cannot carry, and where findJsonProblem names it below the place it is put. */
+const notJsonValues = fc.oneof(
+  fc.bigInt().map((value) => ({ value: value as unknown, below: [] as string[], what: /a BigInt/ })),
+  fc.constant({ value: (() => 1) as unknown, below: [] as string[], what: /a function/ }),
+  fc.constant({ value: Symbol('s') as unknown, below: [] as string[], what: /a symbol/ }),
+  fc.constantFrom(Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY).map((value) => ({
+    value: value as unknown,
+    below: [] as string[],
+    what: /(NaN|Infinity) is not one/,
+  })),
+  fc.constant(null).map(() => {
+    const circular: Record<string, unknown> = { a: 1 };
+    circular.self = circular;
+    return { value: circular as unknown, below: ['self'], what: /circular/ };
+  }),
+);
+const key = fc.stringMatching(/^[a-z]{1,6}$/);
+/** `value` at `keys` inside objects that hold other, JSON, fields too. */
+const nestedAt = (keys: string[], value: unknown, siblings: Record<string, unknown>[]): unknown =>
+  keys.reduceRight<unknown>((inner, k, i) => ({ ...siblings[i], [k]: inner }), value);
+
+/** The client's free-form payloads, each with `value` put in it, and the field named for it. */
+const payloadCalls = (runs: StasisClient['runs'], value: unknown): [string, () => Promise<unknown>][] => [
+  ['request.action.output', () => runs.act('run-1', { actionId: 'a1', action: { type: 'complete', output: value } })],
+  [
+    'spec.agent.input',
+    () => runs.start({ agent: { driver: 'my-agent', input: value }, sandbox: { provider: 'local' } }),
+  ],
+  [
+    'spec.agent.steps.0.complete',
+    () => runs.start({ agent: { driver: 'scripted', steps: [{ complete: value }] }, sandbox: { provider: 'local' } }),
+  ],
+  [
+    'request.action.spec.agent.input',
+    () =>
+      runs.act('run-1', {
+        actionId: 'a1',
+        action: {
+          type: 'spawn',
+          spec: { agent: { driver: 'my-agent', input: value }, sandbox: { provider: 'local' } },
+        },
+      }),
+  ],
+];
+
+test('property: a value JSON cannot carry, anywhere in a free-form payload (complete output, agent input), is INVALID_ARGUMENT naming its field, and nothing is sent', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      notJsonValues,
+      fc.array(key, { maxLength: 4 }),
+      fc.array(fc.dictionary(key, fc.jsonValue({ maxDepth: 1 }), { maxKeys: 3, noNullPrototype: true }), {
+        minLength: 4,
+        maxLength: 4,
+      }),
+      async ({ value, below, what }, keys, siblings) => {
+        const temporal = untouchable();
+        const runs = new StasisClient(temporal.client).runs;
+        for (const [field, call] of payloadCalls(runs, nestedAt(keys, value, siblings))) {
+          const err = await call().then(
+            () => undefined,
+            (e: unknown) => e,
+          );
+          const at = [field, ...keys, ...below].join('.');
+          expect(err).toBeInstanceOf(StasisError);
+          expect([at, err]).toEqual([
+            at,
+            expect.objectContaining({
+              code: 'INVALID_ARGUMENT',
+              message: expect.stringContaining(`${at}: must be a JSON value`),
+            }),
+          ]);
+          expect((err as Error).message).toMatch(what);
+        }
+        expect(temporal.asked()).toBe(false);
+      },
+    ),
+    { numRuns: 150 },
+  );
+});
+
+test('an answer holding a value JSON cannot carry is INVALID_ARGUMENT naming its field, and nothing is sent', async () => {
+  const temporal = untouchable();
+  const { runs } = new StasisClient(temporal.client);
+  const circular: Record<string, unknown> = {};
+  circular.self = circular;
+  for (const comment of [1n, () => 1, Symbol('s'), Number.NaN, circular])
+    for (const call of [
+      () => runs.respond('run-1', 'int-1', { decision: 'approve', comment }),
+      () => runs.respondBySignal('run-1', 'int-1', { decision: 'approve', comment }),
+    ])
+      expect(await refusal(call)).toEqual({
+        code: 'INVALID_ARGUMENT',
+        message: expect.stringMatching(/^response\.comment(\.self)?: must be a JSON value/),
+      });
+  expect(temporal.asked()).toBe(false);
+});
+
+test("a withIdentity client's close() leaves the connection open for its parent and the other identities; the parent's close() closes it for all", async () => {
+  const client = await StasisClient.connect({ connection: { address: address() } });
+  const bob = client.withIdentity('bob');
+  const carol = client.withIdentity('carol');
+  const reaches = async (c: StasisClient) => refusal(() => c.runs.get('run-no-such-run'));
+  const notFound = { code: 'NOT_FOUND', message: 'run run-no-such-run not found' };
+  const closed = { code: 'UNAVAILABLE', message: 'the client is closed' };
+  try {
+    await bob.close();
+    await bob.close();
+    // It closed the shared connection: the parent and every other identity were UNAVAILABLE.
+    expect([await reaches(client), await reaches(carol), await reaches(bob)]).toEqual([notFound, notFound, notFound]);
+    expect(client.withIdentity('bob')).toBe(bob);
+  } finally {
+    await client.close();
+  }
+  expect([await reaches(client), await reaches(carol), await reaches(bob)]).toEqual([closed, closed, closed]);
+});
+
+test('connect() to a namespace the server does not have is a StasisError (INVALID_ARGUMENT) a library caller catches, and still a ConfigError', async () => {
+  const err = await StasisClient.connect({ connection: { address: address() }, namespace: 'no-such-namespace' }).catch(
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(StasisError);
+  expect(err).toBeInstanceOf(ConfigError);
+  expect(err).toMatchObject({
+    code: 'INVALID_ARGUMENT',
+    httpStatus: 400,
+    message: expect.stringContaining('TEMPORAL_NAMESPACE: "no-such-namespace" does not exist'),
+  });
+  // loadConfig's refusals are StasisErrors too.
+  expect(() => loadConfig({ STASIS_TASK_QUEUE: 'a b' })).toThrow(StasisError);
+});
