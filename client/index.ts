@@ -165,6 +165,15 @@ function checkObject(value: unknown, field: string): void {
 }
 
 /** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
+/**
+ * The visibility clause of a Run status. A Run whose workflow Temporal closed without the Run's end
+ * (terminated, timed out) last published a live status but reads FAILED (see get): FAILED finds it too.
+ */
+function statusClause(status: RunStatus): string {
+  const clause = `StasisStatus = '${status}'`;
+  return status === 'FAILED' ? `(${clause} OR ExecutionStatus = 'Terminated' OR ExecutionStatus = 'TimedOut')` : clause;
+}
+
 function checkLimit(limit: number | undefined): void {
   if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }
@@ -447,7 +456,7 @@ export class RunsApi {
     // Checked, never spliced into the visibility query as given.
     if (filter.status !== undefined) parseOrInvalid(RunStatus, filter.status, 'status');
     checkLimit(filter.limit);
-    const query = [`StasisKind = 'run'`, filter.status ? `StasisStatus = '${filter.status}'` : undefined]
+    const query = [`StasisKind = 'run'`, filter.status ? statusClause(filter.status) : undefined]
       .filter(Boolean)
       .join(' AND ');
     const ids: string[] = [];

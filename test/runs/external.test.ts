@@ -309,6 +309,9 @@ test('a Run whose workflow was terminated in Temporal reads FAILED; its ask read
   expect(waiting.runs.filter((r) => r.runId === runId)).toEqual([]);
   const all = (await approver('GET', '/api/v1/runs?limit=1000')).json as { runs: { runId: string; status: string }[] };
   expect(all.runs.filter((r) => r.runId === runId)).toEqual([expect.objectContaining({ status: 'FAILED' })]);
+  // Listed as FAILED when asked for FAILED Runs too, though visibility last heard WAITING from it.
+  const failed = (await approver('GET', '/api/v1/runs?status=FAILED&limit=1000')).json as { runs: { runId: string }[] };
+  expect(failed.runs.filter((r) => r.runId === runId)).toEqual([expect.objectContaining({ status: 'FAILED' })]);
 }, 300_000);
 
 test('bad action bodies are 400 naming the field, and change nothing', async () => {
