@@ -15,8 +15,12 @@ export default async function globalSetup(): Promise<void> {
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'stasis-test-'));
   const servers: TestServers = { dataDir, minioStateFile: path.join(dataDir, 'minio-state.json'), replacedEnv: {} };
   saveTestServers(servers);
+  // Tests that run a process as another user (nobody) reach their files under it, as they did in /tmp:
+  // the data dir is searchable (not listable) by others, its tmp/ is like /tmp itself.
+  fs.chmodSync(dataDir, 0o711);
   const tmpDir = path.join(dataDir, 'tmp');
   fs.mkdirSync(tmpDir);
+  fs.chmodSync(tmpDir, 0o1777);
   const [temporalPort, minioPort, consolePort] = await freePorts(3);
   // An explicit TEMPORAL_ADDRESS (an existing server) keeps its namespace; our own dev server uses default.
   const namespace = process.env.TEMPORAL_ADDRESS ? (process.env.TEMPORAL_NAMESPACE ?? 'default') : 'default';
