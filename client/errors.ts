@@ -46,6 +46,12 @@ export function toStasisError(err: unknown, what: string): StasisError {
   if (err instanceof WorkflowNotFoundError) return new StasisError('NOT_FOUND', `${what} not found`);
   if (err instanceof WorkflowExecutionAlreadyStartedError)
     return new StasisError('ALREADY_EXISTS', `${what} already exists`);
+  // Before the handler test: the SDK raises an answer Temporal refuses as too large as QueryNotRegisteredError too.
+  if (isAnswerTooLarge(err))
+    return new StasisError(
+      'INTERNAL',
+      `${what} could not be read: its answer is larger than Temporal passes (${err.message})`,
+    );
   if (isUnregisteredHandler(err)) return new StasisError('NOT_FOUND', `${what} not found`);
   const failure = findCause(err, (e) => e instanceof ApplicationFailure);
   if (failure) {
@@ -86,12 +92,24 @@ export function isTransientGrpc(code: number): boolean {
   return code === GRPC_STATUS.UNAVAILABLE || code === GRPC_STATUS.DEADLINE_EXCEEDED;
 }
 
+/** Temporal's words for a payload past its limit (about 2 MB), e.g. a query's answer: "Blob data size exceeds limit". */
+const BLOB_TOO_LARGE = /blob data size exceeds limit/i;
+
+/**
+ * True when Temporal refused a query's answer as larger than it passes. The SDK raises every query
+ * failure the server returns as INVALID_ARGUMENT as a QueryNotRegisteredError, this one included: it is
+ * no missing handler (the Run exists and answers), so it must not read as NOT_FOUND.
+ */
+export function isAnswerTooLarge(err: unknown): err is Error {
+  return err instanceof QueryNotRegisteredError && BLOB_TOO_LARGE.test(err.message);
+}
+
 /**
  * True when the workflow has no handler for the query or Update sent: the id names a
  * workflow of another kind (a sandbox's, asked as a Run), so what was asked for is not there.
  */
 export function isUnregisteredHandler(err: unknown): boolean {
-  if (err instanceof QueryNotRegisteredError) return true;
+  if (err instanceof QueryNotRegisteredError) return !isAnswerTooLarge(err);
   // The SDK rejects an Update it has no handler for with a bare failure saying so (no type to match).
   return (
     findCause(err, (e) => e instanceof ApplicationFailure && /^No registered handler for update\b/.test(e.message)) !==

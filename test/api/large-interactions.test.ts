@@ -189,3 +189,36 @@ test.each([
   },
   900_000,
 );
+
+// A snapshot over Temporal's limit (found by an attack review: 50 answered asks of control characters,
+// each shown in JSON six times its length, then a pending ask reviewing a 1 MB command): the SDK raises
+// Temporal's refusal ("Blob data size exceeds limit") as a QueryNotRegisteredError, which read as
+// NOT_FOUND: GET answered 404 and the list left the Run out, as if deleted. Both now fail naming the
+// Run and the cause.
+test('a Run whose snapshot is too large to answer is not reported missing: GET and the list fail naming it', async () => {
+  const runId = await startExternalRun();
+  const c = '\u0001';
+  const options = Array.from({ length: 20 }, (_, k) => c.repeat(199) + String.fromCharCode(65 + k));
+  for (let n = 1; n <= 50; n++) {
+    await askAndAnswer(runId, n, { ask: c.repeat(10_000), title: c.repeat(200), options }, { option: options[0] });
+  }
+  const sent = await agent('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+    body: { actionId: 'ask-big', action: { type: 'ask', ask: 'run?', action: { command: 'c'.repeat(1_000_000) } } },
+  });
+  expect(sent.status).toBeLessThan(300);
+  await eventually(
+    async () => saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-big`)).json as ActionView).interactionId,
+    60_000,
+    'ask-big to open its interaction',
+  );
+  const got = await approver('GET', `/api/v1/runs/${runId}`);
+  expect(got.status).toBe(500);
+  expect((got.json as { error: { code: string; message: string } }).error).toMatchObject({
+    code: 'INTERNAL',
+    message: expect.stringMatching(new RegExp(`run ${runId}.*larger than Temporal passes`)),
+  });
+  const list = await approver('GET', '/api/v1/runs?limit=100');
+  expect(list.status).toBe(500);
+  expect((list.json as { error: { message: string } }).error.message).toContain(`run ${runId} could not be read`);
+  expect((await api.stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
+});
