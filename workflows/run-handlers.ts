@@ -20,8 +20,24 @@ import { checkArity, checkRespond } from './lifecycle';
 import { refuse } from './failures';
 import { PATCH_RESUME_TAKEN, type RunController } from './run-controller';
 import { setExternalHandlers } from './run-external';
-import { isTerminal, pendingInteractions, toResourceView, toSnapshot } from './run-state';
+import {
+  forgetContent,
+  INTERACTION_PAYLOAD_MAX_BYTES,
+  isTerminal,
+  jsonBytes,
+  pendingInteractions,
+  toResourceView,
+  toSnapshot,
+} from './run-state';
 import { notify } from './run-webhooks';
+
+/**
+ * The respond Update's result (the answered interaction, with the Run's labels) is kept within
+ * INTERACTION_PAYLOAD_MAX_BYTES: past it, without its bulk and labels (forgetContent). Before, labels,
+ * a reviewed command and an input answer of 900 KB each made a result Temporal refused, and it
+ * terminated the Run. Asked only when the result is over the bound.
+ */
+export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 
 /** The Run's queries, updates and signals; set before the workflow's first await. */
 export function setRunHandlers(c: RunController): void {
@@ -34,7 +50,12 @@ export function setRunHandlers(c: RunController): void {
       const check = checkAnswer(c, input, currentUpdateInfo()?.id);
       const interaction = run.interactions.find((i) => i.id === input.interactionId) as InteractionRequest;
       if (check !== 'duplicate') answer(c, input, currentUpdateInfo()?.id);
-      return withRunLabels(interaction, run.spec.labels);
+      const answered = withRunLabels(interaction, run.spec.labels);
+      // Labels, reviewed action and answer may each be up to a megabyte: past the bound the result goes
+      // without them (contentForgotten), not as a payload Temporal refuses (it terminated the Run).
+      return jsonBytes(answered) > INTERACTION_PAYLOAD_MAX_BYTES && c.patched(PATCH_RESPOND_RESULT_FITS)
+        ? forgetContent(answered)
+        : answered;
     },
     {
       validator: (...args: unknown[]) => {

@@ -199,6 +199,14 @@ export interface ContinueInput {
  */
 export const CARRIED_INPUT_MAX_BYTES = 1_536 * 1024;
 
+/**
+ * The most UTF-8 bytes of JSON an interaction takes in a payload of its own a Run sends: the respond
+ * Update's result, a webhook delivery's input (with the Run's labels). The same room as
+ * continue-as-new's input: over Temporal's 2 MiB the workflow task fails and Temporal terminates the
+ * Run (labels up to 1 MiB, a reviewed command and an answer up to 1 MiB each can all be in one).
+ */
+export const INTERACTION_PAYLOAD_MAX_BYTES = CARRIED_INPUT_MAX_BYTES;
+
 /** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
 export const jsonBytes = (value: unknown): number => utf8Bytes(JSON.stringify(value ?? null));
 

@@ -222,3 +222,48 @@ test('a Run whose snapshot is too large to answer is not reported missing: GET a
   expect((list.json as { error: { message: string } }).error.message).toContain(`run ${runId} could not be read`);
   expect((await api.stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
 });
+
+// respond's Update result is the answered interaction with the Run's labels: labels, a reviewed command
+// and an input answer of 900 KB each made it 2.7 MB, a payload Temporal refused, and it terminated the
+// Run (found by an attack review). Past the bound the result goes without the bulk (contentForgotten).
+test('answering with 900 KB when labels and the reviewed command are 900 KB each keeps the Run alive', async () => {
+  const runId = await startExternalRun({ note: 'n'.repeat(BIG) });
+  const sent = await agent('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+    body: {
+      actionId: 'ask-1',
+      action: { type: 'ask', ask: 'name?', kind: 'input', action: { command: 'c'.repeat(BIG) } },
+    },
+  });
+  expect(sent.status).toBeLessThan(300);
+  const interactionId = await eventually(
+    async () => saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-1`)).json as ActionView).interactionId,
+    60_000,
+    'ask-1 to open its interaction',
+  );
+  // As askAndAnswer: the interaction takes answers once the Run has settled the ask (a 409 before).
+  const answered = await eventually(
+    async () => {
+      const got = await approver('POST', `/api/v1/runs/${runId}/interactions/${interactionId}`, {
+        body: { input: 'i'.repeat(BIG) },
+      });
+      expect(got.status).not.toBeGreaterThanOrEqual(500);
+      return got.status === 200 ? got : undefined;
+    },
+    60_000,
+    `interaction ${interactionId} to take its answer`,
+  );
+  expect(answered.bytes.length).toBeLessThan(TEMPORAL_BLOB_LIMIT);
+  expect(answered.json).toMatchObject({ id: interactionId, status: 'answered', contentForgotten: true });
+  expect((answered.json as InteractionRequest).labels).toBeUndefined();
+  const done = await eventually(
+    async () => {
+      const view = saw((await agent('GET', `/api/v1/runs/${runId}/actions/ask-1`)).json as ActionView);
+      return view.status === 'succeeded' || view.status === 'failed' ? view : undefined;
+    },
+    60_000,
+    'ask-1 to settle',
+  );
+  expect(done.status).toBe('succeeded');
+  expect((await api.stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
+  await completeRun(runId);
+});
