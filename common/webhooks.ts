@@ -27,6 +27,11 @@ export interface WebhookDelivery {
   interaction?: InteractionRequest;
   /** run.ended of a Run that did not complete. */
   error?: RunError;
+  /**
+   * The delivery was larger than a Run may send: it goes without `labels` and the interaction without
+   * its bulk (`contentForgotten`); read the Run (GET /api/v1/runs/{runId}) for the rest.
+   */
+  truncated?: true;
 }
 
 /** The POSTed body: the delivery and, for an interaction, its deep link on the approval page. */

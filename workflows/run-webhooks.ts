@@ -4,6 +4,7 @@ import type { WebhookDelivery, WebhookEvent } from '../common/webhooks';
 import { nowIso } from './clock';
 import { failureMessage } from './failures';
 import type { RunController } from './run-controller';
+import { forgetContent, INTERACTION_PAYLOAD_MAX_BYTES, jsonBytes } from './run-state';
 import { deliveries, webhookDeliveryId, webhookDeliveryWorkflow } from './webhook-delivery';
 
 // Webhook notifications of a Run. Each is a workflow of its own (webhook-delivery.ts),
@@ -27,6 +28,14 @@ export const PATCH_WEBHOOKS_KNOWN = 'stasis-run-webhooks-known';
  */
 export const PATCH_WEBHOOK_WORKFLOWS = 'stasis-run-webhook-workflows';
 
+/**
+ * A delivery's input is kept within INTERACTION_PAYLOAD_MAX_BYTES: past it, without the Run's labels and
+ * the interaction's bulk (forgetContent), `truncated: true`. Before, labels, a reviewed command and an
+ * answer of 700 KB each made an input Temporal refused (BadStartChildExecutionAttributes), and it
+ * terminated the Run. Asked only when the input is over the bound.
+ */
+export const PATCH_WEBHOOK_INPUT_FITS = 'stasis-run-webhook-input-fits';
+
 /** Starts the delivery of `event`; returns at once. */
 export function notify(c: RunController, event: WebhookEvent, interaction?: InteractionRequest): void {
   if (c.webhooksOff || !c.patched(PATCH_WEBHOOKS)) return;
@@ -47,6 +56,13 @@ export function notify(c: RunController, event: WebhookEvent, interaction?: Inte
     ...(interaction ? { interaction: { ...interaction } } : {}),
     ...(event === 'run.ended' && run.error ? { error: run.error } : {}),
   };
+  // Past the bound (labels, a reviewed action and an answer may each be up to a megabyte), the
+  // delivery goes without the labels and the interaction's bulk, marked: Temporal refuses a larger input.
+  if (jsonBytes(delivery) > INTERACTION_PAYLOAD_MAX_BYTES && c.patched(PATCH_WEBHOOK_INPUT_FITS)) {
+    delete delivery.labels;
+    if (delivery.interaction) delivery.interaction = forgetContent(delivery.interaction);
+    delivery.truncated = true;
+  }
   if (c.patched(PATCH_WEBHOOK_WORKFLOWS)) {
     const child = startChild(webhookDeliveryWorkflow, {
       workflowId: webhookDeliveryId(delivery.deliveryId),

@@ -230,6 +230,56 @@ test('an interaction left past the retention expires: interaction.expired, then 
   await receiver.stop();
 });
 
+// A delivery's input carries the Run's labels and the interaction: labels, a reviewed command and an
+// input answer of 700 KB each made it 2.1 MB, Temporal refused to start the delivery
+// (BadStartChildExecutionAttributes) and terminated the Run (found by an attack review). Past the
+// bound the delivery goes without the labels and the interaction's bulk, marked truncated.
+test('an answer too large to deliver whole is delivered truncated, and the Run lives', async () => {
+  await receiver.start();
+  const big = 700_000;
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'external' },
+    sandbox: { provider: 'local' },
+    policy: { pauseMode: 'DETACH' },
+    labels: { note: 'n'.repeat(big) },
+  });
+  await stack.client.runs.act(
+    runId,
+    { actionId: 'ask-1', action: { type: 'ask', ask: 'name?', kind: 'input', action: { command: 'c'.repeat(big) } } },
+    { waitMs: 0 },
+  );
+  const interactionId = await eventually(
+    async () => (await stack.client.runs.action(runId, 'ask-1'))?.interactionId,
+    60_000,
+    'the ask to open its interaction',
+  );
+  await stack.client.runs.respondBySignal(runId, interactionId, { input: 'i'.repeat(big) }, { respondedBy: 'alice' });
+  const answered = await eventually(
+    async () => receiver.events(runId).find((e) => e.event === 'interaction.answered'),
+    60_000,
+    'interaction.answered',
+  );
+  expect(answered).toMatchObject({
+    truncated: true,
+    interaction: { id: interactionId, status: 'answered', respondedBy: 'alice', contentForgotten: true },
+    link: `${PUBLIC_URL}/#/runs/${runId}/interactions/${interactionId}`,
+  });
+  expect(answered.labels).toBeUndefined();
+  // The one within the bound went whole.
+  const opened = receiver.events(runId).find((e) => e.event === 'interaction.opened');
+  expect(opened?.truncated).toBeUndefined();
+  expect(opened?.labels).toEqual({ note: 'n'.repeat(big) });
+  await eventually(
+    async () => ((await stack.client.runs.action(runId, 'ask-1'))?.status === 'succeeded' ? true : undefined),
+    60_000,
+    'the ask to succeed',
+  );
+  expect((await stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
+  await stack.client.runs.cancel(runId);
+  await status(runId, 'CANCELLED');
+  await receiver.stop();
+});
+
 test('property: a signature verifies only for its key, its exact body, and a fresh timestamp', () => {
   fc.assert(
     fc.property(
