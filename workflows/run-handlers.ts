@@ -21,6 +21,7 @@ import { refuse } from './failures';
 import { PATCH_RESUME_TAKEN, type RunController } from './run-controller';
 import { setExternalHandlers } from './run-external';
 import {
+  fitSnapshot,
   forgetContent,
   INTERACTION_PAYLOAD_MAX_BYTES,
   isTerminal,
@@ -42,7 +43,7 @@ export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 /** The Run's queries, updates and signals; set before the workflow's first await. */
 export function setRunHandlers(c: RunController): void {
   const run = c.run;
-  setHandler(snapshotQuery, () => toSnapshot(run));
+  setHandler(snapshotQuery, () => fitSnapshot(toSnapshot(run)));
   setHandler(resourceQuery, () => toResourceView(run, nowMs()));
   setHandler(
     respondUpdate,

@@ -207,6 +207,34 @@ export const CARRIED_INPUT_MAX_BYTES = 1_536 * 1024;
  */
 export const INTERACTION_PAYLOAD_MAX_BYTES = CARRIED_INPUT_MAX_BYTES;
 
+/**
+ * The snapshot (the answer to the snapshot query) within `maxBytes` of JSON: past it, the oldest
+ * settled interactions are left out until it fits, as those past CARRIED_INTERACTIONS are (shown
+ * ones already go without their bulk past SETTLED_WHOLE_BYTES, but keep title, options and 1,000
+ * characters of prompt: fifty of them in control characters, six bytes each in JSON, and one pending
+ * ask reviewing a 1 MB command made an answer Temporal refused); then the pending interactions'
+ * copies of the Run's labels. Pending interactions are never left out: a snapshot still over
+ * (their reviewed actions alone) is refused, and the client names the Run as unreadable. Pure. A
+ * query answer is no command: bounding it changes no history.
+ */
+export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = INTERACTION_PAYLOAD_MAX_BYTES): RunSnapshot {
+  let total = jsonBytes(snapshot);
+  if (total <= maxBytes) return snapshot;
+  const interactions = [...snapshot.interactions];
+  const fitted: RunSnapshot = { ...snapshot, interactions };
+  const settled = (i: InteractionRequest) => i.status !== 'pending';
+  for (;;) {
+    while (total > maxBytes && interactions.some(settled)) {
+      const [dropped] = interactions.splice(interactions.findIndex(settled), 1);
+      total -= jsonBytes(dropped) + 1; // and its comma
+    }
+    // Measured again, whole: dropping only estimates the separators around what it dropped.
+    total = jsonBytes(fitted);
+    if (total <= maxBytes || !interactions.some(settled)) break;
+  }
+  return total <= maxBytes ? fitted : { ...fitted, interactions: interactions.map(withoutLabels) };
+}
+
 /** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
 export const jsonBytes = (value: unknown): number => utf8Bytes(JSON.stringify(value ?? null));
 

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { keepTail } from '../../activities/exec-output';
-import type { InteractionRequest, RunSpec } from '../../common/schemas';
+import type { InteractionRequest, RunSnapshot, RunSpec } from '../../common/schemas';
 import { withoutLabels, withRunLabels } from '../../common/interactions';
 import type { ActionEntry } from '../../workflows/run-external';
 import {
@@ -8,7 +8,9 @@ import {
   CARRIED_INTERACTIONS,
   carriedAggregate,
   fitContinueInput,
+  fitSnapshot,
   forgetContent,
+  INTERACTION_PAYLOAD_MAX_BYTES,
   toSnapshot,
   type ContinueInput,
   FORGOTTEN_PROMPT_CHARS,
@@ -354,5 +356,78 @@ describe('continue-as-new input is within CARRIED_INPUT_MAX_BYTES', () => {
   test('a minimum over the bound (a spec and a pending action of 1 MiB each) does not fit', () => {
     const input = inputOf('n'.repeat(1_000_000), [], [{ result: 'x'.repeat(1_000_000), pending: true }]);
     expect(fitContinueInput(input).fits).toBe(false);
+  });
+});
+
+describe('fitSnapshot keeps the snapshot query answer within the bound', () => {
+  const bytesOf = (v: unknown) => Buffer.byteLength(JSON.stringify(v));
+  const interaction = (id: number, pending: boolean, bulk: string, labels?: Record<string, string>) =>
+    ({
+      id: `int-${id}`,
+      kind: 'approval',
+      prompt: bulk,
+      title: bulk.slice(0, 200),
+      accepts: ['approve', 'deny'],
+      status: pending ? 'pending' : 'answered',
+      ...(labels ? { labels } : {}),
+      ...(pending ? {} : { response: { decision: 'approve' }, respondedBy: 'a', contentForgotten: true }),
+      createdAt: '2026-12-07T00:00:00.000Z',
+    }) as InteractionRequest;
+  const snapshotOf = (interactions: InteractionRequest[]) =>
+    ({ runId: 'r', status: 'WAITING', interactions, childRunIds: [] }) as RunSnapshot;
+
+  test('arbitrary interactions: within the bound, or only pending ones left; newest settled kept; pending never dropped', () => {
+    fc.assert(
+      fc.property(
+        fc.array(
+          fc.record({
+            pending: fc.boolean(),
+            size: fc.integer({ min: 0, max: 40_000 }),
+            char: fc.constantFrom('a', '\u0001', '€'),
+            labelled: fc.boolean(),
+          }),
+          { maxLength: 20 },
+        ),
+        fc.constantFrom(64 * 1024, 128 * 1024),
+        (drawn, max) => {
+          const snapshot = snapshotOf(
+            drawn.map((d, k) => interaction(k, d.pending, d.char.repeat(d.size), d.labelled ? { n: 'x' } : undefined)),
+          );
+          const before = JSON.stringify(snapshot);
+          const fitted = fitSnapshot(snapshot, max);
+          expect(JSON.stringify(snapshot)).toBe(before); // pure
+          if (bytesOf(snapshot) <= max) return expect(fitted).toBe(snapshot);
+          const ids = (s: RunSnapshot, pending: boolean) =>
+            s.interactions.filter((i) => (i.status === 'pending') === pending).map((i) => i.id);
+          expect(ids(fitted, true)).toEqual(ids(snapshot, true));
+          // The settled ones kept are the newest.
+          const settled = ids(snapshot, false);
+          expect(ids(fitted, false)).toEqual(settled.slice(settled.length - ids(fitted, false).length));
+          if (ids(fitted, false).length > 0) expect(bytesOf(fitted)).toBeLessThanOrEqual(max);
+          // Any settled one kept back would take it over.
+          const next = settled[settled.length - ids(fitted, false).length - 1];
+          if (next !== undefined && bytesOf(fitted) <= max) {
+            const back = snapshot.interactions.find((i) => i.id === next)!;
+            expect(bytesOf(fitted) + bytesOf(back)).toBeGreaterThan(max);
+          }
+        },
+      ),
+      { numRuns: 100 },
+    );
+  });
+
+  test('50 settled asks of control characters and a pending 1 MB command: within 1.5 MiB', () => {
+    const c = '\u0001';
+    const settled = Array.from({ length: 50 }, (_, k) => ({
+      ...interaction(k, false, c.repeat(1_000)),
+      options: Array.from({ length: 20 }, (_, o) => c.repeat(199) + String.fromCharCode(65 + o)),
+    }));
+    const pending = { ...interaction(50, true, 'run?'), action: { command: 'c'.repeat(1_000_000) } };
+    const snapshot = snapshotOf([...settled, pending]);
+    expect(bytesOf(snapshot)).toBeGreaterThan(2 * 1024 * 1024);
+    const fitted = fitSnapshot(snapshot);
+    expect(bytesOf(fitted)).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
+    expect(fitted.interactions.at(-1)).toEqual(pending);
+    expect(fitted.interactions.length).toBeGreaterThan(1);
   });
 });

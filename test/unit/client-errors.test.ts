@@ -1,4 +1,4 @@
-import { ServiceError, WorkflowUpdateFailedError } from '@temporalio/client';
+import { QueryNotRegisteredError, ServiceError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { ApplicationFailure, WorkflowNotFoundError } from '@temporalio/common';
 import { refusedByClosedRun, toStasisError } from '../../client/errors';
 
@@ -46,6 +46,18 @@ describe('toStasisError', () => {
       503,
     ],
     ['another FAILED_PRECONDITION', grpc(9, '9 FAILED_PRECONDITION: something else'), 'INTERNAL', 500],
+    [
+      'a query answer Temporal refused as too large (the SDK raises it as QueryNotRegisteredError): the Run exists',
+      new QueryNotRegisteredError('Blob data size exceeds limit.', 3),
+      'INTERNAL',
+      500,
+    ],
+    [
+      'a query the workflow has no handler for: a workflow of another kind',
+      new QueryNotRegisteredError('Workflow did not register a handler for snapshot. Registered queries: []', 3),
+      'NOT_FOUND',
+      404,
+    ],
     ['anything else', new Error('boom'), 'INTERNAL', 500],
   ])('%s', (_what, err, code, httpStatus) => {
     expect(toStasisError(err, 'run r1')).toMatchObject({ code, httpStatus });
