@@ -26,6 +26,19 @@ async function limited(host: Host, limits: SandboxLimits): Promise<string> {
 const exec = (provider: SandboxProvider, sandboxId: string, command: string, timeoutMs = 60_000) =>
   provider.exec({ sandboxId, fence: 1, jobId: uniqueId('job'), command, timeoutMs }, context());
 
+/**
+ * The sandbox's process count once it holds still (three reads 100 ms apart agree): just after an exec,
+ * the exec's own processes may still be exiting (a clean-clone run counted 4, then 3).
+ */
+async function steadyCount(provider: SandboxProvider, sandboxId: string): Promise<number> {
+  const reads = [await provider.processCount(sandboxId)];
+  while (reads.length < 3 || new Set(reads.slice(-3)).size > 1) {
+    await sleep(100);
+    reads.push(await provider.processCount(sandboxId));
+  }
+  return reads[reads.length - 1];
+}
+
 /** A loop detached from its exec (a daemon), counting into `file` in the workspace, with `env` before it. */
 const daemon = (file: string, env: string) =>
   `${env} setsid nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > ${file}; sleep 0.02; done' >/dev/null 2>&1 &`;
@@ -63,7 +76,7 @@ describe.each(providers)('%s provider', (_name, makeProviderHost) => {
     const attacker = await host.sandbox();
     const workspace = sandboxPaths(host.dataDir, attacker).workspace;
     await sh(host.provider, victim, 'true'); // its compute is all up (bwrap forks its inner init after the start)
-    const victimCount = await host.provider.processCount(victim);
+    const victimCount = await steadyCount(host.provider, victim);
     const running = exec(
       host.provider,
       attacker,
