@@ -17,7 +17,7 @@ import type {
   SandboxReleaseRequest,
 } from '../providers/api';
 import { StasisError } from '../common/errors';
-import { FILE_CARRY_LIMIT_BYTES, FILE_LIMIT_BYTES } from '../common/payload-limits';
+import { FILE_CARRY_LIMIT_BYTES, FILE_LIMIT_BYTES, jsonBytes } from '../common/payload-limits';
 import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Hashes, Workspace } from '../common/schemas';
 import { hashMismatches, receiptProblem, recordedHashes } from '../workflows/lifecycle';
@@ -272,7 +272,7 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
         }
         // What travels is the contents as JSON text: refused before sending what Temporal would not carry.
         const content = bytes.toString(input.encoding);
-        const carried = Buffer.byteLength(JSON.stringify(content), 'utf8');
+        const carried = jsonBytes(content);
         if (carried > FILE_CARRY_LIMIT_BYTES) {
           throw tooLargeToCarry(
             `path ${JSON.stringify(input.path)}: its ${bytes.length} bytes are ${carried} bytes as JSON text ` +

@@ -38,10 +38,21 @@ export function inputTooLarge(what: string, value: unknown): string | undefined 
 export const FILE_LIMIT_BYTES = 1024 * 1024;
 
 /**
+ * The most UTF-8 bytes of JSON Stasis puts in one payload of its own that may hold caller or agent
+ * content (a file read, continue-as-new's input, an answered interaction, a webhook's input): well
+ * under Temporal's 2 MiB payload limit (over it Temporal fails the workflow task or terminates the
+ * workflow), with room for the rest of the payload.
+ */
+export const PAYLOAD_MAX_BYTES = 1536 * 1024;
+
+/** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
+export const jsonBytes = (value: unknown): number => utf8Length(JSON.stringify(value ?? null));
+
+/**
  * Largest a file read's contents may be as they travel: JSON text in a Temporal payload, base64
  * for the sandbox file routes (a file of FILE_LIMIT_BYTES is 1.33 MiB so) and the text with its
  * JSON escapes for a Run's readFile. Ordinary text grows little, but a control character is six
  * bytes as JSON (`\u0001`) and a byte that is not UTF-8 three (U+FFFD): 400 KB of U+0001 is 2.4 MB,
- * past Temporal's 2 MiB payload limit. 1.5 MiB leaves room for the rest of the payload.
+ * past Temporal's 2 MiB payload limit.
  */
-export const FILE_CARRY_LIMIT_BYTES = 1536 * 1024;
+export const FILE_CARRY_LIMIT_BYTES = PAYLOAD_MAX_BYTES;

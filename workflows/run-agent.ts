@@ -38,7 +38,6 @@ import {
   carriedAggregate,
   fitContinueInput,
   isTerminal,
-  jsonBytes,
   toAnswer,
   type ContinueInput,
 } from './run-state';
@@ -48,6 +47,7 @@ import { fusesWithResume } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
 import { nowIso } from './clock';
+import { jsonBytes } from '../common/payload-limits';
 
 // The agent loop: one driver step at a time, each answered by an action.
 

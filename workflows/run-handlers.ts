@@ -25,12 +25,12 @@ import {
   forgetContent,
   INTERACTION_PAYLOAD_MAX_BYTES,
   isTerminal,
-  jsonBytes,
   pendingInteractions,
   toResourceView,
   toSnapshot,
 } from './run-state';
 import { notify } from './run-webhooks';
+import { jsonBytes } from '../common/payload-limits';
 
 /**
  * The respond Update's result (the answered interaction, with the Run's labels) is kept within

@@ -12,7 +12,7 @@ import type {
   Suspension,
 } from '../common/schemas';
 import { withoutLabels, withRunLabels } from '../common/interactions';
-import { utf8Bytes } from '../common/wire-checks';
+import { jsonBytes, PAYLOAD_MAX_BYTES } from '../common/payload-limits';
 import type { Capabilities } from '../providers/api';
 import { isTerminalRunStatus, type AnsweredBy, type ChildState, type JobState } from './lifecycle';
 import type { ActionEntry } from './run-external';
@@ -123,7 +123,6 @@ export const SETTLED_WHOLE_BYTES = 256 * 1024;
 export const FORGOTTEN_PROMPT_CHARS = 1_000;
 
 /** JSON size of a settled interaction (measured each time: shared workflow modules keep no state of their own). */
-const bytesOf = (interaction: InteractionRequest): number => utf8Bytes(JSON.stringify(interaction));
 
 /**
  * The interactions a Run shows (its snapshot) and carries through continue-as-new: every pending one
@@ -137,7 +136,7 @@ export function shownInteractions(interactions: InteractionRequest[]): Interacti
   let bytes = 0;
   for (let i = shown.length - 1; i >= 0; i--) {
     if (shown[i].status === 'pending') continue;
-    bytes += bytesOf(shown[i]);
+    bytes += jsonBytes(shown[i]);
     if (bytes > SETTLED_WHOLE_BYTES) shown[i] = forgetContent(shown[i]);
   }
   return shown;
@@ -197,7 +196,7 @@ export interface ContinueInput {
  * 2 MiB payload limit (over it, Temporal terminates the Run, its sandbox left behind), with room for
  * the payload's metadata. A spec takes at most 1 MiB through the API.
  */
-export const CARRIED_INPUT_MAX_BYTES = 1_536 * 1024;
+export const CARRIED_INPUT_MAX_BYTES = PAYLOAD_MAX_BYTES;
 
 /**
  * The most UTF-8 bytes of JSON an interaction takes in a payload of its own a Run sends: the respond
@@ -205,7 +204,7 @@ export const CARRIED_INPUT_MAX_BYTES = 1_536 * 1024;
  * continue-as-new's input: over Temporal's 2 MiB the workflow task fails and Temporal terminates the
  * Run (labels up to 1 MiB, a reviewed command and an answer up to 1 MiB each can all be in one).
  */
-export const INTERACTION_PAYLOAD_MAX_BYTES = CARRIED_INPUT_MAX_BYTES;
+export const INTERACTION_PAYLOAD_MAX_BYTES = PAYLOAD_MAX_BYTES;
 
 /**
  * The snapshot (the answer to the snapshot query) within `maxBytes` of JSON: past it, the oldest
@@ -222,21 +221,9 @@ export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = INTERACTIO
   if (total <= maxBytes) return snapshot;
   const interactions = [...snapshot.interactions];
   const fitted: RunSnapshot = { ...snapshot, interactions };
-  const settled = (i: InteractionRequest) => i.status !== 'pending';
-  for (;;) {
-    while (total > maxBytes && interactions.some(settled)) {
-      const [dropped] = interactions.splice(interactions.findIndex(settled), 1);
-      total -= jsonBytes(dropped) + 1; // and its comma
-    }
-    // Measured again, whole: dropping only estimates the separators around what it dropped.
-    total = jsonBytes(fitted);
-    if (total <= maxBytes || !interactions.some(settled)) break;
-  }
+  total = dropOldestSettled(interactions, total, maxBytes, () => jsonBytes(fitted));
   return total <= maxBytes ? fitted : { ...fitted, interactions: interactions.map(withoutLabels) };
 }
-
-/** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
-export const jsonBytes = (value: unknown): number => utf8Bytes(JSON.stringify(value ?? null));
 
 /**
  * The continue-as-new input within `maxBytes` (UTF-8 bytes of its JSON, spec included), forgetting
@@ -272,25 +259,49 @@ export function fitContinueInput(
     total -= jsonBytes(entry) - jsonBytes(forgotten);
     actions[i] = forgotten;
   }
-  const settled = (i: InteractionRequest) => i.status !== 'pending';
   const list = carried.interactions;
   for (let i = 0; i < list.length && total > maxBytes; i++) {
-    if (!settled(list[i]) || list[i].contentForgotten) continue;
+    if (!isSettled(list[i]) || list[i].contentForgotten) continue;
     const forgotten = forgetContent(list[i]);
     total -= jsonBytes(list[i]) - jsonBytes(forgotten);
     list[i] = forgotten;
   }
+  total = dropOldestSettled(
+    list,
+    total,
+    maxBytes,
+    () => jsonBytes(fitted),
+    (dropped) => {
+      if (!Object.hasOwn(carried.answeredBy, dropped.id)) return 0;
+      const saved = jsonBytes(dropped.id) + jsonBytes(carried.answeredBy[dropped.id]) + 2;
+      delete carried.answeredBy[dropped.id];
+      return saved;
+    },
+  );
+  return { input: fitted, fits: total <= maxBytes };
+}
+
+const isSettled = (interaction: InteractionRequest): boolean => interaction.status !== 'pending';
+
+/**
+ * Drops the oldest settled interactions of `list` (in place) while the estimated `total` is over
+ * `maxBytes`, then measures `whole()` (the JSON bytes of what holds the list) again, as dropping only
+ * estimates the separators around what it dropped; until it fits or no settled one is left. `onDrop`
+ * forgets what else names a dropped one and returns the bytes that saved. Returns the last `whole()`.
+ */
+function dropOldestSettled(
+  list: InteractionRequest[],
+  total: number,
+  maxBytes: number,
+  whole: () => number,
+  onDrop: (dropped: InteractionRequest) => number = () => 0,
+): number {
   for (;;) {
-    while (total > maxBytes && list.some(settled)) {
-      const [dropped] = list.splice(list.findIndex(settled), 1);
-      total -= jsonBytes(dropped) + 1; // and its comma
-      if (Object.hasOwn(carried.answeredBy, dropped.id)) {
-        total -= jsonBytes(dropped.id) + jsonBytes(carried.answeredBy[dropped.id]) + 2;
-        delete carried.answeredBy[dropped.id];
-      }
+    while (total > maxBytes && list.some(isSettled)) {
+      const [dropped] = list.splice(list.findIndex(isSettled), 1);
+      total -= jsonBytes(dropped) + 1 + onDrop(dropped); // and its comma
     }
-    // Measured again, whole: dropping only estimates the separators around what it dropped.
-    total = jsonBytes(fitted);
-    if (total <= maxBytes || !list.some(settled)) return { input: fitted, fits: total <= maxBytes };
+    total = whole();
+    if (total <= maxBytes || !list.some(isSettled)) return total;
   }
 }

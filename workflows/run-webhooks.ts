@@ -4,8 +4,9 @@ import type { WebhookDelivery, WebhookEvent } from '../common/webhooks';
 import { nowIso } from './clock';
 import { failureMessage } from './failures';
 import type { RunController } from './run-controller';
-import { forgetContent, INTERACTION_PAYLOAD_MAX_BYTES, jsonBytes } from './run-state';
+import { forgetContent, INTERACTION_PAYLOAD_MAX_BYTES } from './run-state';
 import { deliveries, webhookDeliveryId, webhookDeliveryWorkflow } from './webhook-delivery';
+import { jsonBytes } from '../common/payload-limits';
 
 // Webhook notifications of a Run. Each is a workflow of its own (webhook-delivery.ts),
 // started and not awaited on the Run's path, retrying with backoff until the receiver
