@@ -228,9 +228,11 @@ export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = INTERACTIO
 /**
  * The continue-as-new input within `maxBytes` (UTF-8 bytes of its JSON, spec included), forgetting
  * what a later step can do without, oldest first, until it fits: the copies of the Run's labels in its
- * interactions, then action results (resultForgotten, the newest too), then settled interactions'
- * content (forgetContent), then settled interactions themselves (their ids stay used:
- * interactionCount). Never forgotten: the spec, pending interactions, action entries and their
+ * interactions, then settled interactions' content (forgetContent), then settled interactions
+ * themselves (their ids stay used: interactionCount), and only then action results (resultForgotten,
+ * the newest too). Results go last because an agent may not have read them yet (an ask answered just
+ * before continue-as-new), while a settled interaction was already answered, delivered and recorded
+ * in the history. Never forgotten: the spec, pending interactions, action entries and their
  * outcomes' codes, an action not yet performed (its body), jobs, children, the agent's checkpoint and
  * last result. `fits` is false when even that minimum is larger than `maxBytes`. Pure: `input` is not
  * changed.
@@ -250,15 +252,6 @@ export function fitContinueInput(
   const fitted: ContinueInput = { ...input, carried };
   total = jsonBytes(fitted);
   // Each step replaces one item and lowers the total by exactly what that item's JSON lost.
-  const actions = carried.actions ?? [];
-  for (let i = 0; i < actions.length && total > maxBytes; i++) {
-    const entry = actions[i];
-    if (entry.result === undefined) continue;
-    const { result: _result, resultChars: _chars, resultBytes: _bytes, ...rest } = entry;
-    const forgotten: ActionEntry = { ...rest, resultForgotten: true };
-    total -= jsonBytes(entry) - jsonBytes(forgotten);
-    actions[i] = forgotten;
-  }
   const list = carried.interactions;
   for (let i = 0; i < list.length && total > maxBytes; i++) {
     if (!isSettled(list[i]) || list[i].contentForgotten) continue;
@@ -278,6 +271,15 @@ export function fitContinueInput(
       return saved;
     },
   );
+  const actions = carried.actions ?? [];
+  for (let i = 0; i < actions.length && total > maxBytes; i++) {
+    const entry = actions[i];
+    if (entry.result === undefined) continue;
+    const { result: _result, resultChars: _chars, resultBytes: _bytes, ...rest } = entry;
+    const forgotten: ActionEntry = { ...rest, resultForgotten: true };
+    total -= jsonBytes(entry) - jsonBytes(forgotten);
+    actions[i] = forgotten;
+  }
   return { input: fitted, fits: total <= maxBytes };
 }
 

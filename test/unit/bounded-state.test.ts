@@ -326,6 +326,10 @@ describe('continue-as-new input is within CARRIED_INPUT_MAX_BYTES', () => {
               true,
             );
           }
+          // Results go last: one is forgotten only once no settled interaction is left to forget.
+          if (forgotten.some((f, i) => f && input.carried.actions?.[i].result !== undefined)) {
+            expect(fitted.carried.interactions.filter((i) => i.status !== 'pending')).toEqual([]);
+          }
           // answeredBy only for interactions still carried.
           const ids = new Set(fitted.carried.interactions.map((i) => i.id));
           expect(Object.keys(fitted.carried.answeredBy).every((id) => ids.has(id))).toBe(true);
@@ -350,7 +354,24 @@ describe('continue-as-new input is within CARRIED_INPUT_MAX_BYTES', () => {
     expect(fits).toBe(true);
     expect(bytes(fitted)).toBeLessThanOrEqual(CARRIED_INPUT_MAX_BYTES);
     expect(fitted.carried.interactions.every((i) => i.labels === undefined)).toBe(true);
-    expect(fitted.carried.interactions).toHaveLength(4);
+    // The settled interactions go before the results: both results still did not fit.
+    expect(fitted.carried.interactions).toHaveLength(0);
+    expect(fitted.carried.actions?.map((a) => a.resultForgotten)).toEqual([true, true]);
+  });
+
+  test('an ask answered just before continue-as-new keeps its result: settled interactions go first', () => {
+    // Labels of 1.4 MB, 40 answered asks of control characters (six bytes each in JSON: the settled
+    // ones are carried without their bulk, with 1,000 characters of prompt) and the newest ask's result.
+    const input = inputOf(
+      'l'.repeat(1_400_000),
+      Array.from({ length: 40 }, () => ({ settled: true, prompt: '\u0001'.repeat(100_000), details: '', labelled: false })),
+      [{ result: 'yes', pending: false }],
+    );
+    expect(bytes(input)).toBeGreaterThan(CARRIED_INPUT_MAX_BYTES);
+    const { input: fitted, fits } = fitContinueInput(input);
+    expect(fits).toBe(true);
+    expect(fitted.carried.actions?.[0].result).toEqual({ content: 'yes' });
+    expect(fitted.carried.interactions.length).toBeLessThan(40);
   });
 
   test('a minimum over the bound (a spec and a pending action of 1 MiB each) does not fit', () => {
