@@ -27,7 +27,9 @@ import {
   PATCH_ANSWER_RESULT,
   PATCH_CAN_BRINGS_BACK,
   PATCH_CAN_YIELDS_TO_SUSPEND,
+  PATCH_CARRIED_FITS,
   PATCH_CHILD_CLOSED_UNREPORTED,
+  PATCH_CHILD_ID_FITS,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_FAILED_KEEPS,
   shared,
@@ -108,16 +110,6 @@ export async function agentLoop(c: RunController): Promise<void> {
   else await completeResume(c);
   await finish(c);
 }
-
-/**
- * Continue-as-new's input is kept within CARRIED_INPUT_MAX_BYTES (fitContinueInput, run-state.ts): over
- * Temporal's 2 MiB limit, Temporal terminated the Run (BadContinueAsNewAttributes) and left its sandbox
- * behind. A Run whose minimum does not fit either performs the action it was sent first (its body is
- * then dropped) and continues as new after it, or, with none, fails with STATE_TOO_LARGE (its compute
- * released, its workspace kept, as any failed Run). Asked only when the input as Runs before carried
- * it is over the bound, so other Runs record nothing new.
- */
-export const PATCH_CARRIED_FITS = 'stasis-run-carried-fits';
 
 /** The Run's continue-as-new input; undefined when it goes on first (an action sent meanwhile, too large to carry). */
 function continueInput(c: RunController): ContinueInput | undefined {
@@ -352,12 +344,6 @@ async function ask(c: RunController, action: Extract<AgentAction, { type: 'inter
  * cancelled the other Run, and a completing spawner waited on it. Asked for only when a start fails.
  */
 export const PATCH_SPAWN_FAILED_UNREGISTERED = 'stasis-run-spawn-failed-unregistered';
-
-/**
- * A child id the spawn does not give is at most RUN_ID_MAX characters (childRunId); Runs before
- * this gave longer ones (unaddressable). Asked for only when the two differ, so other spawns record nothing.
- */
-export const PATCH_CHILD_ID_FITS = 'stasis-run-child-id-fits';
 
 /** The id of the child a spawn starts: the one it gives, else its parent's child id by number. */
 function childIdOf(c: RunController, spec: RunSpec): string {

@@ -25,7 +25,8 @@ import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import { takeUp, type SessionAggregate } from './run-state';
 import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
-import { PATCH_WEBHOOK_WORKFLOWS, PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
+import { PATCH_WEBHOOK_INPUT_FITS, PATCH_WEBHOOK_WORKFLOWS, PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
+import { PATCH_RESULT_BYTES } from './run-external';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
 export const shared = proxyActivities<Activities>({
@@ -130,6 +131,27 @@ export const PATCH_ENDED_CHILDREN = 'stasis-run-ended-children';
 export const PATCH_QUIET_CHILD_WAIT = 'stasis-run-quiet-child-wait';
 /** A Run its agent fails cancels its live children, as one that fails by an error or is cancelled does. */
 export const PATCH_FAILED_CANCELS_CHILDREN = 'stasis-run-failed-cancels-children';
+/**
+ * Continue-as-new's input is kept within CARRIED_INPUT_MAX_BYTES (fitContinueInput, run-state.ts): over
+ * Temporal's 2 MiB limit, Temporal terminated the Run (BadContinueAsNewAttributes) and left its sandbox
+ * behind. A Run whose minimum does not fit either performs the action it was sent first (its body is
+ * then dropped) and continues as new after it, or, with none, fails with STATE_TOO_LARGE (its compute
+ * released, its workspace kept, as any failed Run). In PATCH_RUN_BASELINE_4; a Run started before asks only when the input as Runs before carried
+ * it is over the bound, so other Runs record nothing new.
+ */
+export const PATCH_CARRIED_FITS = 'stasis-run-carried-fits';
+/**
+ * A child id the spawn does not give is at most RUN_ID_MAX characters (childRunId); Runs before
+ * this gave longer ones (unaddressable). In PATCH_RUN_BASELINE_4; a Run started before asks only when the two differ, so other spawns record nothing.
+ */
+export const PATCH_CHILD_ID_FITS = 'stasis-run-child-id-fits';
+/**
+ * The respond Update's result (the answered interaction, with the Run's labels) is kept within
+ * INTERACTION_PAYLOAD_MAX_BYTES: past it, without its bulk and labels (forgetContent). Before, labels,
+ * a reviewed command and an input answer of 900 KB each made a result Temporal refused, and it
+ * terminated the Run. In PATCH_RUN_BASELINE_4; a Run started before asks only when the result is over the bound.
+ */
+export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -175,16 +197,16 @@ export const PATCH_RUN_BASELINE_2 = 'stasis-run-baseline-2';
 /**
  * Changes to Run code made after PATCH_RUN_BASELINE_2: asked for in the first activation of a Run
  * started without PATCH_RUN_BASELINE_3, as ASKED_AT_START were. Fixed: new Run patches go in
- * ASKED_AT_START_3.
+ * ASKED_AT_START_4.
  */
 const ASKED_AT_START_2: string[] = [PATCH_CAN_YIELDS_TO_SUSPEND, PATCH_WEBHOOK_WORKFLOWS];
 
 /**
- * Changes to Run code made after PATCH_RUN_BASELINE_3: asked for in every Run's first activation
+ * Changes to Run code made after PATCH_RUN_BASELINE_4: asked for in every Run's first activation
  * (one marker each for a new Run). Add each new Run patch here; fold them into a next baseline
- * when there are several.
+ * when there are several. (Nothing was asked after PATCH_RUN_BASELINE_3 before the fourth.)
  */
-const ASKED_AT_START_3: string[] = [];
+const ASKED_AT_START_4: string[] = [];
 
 /**
  * A Run started with this marker has every change of the second baseline and those of runBaseline3()
@@ -193,6 +215,14 @@ const ASKED_AT_START_3: string[] = [];
  * PATCH_RUN_BASELINE), and ASKED_AT_START_2 would cost every new Run a marker each.
  */
 export const PATCH_RUN_BASELINE_3 = 'stasis-run-baseline-3';
+
+/**
+ * A Run started with this marker has every change of the third baseline and those of runBaseline4()
+ * from its start, with one marker. Why a fourth: the changes that keep a Run's payloads within
+ * Temporal's limits are asked for only on the path that needs them, which can come right after a
+ * local step (continue-as-new, a spawn), where a first patch() breaks replay (see PATCH_RUN_BASELINE).
+ */
+export const PATCH_RUN_BASELINE_4 = 'stasis-run-baseline-4';
 
 /** The changes a Run started with PATCH_RUN_BASELINE has from its start. Fixed: never add to it. */
 function runBaseline(): string[] {
@@ -232,6 +262,18 @@ function runBaseline3(): string[] {
     PATCH_FAILED_CANCELS_CHILDREN,
     PATCH_END_FINISHES_RESUME,
     PATCH_END_DESTROYS_PROVISIONING,
+  ];
+}
+
+/** The changes a Run started with PATCH_RUN_BASELINE_4 has from its start. Fixed once released: never add to it then. */
+function runBaseline4(): string[] {
+  return [
+    ...runBaseline3(),
+    PATCH_CARRIED_FITS,
+    PATCH_CHILD_ID_FITS,
+    PATCH_RESPOND_RESULT_FITS,
+    PATCH_RESULT_BYTES,
+    PATCH_WEBHOOK_INPUT_FITS,
   ];
 }
 
@@ -281,11 +323,13 @@ export class RunController {
    * Decided in the Run's first activation (before its publisher asks for any patch). A Run started
    * with a later baseline asks for neither an earlier one nor the patches the later one holds.
    */
-  private readonly baseline3 = patched(PATCH_RUN_BASELINE_3);
+  private readonly baseline4 = patched(PATCH_RUN_BASELINE_4);
+  private readonly baseline3 = this.baseline4 || patched(PATCH_RUN_BASELINE_3);
   private readonly baseline2 = this.baseline3 || patched(PATCH_RUN_BASELINE_2);
   private readonly baseline = this.baseline2 || patched(PATCH_RUN_BASELINE);
-  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2, _3). */
+  /** patched() for this Run: true without a marker for a change of its baseline (PATCH_RUN_BASELINE, _2, _3, _4). */
   readonly patched = (patchId: string): boolean =>
+    (this.baseline4 && runBaseline4().includes(patchId)) ||
     (this.baseline3 && runBaseline3().includes(patchId)) ||
     (this.baseline2 && runBaseline2().includes(patchId)) ||
     (this.baseline && runBaseline().includes(patchId)) ||
@@ -298,7 +342,7 @@ export class RunController {
     this.run = input.carried ? takeUp(input.carried, input.spec) : newAggregate(workflowId, input);
     if (!this.baseline2) for (const patchId of ASKED_AT_START) patched(patchId);
     if (!this.baseline3) for (const patchId of ASKED_AT_START_2) patched(patchId);
-    for (const patchId of ASKED_AT_START_3) patched(patchId);
+    for (const patchId of ASKED_AT_START_4) patched(patchId);
     const fast = FAST_DRIVERS.includes(this.run.spec.agent.driver);
     // Runs started between the two markers took their steps as activities: local ones stalled a
     // polled Run until the baseline (PATCH_RUN_BASELINE) fixed why.

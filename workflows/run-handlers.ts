@@ -18,7 +18,7 @@ import {
 } from './definitions';
 import { checkArity, checkRespond } from './lifecycle';
 import { refuse } from './failures';
-import { PATCH_RESUME_TAKEN, type RunController } from './run-controller';
+import { PATCH_RESPOND_RESULT_FITS, PATCH_RESUME_TAKEN, type RunController } from './run-controller';
 import { setExternalHandlers } from './run-external';
 import {
   fitSnapshot,
@@ -31,14 +31,6 @@ import {
 } from './run-state';
 import { notify } from './run-webhooks';
 import { jsonBytes } from '../common/payload-limits';
-
-/**
- * The respond Update's result (the answered interaction, with the Run's labels) is kept within
- * INTERACTION_PAYLOAD_MAX_BYTES: past it, without its bulk and labels (forgetContent). Before, labels,
- * a reviewed command and an input answer of 900 KB each made a result Temporal refused, and it
- * terminated the Run. Asked only when the result is over the bound.
- */
-export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 
 /** The Run's queries, updates and signals; set before the workflow's first await. */
 export function setRunHandlers(c: RunController): void {

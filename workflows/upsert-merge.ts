@@ -1,11 +1,11 @@
 import type { WorkflowInterceptorsFactory } from '@temporalio/workflow';
 import type { coresdk } from '@temporalio/proto';
-import { PATCH_RUN_BASELINE_2, PATCH_RUN_BASELINE_3 } from './run-controller';
+import { PATCH_RUN_BASELINE_2, PATCH_RUN_BASELINE_3, PATCH_RUN_BASELINE_4 } from './run-controller';
 import { PATCH_ONE_UPSERT } from './visibility';
 
 // Merges the search-attribute upserts of one activation into one command (one history event
 // instead of one per change). Only in workflows that set the PATCH_ONE_UPSERT marker, or a Run's
-// PATCH_RUN_BASELINE_2 or _3 that hold it, which their first activation does: histories recorded before
+// PATCH_RUN_BASELINE_2, _3 or _4 that hold it, which their first activation does: histories recorded before
 // hold one upsert per change and must replay as they were. Registered in the bundle (workers/worker.ts, workflowInterceptorModules).
 
 type Command = coresdk.workflow_commands.IWorkflowCommand;
@@ -24,7 +24,7 @@ export function oneUpsert(commands: Command[]): Command[] {
 }
 
 /** Markers whose workflows merge their upserts from their first activation on. */
-const MERGING_MARKERS = [PATCH_ONE_UPSERT, PATCH_RUN_BASELINE_2, PATCH_RUN_BASELINE_3];
+const MERGING_MARKERS = [PATCH_ONE_UPSERT, PATCH_RUN_BASELINE_2, PATCH_RUN_BASELINE_3, PATCH_RUN_BASELINE_4];
 
 export const interceptors: WorkflowInterceptorsFactory = () => {
   let merging = false;

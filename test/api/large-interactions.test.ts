@@ -1,5 +1,7 @@
 import type { ActionView, InteractionRequest, RunSnapshot } from '../../common/schemas';
 import { SETTLED_WHOLE_BYTES } from '../../workflows/run-state';
+import { PATCH_RUN_BASELINE_4 } from '../../workflows/run-controller';
+import { patchIdsOfEveryExecution } from '../helpers/patches';
 import { eventually, saw } from '../helpers/stack';
 import { apiOnStack } from './api-stack';
 
@@ -104,6 +106,19 @@ async function exchangeThroughContinueAsNew(
   await completeRun(runId);
 }
 
+/**
+ * Each of the Run's `executions` (or more) recorded one patch marker, its baseline's: the changes that
+ * keep its payloads within bounds are part of PATCH_RUN_BASELINE_4, not patches asked on the way (a
+ * first patch() right after a local step breaks replay).
+ */
+async function expectNoPatchOnTheWay(runId: string, executions: number): Promise<void> {
+  const all = await eventually(async () => {
+    const got = await patchIdsOfEveryExecution(api.stack.config, runId);
+    return got.length >= executions ? got : undefined;
+  }, 30_000, `${executions} executions of ${runId} listed`);
+  for (const patches of all) expect(patches).toEqual([PATCH_RUN_BASELINE_4]);
+}
+
 /** Completes an external Run through its agent's action and waits until it reads COMPLETED. */
 async function completeRun(runId: string): Promise<void> {
   const done = await agent('POST', `/api/v1/runs/${runId}/actions`, {
@@ -186,6 +201,7 @@ test.each([
       if (described.runId !== first) continued = true;
     }
     await completeRun(runId);
+    await expectNoPatchOnTheWay(runId, 2);
   },
   900_000,
 );
@@ -220,6 +236,8 @@ test('a Run whose snapshot would be too large to answer leaves out its oldest se
   expect(list.status).toBe(200);
   expect((list.json as { runs: RunSnapshot[] }).runs.map((r) => r.runId)).toContain(runId);
   expect((await api.stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
+  // Its continue-as-new input was over the bound and fitted (fitContinueInput).
+  await expectNoPatchOnTheWay(runId, 2);
 });
 
 // respond's Update result is the answered interaction with the Run's labels: labels, a reviewed command
@@ -265,4 +283,5 @@ test('answering with 900 KB when labels and the reviewed command are 900 KB each
   expect(done.status).toBe('succeeded');
   expect((await api.stack.temporal.workflow.getHandle(runId).describe()).status.name).toBe('RUNNING');
   await completeRun(runId);
+  await expectNoPatchOnTheWay(runId, 1);
 });

@@ -3,7 +3,9 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { temporal } from '@temporalio/proto';
 import type { PauseMode, RunSpec, StepShape } from '../../common/schemas';
+import { PATCH_RUN_BASELINE_4 } from '../../workflows/run-controller';
 import { StasisKind, StasisResourceState, StasisStatus } from '../../workflows/search-attributes';
+import { patchIds } from '../helpers/patches';
 import { storedKeys, testS3 } from '../helpers/s3';
 import { useStack, eventually } from '../helpers/stack';
 
@@ -183,12 +185,9 @@ test.each(['DETACH', 'SNAPSHOT_AND_TERMINATE'] as const)(
         (e) => e.eventType === MARKER && e.markerRecordedEventAttributes?.markerName === 'core_local_activity',
       ),
     ).toHaveLength(4);
-    // One patch marker for a new Run (PATCH_RUN_BASELINE_3 holds every change of Run code so far), so one
+    // One patch marker for a new Run (PATCH_RUN_BASELINE_4 holds every change of Run code so far), so one
     // upsert of TemporalChangeVersion, which the SDK adds to each marker: eight of each before.
-    const patches = all.flatMap((e) =>
-      e.markerRecordedEventAttributes?.markerName === 'core_patch' ? [e.markerRecordedEventAttributes] : [],
-    );
-    expect(patches).toHaveLength(1);
+    expect(patchIds(all)).toEqual([PATCH_RUN_BASELINE_4]);
     expect(all.filter((e) => upsertedNames(e).includes('TemporalChangeVersion'))).toHaveLength(1);
     const tasks = upsertsPerTask(all);
     expect(tasks.filter((upserts) => upserts.length > 1)).toEqual([]);
