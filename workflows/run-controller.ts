@@ -25,7 +25,12 @@ import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import { takeUp, type SessionAggregate } from './run-state';
 import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
-import { PATCH_WEBHOOK_INPUT_FITS, PATCH_WEBHOOK_WORKFLOWS, PATCH_WEBHOOKS, PATCH_WEBHOOKS_KNOWN } from './run-webhooks';
+import {
+  PATCH_WEBHOOK_INPUT_FITS,
+  PATCH_WEBHOOK_WORKFLOWS,
+  PATCH_WEBHOOKS,
+  PATCH_WEBHOOKS_KNOWN,
+} from './run-webhooks';
 import { PATCH_RESULT_BYTES } from './run-external';
 
 /** Host-independent activities of a Run (agent steps, external jobs, checkpoint deletion). */
@@ -152,6 +157,12 @@ export const PATCH_CHILD_ID_FITS = 'stasis-run-child-id-fits';
  * terminated the Run. In PATCH_RUN_BASELINE_4; a Run started before asks only when the result is over the bound.
  */
 export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
+/**
+ * A suspend or resume Update's result (the Run's snapshot) is kept within
+ * INTERACTION_PAYLOAD_MAX_BYTES (fitSnapshotResult): a hundred answered asks of control characters made
+ * one Temporal refused. In PATCH_RUN_BASELINE_4; a Run started before asks only when it is over the bound.
+ */
+export const PATCH_SNAPSHOT_RESULT_FITS = 'stasis-run-snapshot-result-fits';
 
 /**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
@@ -273,6 +284,7 @@ function runBaseline4(): string[] {
     PATCH_CHILD_ID_FITS,
     PATCH_RESPOND_RESULT_FITS,
     PATCH_RESULT_BYTES,
+    PATCH_SNAPSHOT_RESULT_FITS,
     PATCH_WEBHOOK_INPUT_FITS,
   ];
 }

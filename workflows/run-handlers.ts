@@ -1,5 +1,5 @@
 import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workflow';
-import type { ChildStateInput, InteractionRequest, RespondInput } from '../common/schemas';
+import type { ChildStateInput, InteractionRequest, RespondInput, RunSnapshot } from '../common/schemas';
 import { childStateInputIssues, respondInputIssues } from '../common/wire-checks';
 import { describeIssues, type Rejection } from '../common/errors';
 import { withRunLabels } from '../common/interactions';
@@ -18,10 +18,16 @@ import {
 } from './definitions';
 import { checkArity, checkRespond } from './lifecycle';
 import { refuse } from './failures';
-import { PATCH_RESPOND_RESULT_FITS, PATCH_RESUME_TAKEN, type RunController } from './run-controller';
+import {
+  PATCH_RESPOND_RESULT_FITS,
+  PATCH_RESUME_TAKEN,
+  PATCH_SNAPSHOT_RESULT_FITS,
+  type RunController,
+} from './run-controller';
 import { setExternalHandlers } from './run-external';
 import {
   fitSnapshot,
+  fitSnapshotResult,
   forgetContent,
   INTERACTION_PAYLOAD_MAX_BYTES,
   isTerminal,
@@ -74,7 +80,7 @@ export function setRunHandlers(c: RunController): void {
       async () => {
         c.manualSuspendRequested = true;
         await condition(() => run.phase === 'SUSPENDED' || isTerminal(run.status));
-        return toSnapshot(run);
+        return snapshotResult(c);
       },
       {
         validator: (...args: unknown[]) => {
@@ -94,7 +100,7 @@ export function setRunHandlers(c: RunController): void {
           const taken = c.resumesTaken;
           await condition(() => c.resumesTaken > taken || isTerminal(run.status));
         } else await condition(() => run.phase === 'ACTIVE' || isTerminal(run.status));
-        return toSnapshot(run);
+        return snapshotResult(c);
       },
       {
         validator: (...args: unknown[]) => {
@@ -121,6 +127,14 @@ export function setRunHandlers(c: RunController): void {
   });
   setHandler(childPingSignal, () => undefined);
   setExternalHandlers(c);
+}
+
+/** A suspend or resume Update's result: the snapshot, within the payload bound (PATCH_SNAPSHOT_RESULT_FITS). */
+function snapshotResult(c: RunController): RunSnapshot {
+  const snapshot = toSnapshot(c.run);
+  return jsonBytes(snapshot) > INTERACTION_PAYLOAD_MAX_BYTES && c.patched(PATCH_SNAPSHOT_RESULT_FITS)
+    ? fitSnapshotResult(snapshot)
+    : snapshot;
 }
 
 function checkAnswer(

@@ -226,6 +226,21 @@ export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = INTERACTIO
 }
 
 /**
+ * The snapshot a suspend or resume Update answers with, within `maxBytes`: fitSnapshot, then, if
+ * still over, every interaction without its bulk (forgetContent, pending ones too). An Update's result
+ * past Temporal's limit fails the workflow task and Temporal terminates the Run, where a query's
+ * answer only fails (fitSnapshot keeps pending interactions whole, so an approver never sees a
+ * command cut short). The whole Run stays readable with the snapshot query. Pure.
+ */
+export function fitSnapshotResult(
+  snapshot: RunSnapshot,
+  maxBytes: number = INTERACTION_PAYLOAD_MAX_BYTES,
+): RunSnapshot {
+  const fitted = fitSnapshot(snapshot, maxBytes);
+  return jsonBytes(fitted) <= maxBytes ? fitted : { ...fitted, interactions: fitted.interactions.map(forgetContent) };
+}
+
+/**
  * The continue-as-new input within `maxBytes` (UTF-8 bytes of its JSON, spec included), forgetting
  * what a later step can do without, oldest first, until it fits: the copies of the Run's labels in its
  * interactions, then settled interactions' content (forgetContent), then settled interactions

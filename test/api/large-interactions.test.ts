@@ -112,10 +112,14 @@ async function exchangeThroughContinueAsNew(
  * first patch() right after a local step breaks replay).
  */
 async function expectNoPatchOnTheWay(runId: string, executions: number): Promise<void> {
-  const all = await eventually(async () => {
-    const got = await patchIdsOfEveryExecution(api.stack.config, runId);
-    return got.length >= executions ? got : undefined;
-  }, 30_000, `${executions} executions of ${runId} listed`);
+  const all = await eventually(
+    async () => {
+      const got = await patchIdsOfEveryExecution(api.stack.config, runId);
+      return got.length >= executions ? got : undefined;
+    },
+    30_000,
+    `${executions} executions of ${runId} listed`,
+  );
   for (const patches of all) expect(patches).toEqual([PATCH_RUN_BASELINE_4]);
 }
 

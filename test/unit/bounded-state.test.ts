@@ -9,6 +9,7 @@ import {
   carriedAggregate,
   fitContinueInput,
   fitSnapshot,
+  fitSnapshotResult,
   forgetContent,
   INTERACTION_PAYLOAD_MAX_BYTES,
   toSnapshot,
@@ -364,7 +365,12 @@ describe('continue-as-new input is within CARRIED_INPUT_MAX_BYTES', () => {
     // ones are carried without their bulk, with 1,000 characters of prompt) and the newest ask's result.
     const input = inputOf(
       'l'.repeat(1_400_000),
-      Array.from({ length: 40 }, () => ({ settled: true, prompt: '\u0001'.repeat(100_000), details: '', labelled: false })),
+      Array.from({ length: 40 }, () => ({
+        settled: true,
+        prompt: '\u0001'.repeat(100_000),
+        details: '',
+        labelled: false,
+      })),
       [{ result: 'yes', pending: false }],
     );
     expect(bytes(input)).toBeGreaterThan(CARRIED_INPUT_MAX_BYTES);
@@ -396,6 +402,42 @@ describe('fitSnapshot keeps the snapshot query answer within the bound', () => {
     }) as InteractionRequest;
   const snapshotOf = (interactions: InteractionRequest[]) =>
     ({ runId: 'r', status: 'WAITING', interactions, childRunIds: [] }) as RunSnapshot;
+
+  test('a suspend or resume result (fitSnapshotResult) is within the bound even when pending interactions alone are over it', () => {
+    fc.assert(
+      fc.property(
+        fc.array(
+          fc.record({
+            pending: fc.boolean(),
+            size: fc.integer({ min: 0, max: 200_000 }),
+            char: fc.constantFrom('a', '\u0001', '€', '😀'),
+          }),
+          { maxLength: 20 },
+        ),
+        fc.constantFrom(256 * 1024, 512 * 1024),
+        (drawn, max) => {
+          const snapshot = snapshotOf(
+            drawn.map((d, k) => {
+              const bulk = d.char.repeat(d.size);
+              const base = interaction(k, d.pending, bulk);
+              return d.pending ? { ...base, action: { command: bulk } } : base;
+            }),
+          );
+          const before = JSON.stringify(snapshot);
+          const fitted = fitSnapshotResult(snapshot, max);
+          expect(JSON.stringify(snapshot)).toBe(before); // pure
+          expect(bytesOf(fitted)).toBeLessThanOrEqual(max);
+          // Pending interactions are all still there (what was asked and of whom), if without their bulk.
+          const pending = (s: RunSnapshot) => s.interactions.filter((i) => i.status === 'pending').map((i) => i.id);
+          expect(pending(fitted)).toEqual(pending(snapshot));
+          // A snapshot fitSnapshot can fit keeps every pending interaction whole.
+          const query = fitSnapshot(snapshot, max);
+          if (bytesOf(query) <= max) expect(fitted).toEqual(query);
+        },
+      ),
+      { numRuns: 60 },
+    );
+  });
 
   test('arbitrary interactions: within the bound, or only pending ones left; newest settled kept; pending never dropped', () => {
     fc.assert(
