@@ -9,11 +9,14 @@ import {
   blockingJobs,
   checkRespond,
   choosePauseMode,
+  continueAsNewDue,
   decideExec,
   decideFileAccess,
+  decideHistoryRoom,
   decideSandboxOp,
   DESTROYABLE,
   destroyingState,
+  HISTORY_GUARD_BYTES,
   hashMismatches,
   isRejection,
   isReleaseBlocked,
@@ -32,6 +35,7 @@ import {
   type JobState,
   type RunFacts,
   type RunState,
+  type SandboxCall,
   type SandboxOp,
   settleAtEnd,
 } from '../../workflows/lifecycle';
@@ -130,6 +134,43 @@ describe('sandbox transition table', () => {
       expect(decideFileAccess(facts(state))).toBeUndefined();
     expect(decideFileAccess(facts('suspended'))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideFileAccess(facts('destroyed'))?.code).toBe('NOT_FOUND');
+  });
+});
+
+describe('history room of a sandbox', () => {
+  const CALLS: SandboxCall[] = ['ready', 'exec', 'readFile', 'writeFile', ...USER_OPS];
+  /** Taken whatever the history: they end the commands that keep continue-as-new waiting, once each. */
+  const ALWAYS = new Set<SandboxCall>(['stop', 'destroy']);
+  const roomy = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES - 1 };
+  const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000 };
+  const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES };
+
+  test('the guard is well under the 50 MiB at which Temporal terminates a workflow', () => {
+    expect(HISTORY_GUARD_BYTES).toBeLessThanOrEqual(40 * 1024 * 1024);
+  });
+
+  test.each(CALLS.map((call) => [call] as const))('%s', (call) => {
+    expect(decideHistoryRoom(roomy, call)).toBeUndefined();
+    for (const history of [suggested, pastGuard, { ...pastGuard, continueAsNewSuggested: true }]) {
+      const rejection = decideHistoryRoom(history, call);
+      if (ALWAYS.has(call)) expect(rejection).toBeUndefined();
+      else
+        expect(rejection).toEqual({
+          code: 'UNAVAILABLE',
+          message: expect.stringMatching(new RegExp(`^sandbox: ${call} not taken now: .*continuing as new.*; retry$`)),
+        });
+    }
+  });
+
+  test('the refusal says why continue-as-new is due', () => {
+    expect(decideHistoryRoom(suggested, 'exec')?.message).toContain('Temporal suggests it');
+    expect(decideHistoryRoom(pastGuard, 'exec')?.message).toContain('its history is past 40 MiB');
+  });
+
+  test('continue-as-new is due at the suggestion or past the guard, whichever comes first', () => {
+    expect(continueAsNewDue(roomy)).toBe(false);
+    expect(continueAsNewDue(suggested)).toBe(true);
+    expect(continueAsNewDue(pastGuard)).toBe(true);
   });
 });
 
