@@ -335,7 +335,7 @@ class SandboxEntity {
    * (decideHistoryRoom): checked last in each validator, after every refusal that is for good.
    */
   private checkHistoryRoom(call: SandboxCall): void {
-    const rejection = decideHistoryRoom(this.history(), call);
+    const rejection = decideHistoryRoom(this.history(), call, this.s.state);
     if (rejection) refuseForNow(rejection);
   }
 

@@ -139,8 +139,12 @@ describe('sandbox transition table', () => {
 
 describe('history room of a sandbox', () => {
   const CALLS: SandboxCall[] = ['ready', 'exec', 'readFile', 'writeFile', ...USER_OPS];
-  /** Taken whatever the history: they end the commands that keep continue-as-new waiting, once each. */
-  const ALWAYS = new Set<SandboxCall>(['stop', 'destroy']);
+  /**
+   * Taken whatever the history: what ends the commands or release that keep continue-as-new waiting,
+   * each once before the state refuses the next.
+   */
+  const ALWAYS = (call: SandboxCall, state: SandboxState) =>
+    call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
   const roomy = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES - 1 };
   const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000 };
   const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES };
@@ -149,11 +153,11 @@ describe('history room of a sandbox', () => {
     expect(HISTORY_GUARD_BYTES).toBeLessThanOrEqual(40 * 1024 * 1024);
   });
 
-  test.each(CALLS.map((call) => [call] as const))('%s', (call) => {
-    expect(decideHistoryRoom(roomy, call)).toBeUndefined();
+  test.each(STATES.flatMap((state) => CALLS.map((call) => [state, call] as const)))('%s: %s', (state, call) => {
+    expect(decideHistoryRoom(roomy, call, state)).toBeUndefined();
     for (const history of [suggested, pastGuard, { ...pastGuard, continueAsNewSuggested: true }]) {
-      const rejection = decideHistoryRoom(history, call);
-      if (ALWAYS.has(call)) expect(rejection).toBeUndefined();
+      const rejection = decideHistoryRoom(history, call, state);
+      if (ALWAYS(call, state)) expect(rejection).toBeUndefined();
       else
         expect(rejection).toEqual({
           code: 'UNAVAILABLE',
@@ -162,9 +166,15 @@ describe('history room of a sandbox', () => {
     }
   });
 
+  test('a resume of a running sandbox (it answers its state) and pause and resume back are refused: again and again, they would grow the history', () => {
+    expect(decideHistoryRoom(suggested, 'resume', 'running')?.code).toBe('UNAVAILABLE');
+    expect(decideHistoryRoom(suggested, 'pause', 'running')?.code).toBe('UNAVAILABLE');
+    expect(decideHistoryRoom(suggested, 'resume', 'paused')?.code).toBe('UNAVAILABLE');
+  });
+
   test('the refusal says why continue-as-new is due', () => {
-    expect(decideHistoryRoom(suggested, 'exec')?.message).toContain('Temporal suggests it');
-    expect(decideHistoryRoom(pastGuard, 'exec')?.message).toContain('its history is past 40 MiB');
+    expect(decideHistoryRoom(suggested, 'exec', 'running')?.message).toContain('Temporal suggests it');
+    expect(decideHistoryRoom(pastGuard, 'exec', 'running')?.message).toContain('its history is past 40 MiB');
   });
 
   test('continue-as-new is due at the suggestion or past the guard, whichever comes first', () => {
