@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
+import { WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
+import { ApplicationFailure } from '@temporalio/common';
 import { findCause, GRPC_STATUS } from '../common/errors';
 import { grpcErrorOf, isTransientGrpc } from './errors';
 
@@ -8,6 +9,9 @@ import { grpcErrorOf, isTransientGrpc } from './errors';
 // load the server's own deadline passes: DEADLINE_EXCEEDED). Every attempt
 // carries the same update id, and Temporal deduplicates Updates by id, so an
 // Update that did arrive is never applied twice: the retry gets its outcome.
+// Also sent again: an Update its workflow refused for now (a sandbox continuing
+// as new, workflows/lifecycle.ts decideHistoryRoom). A refused Update is not
+// recorded, so its id is free for the retry, which the next run then takes.
 
 /** How long an Update is retried before its error reaches the caller. */
 const RETRY_BUDGET_MS = 60_000;
@@ -35,8 +39,24 @@ export async function sendUpdate<T>(
  */
 const TASK_FAILED_UNDER_UPDATE = /unexpected workflow task failure/i;
 
-/** DEADLINE_EXCEEDED or UNAVAILABLE in the chain, the SDK's own Update RPC timeout, or an Update its task failed under. */
+/**
+ * An Update the workflow refused for now (workflows/failures.ts refuseForNow): its own failure, right
+ * under the Update's, is UNAVAILABLE and retryable. A failure from deeper down (an activity's) or one
+ * marked non-retryable (a resume that found its host gone) is the Update's outcome, never retried:
+ * Temporal would only answer the same outcome for the same id.
+ */
+export function isRefusedForNow(err: unknown): boolean {
+  if (!(err instanceof WorkflowUpdateFailedError)) return false;
+  const failure = err.cause;
+  return failure instanceof ApplicationFailure && failure.type === 'UNAVAILABLE' && !failure.nonRetryable;
+}
+
+/**
+ * DEADLINE_EXCEEDED or UNAVAILABLE in the chain, the SDK's own Update RPC timeout, an Update its task
+ * failed under, or one its workflow refused for now.
+ */
 function isTransient(err: unknown): boolean {
+  if (isRefusedForNow(err)) return true;
   if (findCause(err, (e) => e instanceof WorkflowUpdateRPCTimeoutOrCancelledError)) return true;
   const grpc = grpcErrorOf(err);
   if (grpc === undefined) return false;

@@ -9,6 +9,15 @@ export function refuse(rejection: Rejection): never {
   throw ApplicationFailure.create({ type: rejection.code, message: rejection.message, nonRetryable: true });
 }
 
+/**
+ * A refusal for now: the failure an Update validator throws when the same call, sent again a little
+ * later, will be taken. Marked retryable (the only refusal so), which is what the typed client's
+ * retry of Updates looks for (client/updates.ts).
+ */
+export function refuseForNow(rejection: Rejection): never {
+  throw ApplicationFailure.create({ type: rejection.code, message: rejection.message, nonRetryable: false });
+}
+
 /** The innermost message of a Temporal failure chain, after the activity it came from (a bare "Heartbeat timeout" names no culprit). */
 export function failureMessage(err: unknown): string {
   let innermost: Error | undefined;

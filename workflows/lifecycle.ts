@@ -107,6 +107,66 @@ export function decideFileAccess(facts: SandboxFacts): Rejection | undefined {
   return undefined;
 }
 
+// ---------------------------------------------------------------- history room
+
+/**
+ * A sandbox workflow's history size (bytes) past which it takes no call that would add to it, even
+ * without Temporal's suggestion to continue as new (a server may suggest late, or never): Temporal
+ * terminates a workflow whose history passes 50 MiB (`limit.historySize.error`), and what is already
+ * under way needs room to finish (an exec's result alone can be ~2 MiB, stored twice).
+ */
+export const HISTORY_GUARD_BYTES = 40 * 1024 * 1024;
+
+/** What a workflow task tells of the history (workflowInfo()). */
+export interface HistoryFacts {
+  continueAsNewSuggested: boolean;
+  historySizeBytes: number;
+}
+
+/** A caller's call of a standalone sandbox (one Update each). */
+export type SandboxCall =
+  'ready' | 'exec' | 'readFile' | 'writeFile' | Exclude<SandboxOp, 'fail' | 'lose' | 'unsuspend'>;
+
+/**
+ * Calls taken whatever the history: they end what keeps the sandbox from continuing as new, and each
+ * is taken at most once before the state rules refuse the next. Stop ends its commands (a second stop
+ * is refused from stopped); destroy ends everything; a resume of a suspended sandbox cancels a release
+ * still under way (one whose host is gone retries for as long as it is gone) and leaves it running,
+ * where a suspend is taken only once nothing is under way, so never before continuing as new.
+ */
+function takenWhateverTheHistory(call: SandboxCall, state: SandboxState): boolean {
+  return call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
+}
+
+/** Continue-as-new is due: Temporal suggests it, or the history is past HISTORY_GUARD_BYTES. */
+export function continueAsNewDue(history: HistoryFacts): boolean {
+  return history.continueAsNewSuggested || history.historySizeBytes >= HISTORY_GUARD_BYTES;
+}
+
+/**
+ * Whether the sandbox, in `state`, takes `call` with the history it has. Once continue-as-new is due,
+ * every call that would add to the history (its Update's request and result, its activities) is
+ * refused, for now: the workflow continues as new as soon as nothing is under way (no command, file
+ * operation, state change or release), and a call that kept arriving meanwhile (a second exec beside a
+ * long one, a pause and resume again and again) would grow the history until Temporal terminates the
+ * workflow, leaving its sandbox behind. The refusal is UNAVAILABLE, to retry: the next run of the
+ * workflow takes the call.
+ */
+export function decideHistoryRoom(
+  history: HistoryFacts,
+  call: SandboxCall,
+  state: SandboxState,
+): Rejection | undefined {
+  if (takenWhateverTheHistory(call, state) || !continueAsNewDue(history)) return undefined;
+  const why = history.continueAsNewSuggested
+    ? 'Temporal suggests it'
+    : `its history is past ${HISTORY_GUARD_BYTES / (1024 * 1024)} MiB`;
+  return {
+    code: 'UNAVAILABLE',
+    message: `sandbox: ${call} not taken now: the sandbox is continuing as new (${why}) once its running command, file operation or state change ends; retry`,
+  };
+}
+
 // ---------------------------------------------------------------- pause modes
 
 export interface PauseModeFacts {

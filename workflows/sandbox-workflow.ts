@@ -16,7 +16,7 @@ import { durationMs } from '../common/duration';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import type { SandboxView } from '../common/schemas';
 import { ExecutionBindingLifecycleCoordinator } from './coordinator';
-import { failureCode, failureMessage, refuse } from './failures';
+import { failureCode, failureMessage, refuse, refuseForNow } from './failures';
 import {
   destroySandboxUpdate,
   execSandboxUpdate,
@@ -36,9 +36,13 @@ import {
 import {
   checkArity,
   choosePauseMode,
+  continueAsNewDue,
   decideExec,
   decideFileAccess,
+  decideHistoryRoom,
   decideSandboxOp,
+  type HistoryFacts,
+  type SandboxCall,
   type SandboxOp,
 } from './lifecycle';
 import { sandboxFacts, toSandboxView, type SandboxAggregate } from './sandbox-aggregate';
@@ -81,6 +85,20 @@ const PATCH_RETENTION_DESTROYS = 'retention-expiry-destroys';
  */
 const PATCH_PROVISION_FAILED = 'provision-failed-shown';
 
+/**
+ * Continue-as-new is due also when the history is past HISTORY_GUARD_BYTES without Temporal's
+ * suggestion (it used to wait for the suggestion alone), so the calls refused past that size
+ * (decideHistoryRoom) are taken again once the sandbox is quiet. Asked for at the start of a run,
+ * with PATCH_CAN_RECHECK. A run from before it refuses past that size too, and continues as new at
+ * Temporal's suggestion only: until then it takes stop and destroy alone, which beats being
+ * terminated at 50 MiB with its sandbox left behind.
+ *
+ * Refusing calls needs no patch: that is done in Update validators only, and a validator's refusal
+ * is no command and no event (the Update is never recorded), while on replay validators do not run
+ * (the SDK runs them only for Updates that are new). Recorded histories replay as before.
+ */
+const PATCH_CAN_AT_HISTORY_GUARD = 'continue-as-new-at-history-guard';
+
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
 
@@ -100,6 +118,8 @@ class SandboxEntity {
   private provisionFailure: Rejection | undefined;
   /** Bumped on every change so the main loop re-plans its timers. */
   private epoch = 0;
+  /** PATCH_CAN_AT_HISTORY_GUARD, once asked at the start of the run. */
+  private canAtHistoryGuard = false;
   private readonly publisher = new Publisher();
 
   constructor(private readonly input: SandboxWorkflowInput) {
@@ -162,6 +182,7 @@ class SandboxEntity {
         validator: (...args: unknown[]) => {
           const arity = checkArity('ready', args, 0);
           if (arity) refuse(arity);
+          this.checkHistoryRoom('ready');
         },
       },
     );
@@ -216,6 +237,7 @@ class SandboxEntity {
           parseArgs('exec', args, execInputIssues);
           const rejection = decideExec(this.facts());
           if (rejection) refuse(rejection);
+          this.checkHistoryRoom('exec');
         },
       },
     );
@@ -229,6 +251,7 @@ class SandboxEntity {
         validator: (...args: unknown[]) => {
           parseArgs('readFile', args, readFileInputIssues);
           this.checkFileAccess();
+          this.checkHistoryRoom('readFile');
         },
       },
     );
@@ -248,6 +271,7 @@ class SandboxEntity {
           }
           parseArgs('writeFile', args, writeFileInputIssues);
           this.checkFileAccess();
+          this.checkHistoryRoom('writeFile');
         },
       },
     );
@@ -306,6 +330,20 @@ class SandboxEntity {
     this.s.error = { code: 'SANDBOX_FAILED', message: failureMessage(err) };
   }
 
+  /**
+   * Refuses, for now, a call that would add to a history that has to continue as new first
+   * (decideHistoryRoom): checked last in each validator, after every refusal that is for good.
+   */
+  private checkHistoryRoom(call: SandboxCall): void {
+    const rejection = decideHistoryRoom(this.history(), call, this.s.state);
+    if (rejection) refuseForNow(rejection);
+  }
+
+  private history(): HistoryFacts {
+    const info = workflowInfo();
+    return { continueAsNewSuggested: info.continueAsNewSuggested, historySizeBytes: info.historySize };
+  }
+
   private checkFileAccess(): void {
     const rejection = decideFileAccess(this.facts());
     if (rejection) refuse(rejection);
@@ -314,7 +352,7 @@ class SandboxEntity {
   /** One update per state change; the validator rejects before anything is written to history. */
   private transition(
     def: UpdateDefinition<SandboxView, []>,
-    op: SandboxOp,
+    op: SandboxOp & SandboxCall,
     perform: () => Promise<void>,
     unsupported: () => string | undefined = () => undefined,
   ): void {
@@ -352,6 +390,7 @@ class SandboxEntity {
               code: 'NOT_SUPPORTED',
               message: `provider ${this.s.create.provider} does not support ${missing}`,
             });
+          this.checkHistoryRoom(op);
         },
       },
     );
@@ -421,6 +460,7 @@ class SandboxEntity {
       this.changed();
     }
     const recheck = patched(PATCH_CAN_RECHECK);
+    this.canAtHistoryGuard = recheck && patched(PATCH_CAN_AT_HISTORY_GUARD);
     while (this.s.state !== 'destroyed') {
       if (recheck) {
         // Checked and acted on in one go: nothing can start between the check and continue-as-new.
@@ -468,7 +508,9 @@ class SandboxEntity {
   }
 
   private mayContinueAsNew(): boolean {
-    return workflowInfo().continueAsNewSuggested && this.quiet() && allHandlersFinished();
+    const history = this.history();
+    const due = this.canAtHistoryGuard ? continueAsNewDue(history) : history.continueAsNewSuggested;
+    return due && this.quiet() && allHandlersFinished();
   }
 
   private nextDeadline(): { kind: 'ttl' | 'idle' | 'retention'; atMs: number } | undefined {

@@ -9,11 +9,14 @@ import {
   blockingJobs,
   checkRespond,
   choosePauseMode,
+  continueAsNewDue,
   decideExec,
   decideFileAccess,
+  decideHistoryRoom,
   decideSandboxOp,
   DESTROYABLE,
   destroyingState,
+  HISTORY_GUARD_BYTES,
   hashMismatches,
   isRejection,
   isReleaseBlocked,
@@ -32,6 +35,7 @@ import {
   type JobState,
   type RunFacts,
   type RunState,
+  type SandboxCall,
   type SandboxOp,
   settleAtEnd,
 } from '../../workflows/lifecycle';
@@ -130,6 +134,53 @@ describe('sandbox transition table', () => {
       expect(decideFileAccess(facts(state))).toBeUndefined();
     expect(decideFileAccess(facts('suspended'))?.code).toBe('INVALID_STATE_TRANSITION');
     expect(decideFileAccess(facts('destroyed'))?.code).toBe('NOT_FOUND');
+  });
+});
+
+describe('history room of a sandbox', () => {
+  const CALLS: SandboxCall[] = ['ready', 'exec', 'readFile', 'writeFile', ...USER_OPS];
+  /**
+   * Taken whatever the history: what ends the commands or release that keep continue-as-new waiting,
+   * each once before the state refuses the next.
+   */
+  const ALWAYS = (call: SandboxCall, state: SandboxState) =>
+    call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
+  const roomy = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES - 1 };
+  const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000 };
+  const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES };
+
+  test('the guard is well under the 50 MiB at which Temporal terminates a workflow', () => {
+    expect(HISTORY_GUARD_BYTES).toBeLessThanOrEqual(40 * 1024 * 1024);
+  });
+
+  test.each(STATES.flatMap((state) => CALLS.map((call) => [state, call] as const)))('%s: %s', (state, call) => {
+    expect(decideHistoryRoom(roomy, call, state)).toBeUndefined();
+    for (const history of [suggested, pastGuard, { ...pastGuard, continueAsNewSuggested: true }]) {
+      const rejection = decideHistoryRoom(history, call, state);
+      if (ALWAYS(call, state)) expect(rejection).toBeUndefined();
+      else
+        expect(rejection).toEqual({
+          code: 'UNAVAILABLE',
+          message: expect.stringMatching(new RegExp(`^sandbox: ${call} not taken now: .*continuing as new.*; retry$`)),
+        });
+    }
+  });
+
+  test('a resume of a running sandbox (it answers its state) and pause and resume back are refused: again and again, they would grow the history', () => {
+    expect(decideHistoryRoom(suggested, 'resume', 'running')?.code).toBe('UNAVAILABLE');
+    expect(decideHistoryRoom(suggested, 'pause', 'running')?.code).toBe('UNAVAILABLE');
+    expect(decideHistoryRoom(suggested, 'resume', 'paused')?.code).toBe('UNAVAILABLE');
+  });
+
+  test('the refusal says why continue-as-new is due', () => {
+    expect(decideHistoryRoom(suggested, 'exec', 'running')?.message).toContain('Temporal suggests it');
+    expect(decideHistoryRoom(pastGuard, 'exec', 'running')?.message).toContain('its history is past 40 MiB');
+  });
+
+  test('continue-as-new is due at the suggestion or past the guard, whichever comes first', () => {
+    expect(continueAsNewDue(roomy)).toBe(false);
+    expect(continueAsNewDue(suggested)).toBe(true);
+    expect(continueAsNewDue(pastGuard)).toBe(true);
   });
 });
 
