@@ -45,6 +45,19 @@ export const FILE_LIMIT_BYTES = 1024 * 1024;
  */
 export const PAYLOAD_MAX_BYTES = 1536 * 1024;
 
+/**
+ * The most UTF-8 bytes of payloads Stasis puts in the commands of one workflow task (Update results,
+ * activity inputs). A task's completion travels as one gRPC message, which Temporal refuses past
+ * 4 MB; the worker then sent the same completion again and again, and the workflow was stuck for
+ * good (seven execs of 128 KiB of control characters each, ending together). One payload (at most
+ * PAYLOAD_MAX_BYTES) always goes, so the total stays under 4 MB.
+ */
+export const TASK_PAYLOADS_MAX_BYTES = 2560 * 1024;
+
+/** Whether a payload of `bytes` may join the `used` bytes a workflow task already put in its commands. */
+export const fitsInTask = (used: number, bytes: number): boolean =>
+  used === 0 || used + bytes <= TASK_PAYLOADS_MAX_BYTES;
+
 /** UTF-8 bytes of a value as JSON: what Temporal's JSON payload converter sends. */
 export const jsonBytes = (value: unknown): number => utf8Length(JSON.stringify(value ?? null));
 

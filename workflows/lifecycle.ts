@@ -117,11 +117,24 @@ export function decideFileAccess(facts: SandboxFacts): Rejection | undefined {
  */
 export const HISTORY_GUARD_BYTES = 40 * 1024 * 1024;
 
-/** What a workflow task tells of the history (workflowInfo()). */
+/**
+ * The most one exec or file operation adds to a sandbox's history: its input (at most 1 MiB of JSON)
+ * twice (the Update's request and the activity's input) and its result twice (the activity's and the
+ * Update's): an exec's two streams of 128 KiB each, six bytes of JSON a byte of control characters.
+ * A read's base64 content (1 MiB of file) twice, or a write's, is less.
+ */
+export const CALL_HISTORY_MAX_BYTES = 2 * 1024 * 1024 + 2 * 2 * 6 * 128 * 1024;
+
+/** What a workflow task tells of the history (workflowInfo()), and what may still be added to it. */
 export interface HistoryFacts {
   continueAsNewSuggested: boolean;
   historySizeBytes: number;
+  /** Execs and file operations under way: each may still add up to CALL_HISTORY_MAX_BYTES. */
+  callsUnderWay: number;
 }
+
+/** Calls that may add up to CALL_HISTORY_MAX_BYTES each. */
+const LARGE_CALLS: readonly SandboxCall[] = ['exec', 'readFile', 'writeFile'];
 
 /** A caller's call of a standalone sandbox (one Update each). */
 export type SandboxCall =
@@ -157,14 +170,26 @@ export function decideHistoryRoom(
   call: SandboxCall,
   state: SandboxState,
 ): Rejection | undefined {
-  if (takenWhateverTheHistory(call, state) || !continueAsNewDue(history)) return undefined;
-  const why = history.continueAsNewSuggested
-    ? 'Temporal suggests it'
-    : `its history is past ${HISTORY_GUARD_BYTES / (1024 * 1024)} MiB`;
-  return {
-    code: 'UNAVAILABLE',
-    message: `sandbox: ${call} not taken now: the sandbox is continuing as new (${why}) once its running command, file operation or state change ends; retry`,
-  };
+  if (takenWhateverTheHistory(call, state)) return undefined;
+  if (continueAsNewDue(history)) {
+    const why = history.continueAsNewSuggested
+      ? 'Temporal suggests it'
+      : `its history is past ${HISTORY_GUARD_BYTES / (1024 * 1024)} MiB`;
+    return {
+      code: 'UNAVAILABLE',
+      message: `sandbox: ${call} not taken now: the sandbox is continuing as new (${why}) once its running command, file operation or state change ends; retry`,
+    };
+  }
+  // Calls sent all at once, before continue-as-new is due, are each taken: room is kept for the
+  // most each can still add, so together they never take the history past the guard.
+  const reserved = (history.callsUnderWay + 1) * CALL_HISTORY_MAX_BYTES;
+  if (LARGE_CALLS.includes(call) && history.historySizeBytes + reserved > HISTORY_GUARD_BYTES) {
+    return {
+      code: 'UNAVAILABLE',
+      message: `sandbox: ${call} not taken now: the ${history.callsUnderWay} commands and file operations under way may still fill the history's room; retry once one ends`,
+    };
+  }
+  return undefined;
 }
 
 // ---------------------------------------------------------------- pause modes

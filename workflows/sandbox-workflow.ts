@@ -8,12 +8,13 @@ import {
   patched,
   proxyActivities,
   setHandler,
+  sleep,
   workflowInfo,
 } from '@temporalio/workflow';
 import type { UpdateDefinition } from '@temporalio/common';
 import type { Activities } from '../activities';
 import { durationMs } from '../common/duration';
-import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
+import { FILE_LIMIT_BYTES, fitsInTask, inputTooLarge, jsonBytes } from '../common/payload-limits';
 import type { SandboxView } from '../common/schemas';
 import { ExecutionBindingLifecycleCoordinator } from './coordinator';
 import { failureCode, failureMessage, refuse, refuseForNow } from './failures';
@@ -99,6 +100,14 @@ const PATCH_PROVISION_FAILED = 'provision-failed-shown';
  */
 const PATCH_CAN_AT_HISTORY_GUARD = 'continue-as-new-at-history-guard';
 
+/**
+ * A large Update result or activity input waits for the next workflow task when the current one
+ * already carries TASK_PAYLOADS_MAX_BYTES (fitsInTask): several ending together made a task
+ * completion past gRPC's 4 MB, refused again and again, and the sandbox was stuck. Asked for only
+ * then (a sandbox workflow has no local activity, after which a first patch() would not replay).
+ */
+const PATCH_TASK_ROOM = 'task-payload-room';
+
 /** How long a suspend update waits for the receipt before answering with the state so far. */
 const SUSPEND_ANSWER_MS = 60_000;
 
@@ -118,6 +127,8 @@ class SandboxEntity {
   private provisionFailure: Rejection | undefined;
   /** Bumped on every change so the main loop re-plans its timers. */
   private epoch = 0;
+  /** Payload bytes the current workflow task (by its history length) has put in its commands. */
+  private taskPayloads = { task: -1, bytes: 0 };
   /** PATCH_CAN_AT_HISTORY_GUARD, once asked at the start of the run. */
   private canAtHistoryGuard = false;
   private readonly publisher = new Publisher();
@@ -215,10 +226,15 @@ class SandboxEntity {
         try {
           await condition(() => this.ready || this.provisionFailure !== undefined);
           if (this.provisionFailure) refuse(this.provisionFailure);
-          return await this.sandbox.exec(jobId, request.command, {
+          const inputBytes = jsonBytes(request);
+          if (!this.takeTaskRoom(inputBytes)) await this.waitTaskRoom(inputBytes);
+          const result = await this.sandbox.exec(jobId, request.command, {
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(request.env ? { env: request.env } : {}),
           });
+          const resultBytes = jsonBytes(result);
+          if (!this.takeTaskRoom(resultBytes)) await this.waitTaskRoom(resultBytes);
+          return result;
         } catch (err) {
           this.failIfBroken(err);
           throw asFailure(err);
@@ -244,9 +260,12 @@ class SandboxEntity {
 
     setHandler(
       readFileUpdate,
-      async ({ path }) => ({
-        contentBase64: await this.fileOp(() => this.sandbox.readFile(path, 'base64')),
-      }),
+      async ({ path }) => {
+        const contentBase64 = await this.fileOp(() => this.sandbox.readFile(path, 'base64'));
+        const bytes = jsonBytes(contentBase64);
+        if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
+        return { contentBase64 };
+      },
       {
         validator: (...args: unknown[]) => {
           parseArgs('readFile', args, readFileInputIssues);
@@ -258,6 +277,8 @@ class SandboxEntity {
     setHandler(
       writeFileUpdate,
       async ({ path, contentBase64 }) => {
+        const bytes = jsonBytes(contentBase64);
+        if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
         await this.fileOp(() => this.sandbox.writeFile(path, contentBase64, 'base64'));
       },
       {
@@ -322,6 +343,26 @@ class SandboxEntity {
     }
   }
 
+  /**
+   * Counts a payload of `bytes` into the current workflow task's commands if it fits (fitsInTask);
+   * false if it has to wait for a later task (waitTaskRoom). Synchronous, so a payload that fits is
+   * sent exactly when it was before.
+   */
+  private takeTaskRoom(bytes: number): boolean {
+    const task = workflowInfo().historyLength;
+    if (this.taskPayloads.task !== task) this.taskPayloads = { task, bytes: 0 };
+    if (!fitsInTask(this.taskPayloads.bytes, bytes)) return false;
+    this.taskPayloads.bytes += bytes;
+    return true;
+  }
+
+  /** Waits for a workflow task with room for `bytes` and counts it there (PATCH_TASK_ROOM). */
+  private async waitTaskRoom(bytes: number): Promise<void> {
+    if (!patched(PATCH_TASK_ROOM)) return;
+    do await sleep(1);
+    while (!this.takeTaskRoom(bytes));
+  }
+
   /** running → failed when the provider says the sandbox broke beyond repair. */
   private failIfBroken(err: unknown): void {
     if (failureCode(err) !== 'SANDBOX_FAILED') return;
@@ -341,7 +382,11 @@ class SandboxEntity {
 
   private history(): HistoryFacts {
     const info = workflowInfo();
-    return { continueAsNewSuggested: info.continueAsNewSuggested, historySizeBytes: info.historySize };
+    return {
+      continueAsNewSuggested: info.continueAsNewSuggested,
+      historySizeBytes: info.historySize,
+      callsUnderWay: this.runningExecs + this.fileOps,
+    };
   }
 
   private checkFileAccess(): void {

@@ -17,6 +17,7 @@ import {
   DESTROYABLE,
   destroyingState,
   HISTORY_GUARD_BYTES,
+  CALL_HISTORY_MAX_BYTES,
   hashMismatches,
   isRejection,
   isReleaseBlocked,
@@ -145,9 +146,9 @@ describe('history room of a sandbox', () => {
    */
   const ALWAYS = (call: SandboxCall, state: SandboxState) =>
     call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
-  const roomy = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES - 1 };
-  const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000 };
-  const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES };
+  const roomy = { continueAsNewSuggested: false, historySizeBytes: 1_000, callsUnderWay: 0 };
+  const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000, callsUnderWay: 0 };
+  const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES, callsUnderWay: 0 };
 
   test('the guard is well under the 50 MiB at which Temporal terminates a workflow', () => {
     expect(HISTORY_GUARD_BYTES).toBeLessThanOrEqual(40 * 1024 * 1024);
@@ -175,6 +176,39 @@ describe('history room of a sandbox', () => {
   test('the refusal says why continue-as-new is due', () => {
     expect(decideHistoryRoom(suggested, 'exec', 'running')?.message).toContain('Temporal suggests it');
     expect(decideHistoryRoom(pastGuard, 'exec', 'running')?.message).toContain('its history is past 40 MiB');
+  });
+
+  test('calls sent all at once before continue-as-new is due: those taken can never together take the history past the guard', () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 0, max: HISTORY_GUARD_BYTES }),
+        fc.array(fc.constantFrom<SandboxCall>('exec', 'readFile', 'writeFile'), { maxLength: 40 }),
+        (size, flood) => {
+          let underWay = 0;
+          for (const call of flood) {
+            const history = { continueAsNewSuggested: false, historySizeBytes: size, callsUnderWay: underWay };
+            const rejection = decideHistoryRoom(history, call, 'running');
+            if (rejection === undefined) underWay += 1;
+            else expect(rejection.code).toBe('UNAVAILABLE');
+          }
+          expect(size + underWay * CALL_HISTORY_MAX_BYTES).toBeLessThanOrEqual(HISTORY_GUARD_BYTES);
+          // As many as fit are taken: one more would not.
+          if (flood.length > underWay)
+            expect(size + (underWay + 1) * CALL_HISTORY_MAX_BYTES).toBeGreaterThan(HISTORY_GUARD_BYTES);
+        },
+      ),
+    );
+  });
+
+  test('a small history takes several calls at once; stop and destroy are taken however many are under way', () => {
+    const busy = { continueAsNewSuggested: false, historySizeBytes: 1_000, callsUnderWay: 7 }; // 8 × 5 MiB are 40 MiB: seven at most
+    expect(decideHistoryRoom({ ...busy, callsUnderWay: 6 }, 'exec', 'running')).toBeUndefined();
+    expect(decideHistoryRoom(busy, 'exec', 'running')?.message).toMatch(
+      /^sandbox: exec not taken now: the 7 commands and file operations under way .*; retry once one ends$/,
+    );
+    expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'stop', 'running')).toBeUndefined();
+    expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'destroy', 'running')).toBeUndefined();
+    expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'pause', 'running')).toBeUndefined();
   });
 
   test('continue-as-new is due at the suggestion or past the guard, whichever comes first', () => {

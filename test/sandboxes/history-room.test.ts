@@ -1,0 +1,71 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { WorkflowUpdateStage } from '@temporalio/client';
+import { execSandboxUpdate, sandboxWorkflowId } from '../../workflows/definitions';
+import { useStack } from '../helpers/stack';
+
+const stack = useStack();
+
+/** 128 KiB of NUL on stdout: each is `\u0000` (6 bytes) in the JSON of the result. */
+const CONTROL_FLOOD = 'head -c 131072 /dev/zero';
+
+/** Workspaces of the execs: each ends once the test is over, passed or failed. */
+const workspaces: string[] = [];
+afterEach(() => {
+  for (const dir of workspaces.splice(0)) writeFileSync(path.join(dir, 'release'), '');
+});
+
+// Calls sent all at once before continue-as-new is due were each taken, and each may still add ~5 MiB
+// (its input and its result, twice): sixteen of them could pass 50 MiB together (found by the review of
+// the bound above). Room is kept for what the calls under way may still add. And results ending
+// together go over several workflow tasks (fitsInTask): seven of these in one task completion were
+// 5.5 MB, which Temporal refused ("transaction size ... exceeds limit", gRPC's 4 MB) again and again,
+// and the sandbox was stuck: this test then hung.
+test('execs sent all at once are taken only while what they may still add fits under the guard; the rest are refused for now', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'history-guard-'));
+  workspaces.push(dir);
+  const { sandboxId } = await stack.client.sandboxes.create({
+    provider: 'local',
+    workspace: { kind: 'active', hostPath: dir },
+  });
+  await stack.client.sandboxes.start(sandboxId);
+  const raw = stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId));
+  const command = `while [ ! -e release ]; do sleep 0.1; done; ${CONTROL_FLOOD}`;
+  const handles = await Promise.all(
+    Array.from({ length: 12 }, () =>
+      raw.startUpdate(execSandboxUpdate, { args: [{ command }], waitForStage: WorkflowUpdateStage.ACCEPTED }),
+    ),
+  );
+  // The taken ones run until `release` exists; the refused fail (a refusal can come late: the
+  // server may drop a speculative workflow task and hand its Updates over again).
+  await new Promise((resolve) => setTimeout(resolve, 2_000));
+  writeFileSync(path.join(dir, 'release'), '');
+  type Refusal = { cause?: { type?: string; message?: string; nonRetryable?: boolean } };
+  const outcomes = await Promise.all(
+    handles.map((h) =>
+      h.result().then(
+        (r) => r,
+        (err: unknown) => err as Refusal,
+      ),
+    ),
+  );
+  const taken = outcomes.filter((o) => 'exitCode' in o);
+  const refused = outcomes.filter((o): o is Refusal => !('exitCode' in o));
+  // 40 MiB of room, ~5 MiB each: seven at most; every one without the bound.
+  expect(taken.length).toBeGreaterThan(0);
+  expect(taken.length).toBeLessThanOrEqual(7);
+  for (const r of taken) expect(r).toMatchObject({ exitCode: 0 });
+  for (const r of refused) {
+    expect(r.cause).toMatchObject({
+      type: 'UNAVAILABLE',
+      nonRetryable: false,
+      message: expect.stringMatching(/under way may still fill the history's room; retry once one ends$/),
+    });
+  }
+  // Once they ended, the sandbox takes calls again.
+  await expect(stack.client.sandboxes.exec(sandboxId, { command: 'echo next' })).resolves.toMatchObject({
+    stdout: 'next\n',
+  });
+  await stack.client.sandboxes.destroy(sandboxId);
+}, 55_000);
