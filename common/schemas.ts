@@ -452,6 +452,8 @@ export const ResourceView = z.object({
   suspension: Suspension.optional(),
   children: z.array(z.object({ runId: z.string(), state: ResourceState })),
   blockedAgeSeconds: z.number().optional(),
+  /** Why the Run takes no agent step now, e.g. it waits for its background jobs before it continues as new. */
+  waitingFor: z.string().optional(),
 });
 export type ResourceView = z.infer<typeof ResourceView>;
 

@@ -572,6 +572,43 @@ export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
   }
 }
 
+// ---------------------------------------------------------------- history high-water mark
+
+/**
+ * The history size (bytes, as Temporal counts it) past which a Run that cannot continue as new because
+ * jobs run takes no further agent step until they end (waitsForJobs). Temporal terminates a workflow at
+ * 50 MiB (and the Run leaves its sandbox behind); it suggests continue-as-new from 4 MiB, which a Run with
+ * a job running must refuse. The 18 MiB left take what still comes once the mark is passed: the step under way
+ * (an exec result is up to two 128 KiB streams at six bytes of JSON a control character, 1.5 MiB, once
+ * more in the next step's input for a driver whose steps are activities), the jobs' completions, the
+ * handlers' events and the Run's ending.
+ */
+export const HISTORY_SIZE_HIGH_WATER_BYTES = 32 * 1024 * 1024;
+/**
+ * The same in events: Temporal terminates a workflow at 51,200; a step takes about ten (its workflow
+ * tasks, activities, an upsert), so 11,200 leave room for a thousand and more after the mark.
+ */
+export const HISTORY_LENGTH_HIGH_WATER = 40_000;
+
+/** What waitsForJobs looks at: the Run's history so far and its jobs. */
+export interface HistoryFacts {
+  /** workflowInfo().historySize: bytes. */
+  historySize: number;
+  /** workflowInfo().historyLength: events. */
+  historyLength: number;
+  runningJobs: number;
+}
+
+/**
+ * Whether the Run takes its next agent step only once its running jobs have ended (backpressure): with
+ * a job running it cannot continue as new (admitRunOp), so past either high-water mark another step
+ * would only grow a history Temporal is about to terminate. Once the jobs end it continues as new.
+ */
+export function waitsForJobs(facts: HistoryFacts): boolean {
+  if (facts.runningJobs === 0) return false;
+  return facts.historySize >= HISTORY_SIZE_HIGH_WATER_BYTES || facts.historyLength >= HISTORY_LENGTH_HIGH_WATER;
+}
+
 // ---------------------------------------------------------------- external actions
 
 /** What admitting an external agent's action looks at. */

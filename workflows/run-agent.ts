@@ -32,6 +32,7 @@ import {
   PATCH_CHILD_ID_FITS,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_FAILED_KEEPS,
+  PATCH_WAITS_FOR_JOBS,
   shared,
   type RunController,
 } from './run-controller';
@@ -45,7 +46,13 @@ import {
 } from './run-state';
 import { finish } from './run-ending';
 import { completeResume, keepsReleased, resumeWithJob, suspendAndWait, undoPendingResume } from './run-suspension';
-import { fusesWithResume } from './lifecycle';
+import {
+  fusesWithResume,
+  HISTORY_LENGTH_HIGH_WATER,
+  HISTORY_SIZE_HIGH_WATER_BYTES,
+  waitsForJobs,
+  type HistoryFacts,
+} from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
 import { nowIso } from './clock';
@@ -84,6 +91,11 @@ export async function agentLoop(c: RunController): Promise<void> {
       const input = continueInput(c);
       if (input) await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>(input);
     }
+    // Refused continue-as-new for its running jobs, a Run past its history's high-water mark waits for them.
+    if (waitsForJobs(historyFacts(c)) && c.patched(PATCH_WAITS_FOR_JOBS)) {
+      await waitForJobs(c);
+      continue;
+    }
     if (run.spec.agent.driver === EXTERNAL_DRIVER) {
       const entry = await whileIdle(c, nextAction(c));
       if (entry) await performAction(c, entry);
@@ -109,6 +121,34 @@ export async function agentLoop(c: RunController): Promise<void> {
   if (!c.completed && c.patched(PATCH_FAILED_KEEPS)) undoPendingResume(c);
   else await completeResume(c);
   await finish(c);
+}
+
+const runningJobIds = (c: RunController): string[] => c.run.jobs.filter((j) => j.status === 'running').map((j) => j.id);
+
+function historyFacts(c: RunController): HistoryFacts {
+  const { historySize, historyLength } = workflowInfo();
+  return { historySize, historyLength, runningJobs: runningJobIds(c).length };
+}
+
+/**
+ * Backpressure (PATCH_WAITS_FOR_JOBS): no agent step until the Run's running jobs have ended, so that it
+ * can continue as new before Temporal's history limit terminates it. A suspend asked for meanwhile goes
+ * first (it cancels the jobs it does not keep). The resource view says why the Run waits.
+ */
+async function waitForJobs(c: RunController): Promise<void> {
+  c.publishHeld();
+  const { historySize, historyLength } = workflowInfo();
+  const ids = runningJobIds(c);
+  c.waitingFor =
+    `its background job${ids.length === 1 ? '' : 's'} ${ids.join(', ')} to end before it continues as new: ` +
+    `its history (${(historySize / 1024 / 1024).toFixed(1)} MiB, ${historyLength} events) is past its high-water mark ` +
+    `(${HISTORY_SIZE_HIGH_WATER_BYTES / 1024 / 1024} MiB or ${HISTORY_LENGTH_HIGH_WATER} events), so it takes no further step until then`;
+  log.info(`run waits for ${c.waitingFor}`, { runId: c.run.runId, jobIds: ids });
+  try {
+    await condition(() => runningJobIds(c).length === 0 || c.manualSuspendRequested);
+  } finally {
+    c.waitingFor = undefined;
+  }
 }
 
 /** The Run's continue-as-new input; undefined when it goes on first (an action sent meanwhile, too large to carry). */

@@ -165,6 +165,15 @@ export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 export const PATCH_SNAPSHOT_RESULT_FITS = 'stasis-run-snapshot-result-fits';
 
 /**
+ * A Run that cannot continue as new because jobs run, and whose history is past its high-water mark
+ * (waitsForJobs, lifecycle.ts), takes no further agent step until its running jobs end, then continues
+ * as new: it went on taking steps, its history grew to Temporal's 50 MB and Temporal terminated it,
+ * leaving its sandbox behind. In PATCH_RUN_BASELINE_4; a Run started before asks only once it is past
+ * the mark with a job running, so other Runs record nothing new.
+ */
+export const PATCH_WAITS_FOR_JOBS = 'stasis-run-waits-for-jobs';
+
+/**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
  * of each, and takes a fast driver's steps as local activities.
  *
@@ -286,6 +295,7 @@ function runBaseline4(): string[] {
     PATCH_RESULT_BYTES,
     PATCH_SNAPSHOT_RESULT_FITS,
     PATCH_WEBHOOK_INPUT_FITS,
+    PATCH_WAITS_FOR_JOBS,
   ];
 }
 
@@ -323,6 +333,11 @@ export class RunController {
    * Update answers once this counts past what it saw (PATCH_RESUME_TAKEN).
    */
   resumesTaken = 0;
+  /**
+   * Why the agent loop takes no step now, while it waits for its running jobs to end before it continues
+   * as new (PATCH_WAITS_FOR_JOBS); the resource view shows it. Not carried: it is over by then.
+   */
+  waitingFor?: string;
   /** Whether this Run's agent steps are local activities (resolved within the workflow task that asks). */
   readonly localSteps: boolean;
   /** Visibility changes wait for the local step under way (publishHeld), so its workflow task upserts once. */

@@ -42,7 +42,7 @@ import { jsonBytes } from '../common/payload-limits';
 export function setRunHandlers(c: RunController): void {
   const run = c.run;
   setHandler(snapshotQuery, () => fitSnapshot(toSnapshot(run)));
-  setHandler(resourceQuery, () => toResourceView(run, nowMs()));
+  setHandler(resourceQuery, () => toResourceView(run, nowMs(), c.waitingFor));
   setHandler(
     respondUpdate,
     (input) => {

@@ -78,7 +78,7 @@ export function toSnapshot(run: SessionAggregate): RunSnapshot {
   };
 }
 
-export function toResourceView(run: SessionAggregate, nowMs: number): ResourceView {
+export function toResourceView(run: SessionAggregate, nowMs: number, waitingFor?: string): ResourceView {
   const blockedSince = run.record.blockedSince ? Date.parse(run.record.blockedSince) : undefined;
   return {
     runId: run.runId,
@@ -89,6 +89,7 @@ export function toResourceView(run: SessionAggregate, nowMs: number): ResourceVi
     ...(blockedSince !== undefined
       ? { blockedAgeSeconds: Math.max(0, Math.round((nowMs - blockedSince) / 1000)) }
       : {}),
+    ...(waitingFor !== undefined ? { waitingFor } : {}),
   };
 }
 

@@ -25,6 +25,9 @@ import {
   nextRunState,
   planResume,
   fusesWithResume,
+  HISTORY_LENGTH_HIGH_WATER,
+  HISTORY_SIZE_HIGH_WATER_BYTES,
+  type HistoryFacts,
   receiptProblem,
   staysReleased,
   type ReleaseReceiptFacts,
@@ -39,6 +42,7 @@ import {
   type SandboxCall,
   type SandboxOp,
   settleAtEnd,
+  waitsForJobs,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 import { PHASES, RUN_EVENTS, RUN_LEGAL, STATUSES } from '../helpers/run-table';
@@ -610,6 +614,27 @@ describe('run state machine', () => {
     ['continueAsNew', facts({ phase: 'SUSPENDED', suspensionReason: 'MANUAL' }), 'INVALID_STATE_TRANSITION'],
   ] as const)('%s admitted on %j → %s', (op, f, code) => {
     expect(admitRunOp(f, op)?.code).toBe(code);
+  });
+
+  // Backpressure: continue-as-new refused for a running job, a Run past either high-water mark takes no step.
+  const MiB = 1024 * 1024;
+  test.each([
+    [{ historySize: 0, historyLength: 10, runningJobs: 1 }, false],
+    [
+      { historySize: HISTORY_SIZE_HIGH_WATER_BYTES - 1, historyLength: HISTORY_LENGTH_HIGH_WATER - 1, runningJobs: 3 },
+      false,
+    ],
+    [{ historySize: HISTORY_SIZE_HIGH_WATER_BYTES, historyLength: 10, runningJobs: 1 }, true],
+    [{ historySize: 49 * MiB, historyLength: 10, runningJobs: 2 }, true],
+    [{ historySize: 1 * MiB, historyLength: HISTORY_LENGTH_HIGH_WATER, runningJobs: 1 }, true],
+    [{ historySize: 49 * MiB, historyLength: 50_000, runningJobs: 0 }, false],
+  ] satisfies [HistoryFacts, boolean][])('waitsForJobs(%j) → %s', (f, waits) => {
+    expect(waitsForJobs(f)).toBe(waits);
+  });
+
+  test("the high-water marks leave room under Temporal's limits (50 MiB, 51,200 events)", () => {
+    expect(HISTORY_SIZE_HIGH_WATER_BYTES).toBeLessThanOrEqual(50 * MiB - 16 * MiB);
+    expect(HISTORY_LENGTH_HIGH_WATER).toBeLessThanOrEqual(51_200 - 10_000);
   });
 
   test('once expiry begins, answers are a stale route', () => {
