@@ -591,7 +591,7 @@ export const HISTORY_SIZE_HIGH_WATER_BYTES = 32 * 1024 * 1024;
 export const HISTORY_LENGTH_HIGH_WATER = 40_000;
 
 /** What waitsForJobs looks at: the Run's history so far and its jobs. */
-export interface HistoryFacts {
+export interface RunHistoryFacts {
   /** workflowInfo().historySize: bytes. */
   historySize: number;
   /** workflowInfo().historyLength: events. */
@@ -604,7 +604,7 @@ export interface HistoryFacts {
  * a job running it cannot continue as new (admitRunOp), so past either high-water mark another step
  * would only grow a history Temporal is about to terminate. Once the jobs end it continues as new.
  */
-export function waitsForJobs(facts: HistoryFacts): boolean {
+export function waitsForJobs(facts: RunHistoryFacts): boolean {
   if (facts.runningJobs === 0) return false;
   return facts.historySize >= HISTORY_SIZE_HIGH_WATER_BYTES || facts.historyLength >= HISTORY_LENGTH_HIGH_WATER;
 }

@@ -51,7 +51,7 @@ import {
   HISTORY_LENGTH_HIGH_WATER,
   HISTORY_SIZE_HIGH_WATER_BYTES,
   waitsForJobs,
-  type HistoryFacts,
+  type RunHistoryFacts,
 } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
 import { answerOf, nextAction, settleAction, type ActionEntry } from './run-external';
@@ -125,7 +125,7 @@ export async function agentLoop(c: RunController): Promise<void> {
 
 const runningJobIds = (c: RunController): string[] => c.run.jobs.filter((j) => j.status === 'running').map((j) => j.id);
 
-function historyFacts(c: RunController): HistoryFacts {
+function historyFacts(c: RunController): RunHistoryFacts {
   const { historySize, historyLength } = workflowInfo();
   return { historySize, historyLength, runningJobs: runningJobIds(c).length };
 }

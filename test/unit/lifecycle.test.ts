@@ -27,7 +27,7 @@ import {
   fusesWithResume,
   HISTORY_LENGTH_HIGH_WATER,
   HISTORY_SIZE_HIGH_WATER_BYTES,
-  type HistoryFacts,
+  type RunHistoryFacts,
   receiptProblem,
   staysReleased,
   type ReleaseReceiptFacts,
@@ -628,7 +628,7 @@ describe('run state machine', () => {
     [{ historySize: 49 * MiB, historyLength: 10, runningJobs: 2 }, true],
     [{ historySize: 1 * MiB, historyLength: HISTORY_LENGTH_HIGH_WATER, runningJobs: 1 }, true],
     [{ historySize: 49 * MiB, historyLength: 50_000, runningJobs: 0 }, false],
-  ] satisfies [HistoryFacts, boolean][])('waitsForJobs(%j) → %s', (f, waits) => {
+  ] satisfies [RunHistoryFacts, boolean][])('waitsForJobs(%j) → %s', (f, waits) => {
     expect(waitsForJobs(f)).toBe(waits);
   });
 
