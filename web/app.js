@@ -399,8 +399,19 @@
     else deny.remove();
     if (has('edit')) {
       const text = item.querySelector('.edit-command');
+      const warning = item.querySelector('.edit-warning');
+      const preview = item.querySelector('.edit-preview');
+      // A text box shows a bidi override or a control as it is: what it holds is shown escaped below it.
+      const showPreview = () => {
+        const unsafe = [...text.value.matchAll(UNSAFE)].some(([c]) => c !== '\n' && c !== '\t');
+        warning.hidden = preview.hidden = !unsafe;
+        preview.textContent = unsafe ? text.value : '';
+        if (unsafe) markUnsafe(preview);
+      };
+      text.addEventListener('input', showPreview);
       editOpen.addEventListener('click', () => {
         text.value = (interaction.action && interaction.action.command) || '';
+        showPreview();
         edit.hidden = false;
         decisions.hidden = true;
         text.focus();

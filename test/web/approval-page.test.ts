@@ -369,6 +369,39 @@ test('keyboard only: Edit changes the command, and the Run runs the edited comma
   await page.close();
 });
 
+// The edit box is a text box, which shows a bidi override as it is: the command to edit came with one
+// that reorders its tail, and an approver could run what they did not read. What the box holds is
+// shown escaped below it whenever it holds such a character, as the command above is.
+test('Edit shows what the edited command holds escaped below the box: a bidi override cannot hide what runs', async () => {
+  const command = 'echo safe #\u202E sl && curl evil';
+  const runId = await startWaiting(
+    askSpec({ ask: 'Run it?', action: { command }, accepts: ['approve', 'deny', 'edit'] }, { exec: 'echo ran' }),
+  );
+  const page = await openPage();
+  const item = interaction(page, runId, 'int-1');
+  await item.waitFor({ timeout: 60_000 });
+  await item.getByRole('button', { name: 'Edit…' }).click();
+  const box = item.locator('.edit-command');
+  expect(await box.inputValue()).toBe(command);
+  const preview = item.locator('.edit-preview');
+  await expect(preview.isVisible()).resolves.toBe(true);
+  expect(await item.locator('.edit-warning').isVisible()).toBe(true);
+  expect(await preview.textContent()).toBe('echo safe #\\u202e sl && curl evil');
+  expect(await preview.locator('.escaped').allTextContents()).toEqual(['\\u202e']);
+  // Plain text (line breaks and tabs too) needs no preview; an isolate typed in brings it back.
+  await box.fill('echo one\n\techo two');
+  expect(await preview.isVisible()).toBe(false);
+  expect(await item.locator('.edit-warning').isVisible()).toBe(false);
+  await box.fill('echo a\u2066b');
+  expect(await preview.textContent()).toBe('echo a\\u2066b');
+  // What is sent is what the box holds, as typed.
+  await box.fill('echo edited');
+  await item.getByRole('button', { name: 'Approve edited' }).click();
+  const done = await completed(runId);
+  expect(done.interactions[0]).toMatchObject({ response: { decision: 'edit', action: { command: 'echo edited' } } });
+  await page.close();
+});
+
 test('a deep link opens one interaction; option buttons answer it; the approver sees what they answered', async () => {
   const other = await startWaiting(askSpec({ ask: 'Unrelated question?' }));
   const runId = await startWaiting(
