@@ -1,3 +1,4 @@
+import { utf8Length } from './payload-limits';
 import { hasLoneSurrogate } from './wire-json';
 
 // Hand-written checks of the wire inputs that workflow code validates (update
@@ -60,16 +61,6 @@ export const RUN_STATUSES = ['RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'CANCE
 const NAME_MAX_BYTES = 255;
 const PATH_MAX_BYTES = 4095;
 
-/** UTF-8 length, counted by hand: workflow code has no Buffer. */
-export const utf8Bytes = (s: string): number => {
-  let bytes = 0;
-  for (const ch of s) {
-    const code = ch.codePointAt(0)!;
-    bytes += code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
-  }
-  return bytes;
-};
-
 /**
  * What is wrong with a path inside the sandbox workspace, if anything. One spelling only: relative,
  * names separated by single `/`, no `.` or `..` name, no trailing `/`, no NUL, well-formed Unicode
@@ -85,7 +76,7 @@ export function workspacePathProblem(p: string): string | undefined {
         ? 'must not contain "." names, "//" or a trailing "/"'
         : p.includes('\0') || hasLoneSurrogate(p)
           ? 'must not contain NUL or a lone surrogate'
-          : utf8Bytes(p) > PATH_MAX_BYTES || names.some((n) => utf8Bytes(n) > NAME_MAX_BYTES)
+          : utf8Length(p) > PATH_MAX_BYTES || names.some((n) => utf8Length(n) > NAME_MAX_BYTES)
             ? `must be at most ${PATH_MAX_BYTES} bytes, each name at most ${NAME_MAX_BYTES}`
             : undefined;
   return problem && `${problem} (a relative path inside the workspace)`;

@@ -6,7 +6,7 @@ import { admitAction, checkArity } from './lifecycle';
 import { refuse } from './failures';
 import type { RunController } from './run-controller';
 import { isTerminal, toAnswer, type SessionAggregate } from './run-state';
-import { utf8Bytes } from '../common/wire-checks';
+import { utf8Length } from '../common/payload-limits';
 
 // The external driver's side of a Run: the agent is a program outside the worker
 // that sends one action at a time (the `act` Update); the agent loop waits for it
@@ -135,7 +135,7 @@ export function settleAction(
     entry.status = 'succeeded';
     entry.result = outcome.result;
     entry.resultChars = json.length;
-    entry.resultBytes = utf8Bytes(json);
+    entry.resultBytes = utf8Length(json);
   }
   const actions = run.actions ?? [];
   const inBytes = forgottenBy(actions, 'bytes');
@@ -153,7 +153,7 @@ function resultSize(entry: ActionEntry, unit: ResultUnit): number | undefined {
   if (entry.result === undefined) return undefined;
   if (unit === 'chars') return entry.resultChars;
   // Entries settled before resultBytes was kept (carried across continue-as-new) are measured now.
-  return entry.resultBytes ?? (entry.resultChars === undefined ? undefined : utf8Bytes(JSON.stringify(entry.result)));
+  return entry.resultBytes ?? (entry.resultChars === undefined ? undefined : utf8Length(JSON.stringify(entry.result)));
 }
 
 /** Indexes (in the newest RECENT_ACTIONS) whose results boundActions would forget, counting in `unit`. */
