@@ -24,7 +24,7 @@ import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import { takeUp, type SessionAggregate } from './run-state';
-import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
+import { PATCH_MEMO_FITS, PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
 import {
   PATCH_WEBHOOK_INPUT_FITS,
   PATCH_WEBHOOK_WORKFLOWS,
@@ -286,6 +286,7 @@ function runBaseline4(): string[] {
     PATCH_RESULT_BYTES,
     PATCH_SNAPSHOT_RESULT_FITS,
     PATCH_WEBHOOK_INPUT_FITS,
+    PATCH_MEMO_FITS,
   ];
 }
 

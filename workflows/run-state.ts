@@ -11,7 +11,7 @@ import type {
   RunStatus,
   Suspension,
 } from '../common/schemas';
-import { withoutLabels, withRunLabels } from '../common/interactions';
+import { pendingMemo, withoutLabels, withRunLabels } from '../common/interactions';
 import { jsonBytes, PAYLOAD_MAX_BYTES } from '../common/payload-limits';
 import type { Capabilities } from '../providers/api';
 import { isTerminalRunStatus, type AnsweredBy, type ChildState, type JobState } from './lifecycle';
@@ -205,6 +205,27 @@ export const CARRIED_INPUT_MAX_BYTES = PAYLOAD_MAX_BYTES;
  * Run (labels up to 1 MiB, a reviewed command and an answer up to 1 MiB each can all be in one).
  */
 export const INTERACTION_PAYLOAD_MAX_BYTES = PAYLOAD_MAX_BYTES;
+
+/**
+ * The most UTF-8 bytes of JSON the memo of a Run's pending interactions takes. The memo is a command
+ * of the workflow task that asks, which also holds the Update's input that sent the ask (up to the
+ * 1 MiB input limit) and the webhook delivery's input (up to INTERACTION_PAYLOAD_MAX_BYTES): the memo
+ * held the interaction whole with the Run's labels (up to 2 MB), and the three together passed
+ * gRPC's 4 MiB message limit, so the task failed and the ask came back as a bare 500. It only lists
+ * what waits on a person: the Run's snapshot has the rest.
+ */
+export const PENDING_MEMO_MAX_BYTES = 64 * 1024;
+
+/**
+ * The memo of pending interactions (pendingMemo: diffs cut) within PENDING_MEMO_MAX_BYTES: past it,
+ * every entry goes without its bulk and labels (forgetContent, `contentForgotten: true`, which a
+ * pending interaction otherwise never has), and the client reads that Run's snapshot for them whole.
+ */
+export function fitPendingMemo(pending: InteractionRequest[]): (InteractionRequest & { diffTruncated?: true })[] {
+  const whole = pendingMemo(pending);
+  if (jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES) return whole;
+  return pending.map((i) => forgetContent(i));
+}
 
 /**
  * The snapshot (the answer to the snapshot query) within `maxBytes` of JSON: past it, the oldest
