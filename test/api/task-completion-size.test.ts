@@ -16,7 +16,9 @@ import { apiOnStack } from './api-stack';
 // The ask's task held three large things: the act Update's input (the ask, up to the 1 MiB input
 // limit), the memo of pending interactions (the ask again, whole, with the Run's labels: up to 2 MB)
 // and the webhook delivery's input (the same again, up to 1.5 MiB). The memo now lists pending
-// interactions within PENDING_MEMO_MAX_BYTES (fitPendingMemo); the snapshot serves them whole.
+// interactions within PENDING_MEMO_MAX_BYTES (fitPendingMemo); the snapshot serves them whole. An
+// answer's task held the same kind of three: the respond Update's input (up to 1 MiB), its result and
+// the delivery (up to 1.5 MiB each, now INTERACTION_PAYLOAD_MAX_BYTES, 1 MiB).
 // (Without a webhook configured, a Run that has continued as new starts deliveries too: it no longer
 // knows its worker has none. That is how the review met it: labels of 950 KB, then asks.)
 
@@ -26,6 +28,8 @@ const APPROVER = { name: 'alice', secret: 'approver-secret-0123456789', role: 'a
 /** gRPC's default limit on one message, which Temporal's frontend keeps. */
 const GRPC_MESSAGE_LIMIT = 4 * 1024 * 1024;
 const INPUT_LIMIT = 1024 * 1024;
+/** The bound a respond result and a delivery's input had before (1.5 MiB): the sizes below fill it. */
+const OLD_PAYLOAD_BOUND = 1536 * 1024;
 
 let receiver: Server;
 const received: WebhookPayload[] = [];
@@ -90,8 +94,8 @@ test('an ask whose input, memo and webhook delivery would pass 4 MiB together is
   };
   expect(jsonBytes(body)).toBeLessThanOrEqual(INPUT_LIMIT);
   expect(jsonBytes(body)).toBeGreaterThan(INPUT_LIMIT - 16);
-  // Labels that keep the webhook delivery whole, just within its bound (a larger one goes truncated).
-  const labels = { note: 'n'.repeat(INTERACTION_PAYLOAD_MAX_BYTES - jsonBytes(body) - 700) };
+  // Labels that kept the webhook delivery whole, just within its bound as it was (1.5 MiB).
+  const labels = { note: 'n'.repeat(OLD_PAYLOAD_BOUND - jsonBytes(body) - 700) };
   const started = await agent('POST', '/api/v1/runs', {
     body: { agent: { driver: 'external' }, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' }, labels },
   });
@@ -116,22 +120,18 @@ test('an ask whose input, memo and webhook delivery would pass 4 MiB together is
   const interactionId = (await actionOnceIt(runId, 'ask-big', (v) => v.interactionId)).interactionId!;
   expect(workerLogs.map((e) => e.message).join('\n')).not.toMatch(/larger than max|GRPC Message too large/i);
 
-  // What made the task too large is still there, whole: the delivery (within its bound) ...
+  // The delivery goes within its bound (now without the bulk: it was just within 1.5 MiB) ...
   const opened = await eventually(
-    async () => received.find((p) => p.event === 'interaction.opened' && p.interaction?.id === interactionId),
+    async () =>
+      received.find(
+        (p) => p.runId === runId && p.event === 'interaction.opened' && p.interaction?.id === interactionId,
+      ),
     60_000,
     'the interaction.opened delivery',
   );
-  expect(opened.truncated).toBeUndefined();
-  expect(opened.labels).toEqual(labels);
-  expect(opened.interaction?.action?.command).toHaveLength(1_000_000);
-  // The Update's input, the memo as it was (the interaction whole, with the labels) and the delivery:
-  // within 2 KiB of 4 MiB as JSON; with the rest of that task (the Update's response, the sandbox's
-  // activity and timer, search attributes, protobuf framing) the message was over it.
-  const memoBefore = [{ ...opened.interaction, labels }];
-  const { link: _link, ...delivery } = opened;
-  expect(jsonBytes(body) + jsonBytes(memoBefore) + jsonBytes(delivery)).toBeGreaterThan(GRPC_MESSAGE_LIMIT - 2048);
-  // ... but the memo only lists it, within its bound.
+  expect(opened.truncated).toBe(true);
+  expect(jsonBytes(opened)).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
+  // ... and the memo only lists it, within its bound.
   const memo = (await api.stack.temporal.workflow.getHandle(runId).describe()).memo?.[PENDING_MEMO];
   expect(jsonBytes(memo)).toBeLessThanOrEqual(PENDING_MEMO_MAX_BYTES);
   expect(memo).toEqual([expect.objectContaining({ id: interactionId, status: 'pending', contentForgotten: true })]);
@@ -144,6 +144,11 @@ test('an ask whose input, memo and webhook delivery would pass 4 MiB together is
   ).interactions.find((p) => p.runId === runId);
   expect(mine?.interaction).toMatchObject({ id: interactionId, labels, action: { command: 'c'.repeat(1_000_000) } });
   expect(mine?.interaction.contentForgotten).toBeUndefined();
+  // What that task held before: the Update's input, the memo (this, whole) and the delivery (this
+  // again, with its envelope): within 2 KiB of 4 MiB as JSON, and over it with the rest of the task
+  // (the Update's response, the sandbox's activity and timer, search attributes, protobuf framing).
+  const whole = jsonBytes([mine!.interaction]);
+  expect(jsonBytes(body) + 2 * whole).toBeGreaterThan(GRPC_MESSAGE_LIMIT - 2048);
 
   // Answered, the ask succeeds, and the agent completes the Run.
   await approve(runId, interactionId);
@@ -162,4 +167,47 @@ test('an ask whose input, memo and webhook delivery would pass 4 MiB together is
   for (const patches of await patchIdsOfEveryExecution(api.stack.config, runId)) {
     expect(patches).toEqual([PATCH_RUN_BASELINE_4]);
   }
+});
+
+test('an answer whose input, result and webhook delivery would pass 4 MiB together is taken', async () => {
+  // An input answer of control characters (six bytes each in JSON) as large as the input limit takes,
+  // and labels that kept the respond result and the interaction.answered delivery whole as they were.
+  const input = '\u0001'.repeat(Math.floor((INPUT_LIMIT - 200) / 6));
+  const labels = { note: 'n'.repeat(OLD_PAYLOAD_BOUND - jsonBytes({ input }) - 1_200) };
+  const started = await agent('POST', '/api/v1/runs', {
+    body: { agent: { driver: 'external' }, sandbox: { provider: 'local' }, policy: { pauseMode: 'DETACH' }, labels },
+  });
+  expect(started.status).toBe(201);
+  const runId = (started.json as { runId: string }).runId;
+  const sent = await agent('POST', `/api/v1/runs/${runId}/actions?waitMs=0`, {
+    body: { actionId: 'ask-1', action: { type: 'ask', ask: 'name?', kind: 'input' } },
+  });
+  expect(sent.status).toBeLessThan(300);
+  const interactionId = (await actionOnceIt(runId, 'ask-1', (v) => v.interactionId)).interactionId!;
+  const answered = await eventually(
+    async () => {
+      const got = await approver('POST', `/api/v1/runs/${runId}/interactions/${interactionId}`, { body: { input } });
+      return got.status === 409 ? undefined : got; // the Run takes answers once it has settled the ask
+    },
+    60_000,
+    `${interactionId} to take its answer`,
+  );
+  // Before: 500 "Workflow Update failed" (the task: the answer, the result and the delivery, each whole).
+  expect(answered.json).toMatchObject({ id: interactionId, status: 'answered', contentForgotten: true });
+  expect(answered.status).toBe(200);
+  expect(answered.bytes.length).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
+  // The agent gets the whole answer.
+  const done = await actionOnceIt(runId, 'ask-1', (v) => v.status === 'succeeded');
+  expect(done.result).toMatchObject({ interactionId, input });
+  const delivered = await eventually(
+    async () =>
+      received.find(
+        (p) => p.runId === runId && p.event === 'interaction.answered' && p.interaction?.id === interactionId,
+      ),
+    60_000,
+    'the interaction.answered delivery',
+  );
+  expect(delivered.truncated).toBe(true);
+  expect(workerLogs.map((e) => e.message).join('\n')).not.toMatch(/larger than max|GRPC Message too large/i);
+  await api.stack.client.runs.cancel(runId);
 });

@@ -13,8 +13,8 @@ import {
   fitPendingMemo,
   fitSnapshotResult,
   forgetContent,
-  INTERACTION_PAYLOAD_MAX_BYTES,
   PENDING_MEMO_MAX_BYTES,
+  SNAPSHOT_QUERY_MAX_BYTES,
   toSnapshot,
   type ContinueInput,
   FORGOTTEN_PROMPT_CHARS,
@@ -492,7 +492,8 @@ describe('fitSnapshot keeps the snapshot query answer within the bound', () => {
     const snapshot = snapshotOf([...settled, pending]);
     expect(bytesOf(snapshot)).toBeGreaterThan(2 * 1024 * 1024);
     const fitted = fitSnapshot(snapshot);
-    expect(bytesOf(fitted)).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
+    expect(bytesOf(fitted)).toBeLessThanOrEqual(SNAPSHOT_QUERY_MAX_BYTES);
+    expect(SNAPSHOT_QUERY_MAX_BYTES).toBe(1.5 * 1024 * 1024);
     expect(fitted.interactions.at(-1)).toEqual(pending);
     expect(fitted.interactions.length).toBeGreaterThan(1);
   });
