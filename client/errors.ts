@@ -72,8 +72,24 @@ export function toStasisError(err: unknown, what: string): StasisError {
   // A query no worker took: Temporal says so when none has polled the task queue lately (else it times out).
   if (grpc?.code === GRPC_STATUS.FAILED_PRECONDITION && NO_POLLER.test(grpc.message))
     return new StasisError('UNAVAILABLE', `no worker answers for ${what}: ${grpc.message}`);
+  if (grpc?.code === GRPC_STATUS.FAILED_PRECONDITION && TASK_FAILING.test(grpc.message))
+    return new StasisError(
+      'INTERNAL',
+      `${what}: its workflow task failed while taking this request, which was not applied ` +
+        `(Temporal: ${grpc.message}); the worker's log says why`,
+    );
+  // The client's words alone ("Workflow Update failed") say nothing: the server's go with them.
+  if (grpc && err instanceof Error && !err.message.includes(grpc.message))
+    return new StasisError('INTERNAL', `${what}: ${err.message} (${grpc.message})`);
   return toInternal(err, what);
 }
+
+/**
+ * Temporal's answer to an Update that reached a workflow whose task failed with it (and fails again on
+ * each retry), e.g. a completion past gRPC's 4 MiB message limit: the client raises it as a bare
+ * "Workflow Update failed".
+ */
+const TASK_FAILING = /workflow task in failed state/i;
 
 /** Temporal's FAILED_PRECONDITION for a query to a task queue no worker has polled lately. */
 const NO_POLLER = /no poller seen for task queue recently/i;

@@ -538,12 +538,14 @@ export class RunsApi {
         if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING' || wf.taskQueue !== this.taskQueue) continue;
         seen.add(wf.workflowId);
         const memo = wf.memo?.[PENDING_MEMO] as (InteractionRequest & { diffTruncated?: true })[] | undefined;
-        const pending =
-          memo ??
-          (await this.listedSnapshot(wf.workflowId, 'interactions', true))?.interactions.filter(
-            (i) => i.status === 'pending',
-          ) ??
-          [];
+        // A memo past its bound lists its interactions without their bulk (workflows/run-state.ts,
+        // fitPendingMemo): they are read whole from the Run, as they are left in the memo if it cannot answer.
+        const cut = memo?.some((i) => i.contentForgotten) === true;
+        const read = (): Promise<InteractionRequest[] | undefined> =>
+          this.listedSnapshot(wf.workflowId, 'interactions', true).then((shown) =>
+            shown?.interactions.filter((i) => i.status === 'pending'),
+          );
+        const pending = cut ? ((await read().catch(() => undefined)) ?? memo ?? []) : (memo ?? (await read()) ?? []);
         for (const { diffTruncated, ...interaction } of pending as (InteractionRequest & { diffTruncated?: true })[]) {
           items.push({
             runId: wf.workflowId,

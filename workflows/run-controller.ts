@@ -24,7 +24,7 @@ import { failureMessage } from './failures';
 import { childStateSignal, type RunWorkflowInput } from './definitions';
 import { admitRunOp, isRejection, nextRunState, type RunEvent, type RunOp } from './lifecycle';
 import { takeUp, type SessionAggregate } from './run-state';
-import { PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
+import { PATCH_MEMO_FITS, PATCH_ONE_UPSERT, PATCH_PENDING_MEMO, Publisher } from './visibility';
 import {
   PATCH_WEBHOOK_INPUT_FITS,
   PATCH_WEBHOOK_WORKFLOWS,
@@ -296,6 +296,7 @@ function runBaseline4(): string[] {
     PATCH_SNAPSHOT_RESULT_FITS,
     PATCH_WEBHOOK_INPUT_FITS,
     PATCH_WAITS_FOR_JOBS,
+    PATCH_MEMO_FITS,
   ];
 }
 

@@ -11,7 +11,7 @@ import type {
   RunStatus,
   Suspension,
 } from '../common/schemas';
-import { withoutLabels, withRunLabels } from '../common/interactions';
+import { pendingMemo, withoutLabels, withRunLabels } from '../common/interactions';
 import { jsonBytes, PAYLOAD_MAX_BYTES } from '../common/payload-limits';
 import type { Capabilities } from '../providers/api';
 import { isTerminalRunStatus, type AnsweredBy, type ChildState, type JobState } from './lifecycle';
@@ -201,11 +201,44 @@ export const CARRIED_INPUT_MAX_BYTES = PAYLOAD_MAX_BYTES;
 
 /**
  * The most UTF-8 bytes of JSON an interaction takes in a payload of its own a Run sends: the respond
- * Update's result, a webhook delivery's input (with the Run's labels). The same room as
- * continue-as-new's input: over Temporal's 2 MiB the workflow task fails and Temporal terminates the
- * Run (labels up to 1 MiB, a reviewed command and an answer up to 1 MiB each can all be in one).
+ * Update's result, a webhook delivery's input (with the Run's labels), a suspend's or resume's result
+ * (the snapshot). Under Temporal's 2 MiB payload limit (over it the workflow task fails and Temporal
+ * terminated the Run: labels up to 1 MiB, a reviewed command and an answer up to 1 MiB each can all be
+ * in one), and 1 MiB, not 1.5, because one workflow task's completion is one gRPC message of at most
+ * 4 MiB: the task that takes an answer holds the respond Update's input (up to the 1 MiB input limit),
+ * its result and the interaction.answered delivery; at 1.5 MiB each they came to over 4 MiB, the task
+ * failed on each try and the answer got a 500. Now at most 1 + 1 + 1 MiB and the memo
+ * (PENDING_MEMO_MAX_BYTES); with continue-as-new's input (CARRIED_INPUT_MAX_BYTES) instead of a
+ * delivery (it waits for delivery starts), 3.5 MiB.
  */
-export const INTERACTION_PAYLOAD_MAX_BYTES = PAYLOAD_MAX_BYTES;
+export const INTERACTION_PAYLOAD_MAX_BYTES = 1024 * 1024;
+
+/**
+ * The most UTF-8 bytes of JSON the snapshot query answers with (fitSnapshot): a query's answer is no
+ * command, so it has the room of any payload of its own.
+ */
+export const SNAPSHOT_QUERY_MAX_BYTES = PAYLOAD_MAX_BYTES;
+
+/**
+ * The most UTF-8 bytes of JSON the memo of a Run's pending interactions takes. The memo is a command
+ * of the workflow task that asks, which also holds the Update's input that sent the ask (up to the
+ * 1 MiB input limit) and the webhook delivery's input (up to INTERACTION_PAYLOAD_MAX_BYTES): the memo
+ * held the interaction whole with the Run's labels (up to 2 MB), and the three together passed
+ * gRPC's 4 MiB message limit, so the task failed and the ask came back as a bare 500. It only lists
+ * what waits on a person: the Run's snapshot has the rest.
+ */
+export const PENDING_MEMO_MAX_BYTES = 64 * 1024;
+
+/**
+ * The memo of pending interactions (pendingMemo: diffs cut) within PENDING_MEMO_MAX_BYTES: past it,
+ * every entry goes without its bulk and labels (forgetContent, `contentForgotten: true`, which a
+ * pending interaction otherwise never has), and the client reads that Run's snapshot for them whole.
+ */
+export function fitPendingMemo(pending: InteractionRequest[]): (InteractionRequest & { diffTruncated?: true })[] {
+  const whole = pendingMemo(pending);
+  if (jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES) return whole;
+  return pending.map((i) => forgetContent(i));
+}
 
 /**
  * The snapshot (the answer to the snapshot query) within `maxBytes` of JSON: past it, the oldest
@@ -217,7 +250,7 @@ export const INTERACTION_PAYLOAD_MAX_BYTES = PAYLOAD_MAX_BYTES;
  * (their reviewed actions alone) is refused, and the client names the Run as unreadable. Pure. A
  * query answer is no command: bounding it changes no history.
  */
-export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = INTERACTION_PAYLOAD_MAX_BYTES): RunSnapshot {
+export function fitSnapshot(snapshot: RunSnapshot, maxBytes: number = SNAPSHOT_QUERY_MAX_BYTES): RunSnapshot {
   let total = jsonBytes(snapshot);
   if (total <= maxBytes) return snapshot;
   const interactions = [...snapshot.interactions];

@@ -3,7 +3,8 @@ import type { SearchAttributeUpdatePair } from '@temporalio/common';
 import { labelKeywords } from '../common/labels';
 import { PENDING_MEMO, pendingMemo, withRunLabels } from '../common/interactions';
 import type { ExecutionResourceRecord, InteractionRequest } from '../common/schemas';
-import { pendingInteractions, type SessionAggregate } from './run-state';
+import { jsonBytes } from '../common/payload-limits';
+import { fitPendingMemo, pendingInteractions, PENDING_MEMO_MAX_BYTES, type SessionAggregate } from './run-state';
 import {
   StasisBlockedSince,
   StasisHostId,
@@ -25,6 +26,13 @@ import {
 
 /** The Run's pending interactions go in its memo, so one visibility list finds them all (the approval page). */
 export const PATCH_PENDING_MEMO = 'stasis-run-pending-memo';
+/**
+ * The memo of pending interactions is kept within PENDING_MEMO_MAX_BYTES (fitPendingMemo): it repeated
+ * each interaction whole with the Run's labels, and with the Update's input and a webhook delivery's
+ * in the same workflow task it passed gRPC's 4 MiB limit (the task failed, the ask got a bare 500).
+ * In PATCH_RUN_BASELINE_4; a Run started before asks only when its memo is over the bound.
+ */
+export const PATCH_MEMO_FITS = 'stasis-run-memo-fits';
 
 /**
  * One upsert per activation: what the workflow was started with counts as published, and the
@@ -82,7 +90,10 @@ export class Publisher {
     const ids = pending.map((i) => i.id).join(',');
     if (ids === this.pendingIds) return;
     this.pendingIds = ids;
-    if (this.isPatched(PATCH_PENDING_MEMO)) upsertMemo({ [PENDING_MEMO]: pendingMemo(pending) });
+    if (!this.isPatched(PATCH_PENDING_MEMO)) return;
+    const whole = pendingMemo(pending);
+    const fits = jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES || !this.isPatched(PATCH_MEMO_FITS);
+    upsertMemo({ [PENDING_MEMO]: fits ? whole : fitPendingMemo(pending) });
   }
 
   sandbox(view: { state: string; record: ExecutionResourceRecord }): void {

@@ -233,10 +233,11 @@ test('an interaction left past the retention expires: interaction.expired, then 
 // A delivery's input carries the Run's labels and the interaction: labels, a reviewed command and an
 // input answer of 700 KB each made it 2.1 MB, Temporal refused to start the delivery
 // (BadStartChildExecutionAttributes) and terminated the Run (found by an attack review). Past the
-// bound the delivery goes without the labels and the interaction's bulk, marked truncated.
+// bound the delivery goes without the labels and the interaction's bulk, marked truncated. (450 KB
+// each: the bound is 1 MiB, so that the workflow task that takes an answer stays within gRPC's 4 MiB.)
 test('an answer too large to deliver whole is delivered truncated, and the Run lives', async () => {
   await receiver.start();
-  const big = 700_000;
+  const big = 450_000;
   const { runId } = await stack.client.runs.start({
     agent: { driver: 'external' },
     sandbox: { provider: 'local' },

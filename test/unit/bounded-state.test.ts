@@ -1,7 +1,8 @@
 import fc from 'fast-check';
 import { keepTail } from '../../activities/exec-output';
 import type { InteractionRequest, RunSnapshot, RunSpec } from '../../common/schemas';
-import { withoutLabels, withRunLabels } from '../../common/interactions';
+import { pendingMemo, withoutLabels, withRunLabels } from '../../common/interactions';
+import { jsonBytes } from '../../common/payload-limits';
 import type { ActionEntry } from '../../workflows/run-external';
 import {
   CARRIED_INPUT_MAX_BYTES,
@@ -9,9 +10,11 @@ import {
   carriedAggregate,
   fitContinueInput,
   fitSnapshot,
+  fitPendingMemo,
   fitSnapshotResult,
   forgetContent,
-  INTERACTION_PAYLOAD_MAX_BYTES,
+  PENDING_MEMO_MAX_BYTES,
+  SNAPSHOT_QUERY_MAX_BYTES,
   toSnapshot,
   type ContinueInput,
   FORGOTTEN_PROMPT_CHARS,
@@ -489,8 +492,77 @@ describe('fitSnapshot keeps the snapshot query answer within the bound', () => {
     const snapshot = snapshotOf([...settled, pending]);
     expect(bytesOf(snapshot)).toBeGreaterThan(2 * 1024 * 1024);
     const fitted = fitSnapshot(snapshot);
-    expect(bytesOf(fitted)).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
+    expect(bytesOf(fitted)).toBeLessThanOrEqual(SNAPSHOT_QUERY_MAX_BYTES);
+    expect(SNAPSHOT_QUERY_MAX_BYTES).toBe(1.5 * 1024 * 1024);
     expect(fitted.interactions.at(-1)).toEqual(pending);
     expect(fitted.interactions.length).toBeGreaterThan(1);
+  });
+});
+
+// The memo of pending interactions is a command of the workflow task that asks, next to the Update's
+// input (up to 1 MiB) and the webhook delivery's (up to 1.5 MiB): whole, with the Run's labels, it
+// took that task past gRPC's 4 MiB message (api/task-completion-size).
+describe('fitPendingMemo keeps the memo of pending interactions within PENDING_MEMO_MAX_BYTES', () => {
+  const pendingOf = (k: number, prompt: string, command: string, labels?: Record<string, string>) =>
+    withRunLabels(
+      {
+        id: `int-${k}`,
+        prompt,
+        ...(command ? { action: { command, diff: command } } : {}),
+        details: command.slice(0, 20_000),
+        accepts: ['approve', 'deny'],
+        createdAt: '2026-12-07T00:00:00.000Z',
+        status: 'pending',
+      } as InteractionRequest,
+      labels,
+    );
+
+  test('whole (as pendingMemo) when it fits; else every entry listed, in order, without bulk or labels, within the bound', () => {
+    fc.assert(
+      fc.property(
+        fc.array(
+          fc.record({
+            prompt: fc.integer({ min: 1, max: 10_000 }),
+            command: fc.integer({ min: 0, max: 300_000 }),
+            labels: fc.integer({ min: 0, max: 300_000 }),
+            char: fc.constantFrom('a', '\u0001', '€', '😀'),
+          }),
+          { maxLength: 8 },
+        ),
+        (drawn) => {
+          const pending = drawn.map((d, k) =>
+            pendingOf(
+              k,
+              d.char.repeat(d.prompt),
+              d.char.repeat(d.command),
+              d.labels > 0 ? { note: d.char.repeat(d.labels) } : undefined,
+            ),
+          );
+          const before = JSON.stringify(pending);
+          const memo = fitPendingMemo(pending);
+          expect(JSON.stringify(pending)).toBe(before); // pure
+          expect(jsonBytes(memo)).toBeLessThanOrEqual(PENDING_MEMO_MAX_BYTES);
+          const whole = pendingMemo(pending);
+          if (jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES) return expect(memo).toEqual(whole);
+          expect(memo.map((i) => i.id)).toEqual(pending.map((i) => i.id));
+          for (const entry of memo) {
+            expect(entry).toMatchObject({ status: 'pending', contentForgotten: true });
+            expect(entry.labels).toBeUndefined();
+            expect(entry.action).toBeUndefined();
+            expect(entry.details).toBeUndefined();
+            expect(entry.prompt.length).toBeLessThanOrEqual(FORGOTTEN_PROMPT_CHARS);
+          }
+        },
+      ),
+      { numRuns: 40 },
+    );
+  });
+
+  test('the ask that passed 4 MiB: labels and a command of a megabyte go as a listing of a few hundred bytes', () => {
+    const asked = pendingOf(1, '\u0001'.repeat(8_000), 'c'.repeat(1_000_000), { note: 'n'.repeat(520_000) });
+    expect(jsonBytes(pendingMemo([asked]))).toBeGreaterThan(1_500_000);
+    const memo = fitPendingMemo([asked]);
+    expect(memo).toEqual([forgetContent(asked)]);
+    expect(jsonBytes(memo)).toBeLessThan(8 * 1024);
   });
 });

@@ -73,6 +73,37 @@ describe('toStasisError', () => {
   });
 });
 
+// An ask whose workflow task passed gRPC's 4 MiB limit (the memo, the Update's input and a webhook
+// delivery's, found by an attack review): the task failed on each try and the agent got a bare 500
+// "Workflow Update failed" (what the SDK raises, a ServiceError over Temporal's FAILED_PRECONDITION).
+describe('an Update its workflow task failed under', () => {
+  const taskFailing = new ServiceError('Workflow Update failed', {
+    cause: grpc(
+      9,
+      '9 FAILED_PRECONDITION: Unable to perform workflow execution update due to Workflow Task in failed state.',
+    ),
+  });
+
+  test("names the Run, that the request was not applied, and Temporal's words", () => {
+    const failure = toStasisError(taskFailing, 'run r1');
+    expect(failure).toMatchObject({ code: 'INTERNAL', httpStatus: 500 });
+    expect(failure.message).toMatch(
+      /^run r1: its workflow task failed while taking this request, which was not applied/,
+    );
+    expect(failure.message).toContain('Workflow Task in failed state');
+    expect(failure.message).not.toBe('run r1: Workflow Update failed');
+  });
+
+  test("another failure under the client's wrapper keeps the server's words", () => {
+    const other = new ServiceError('Workflow Update failed', {
+      cause: grpc(9, '9 FAILED_PRECONDITION: something else'),
+    });
+    expect(toStasisError(other, 'run r1').message).toBe(
+      'run r1: Workflow Update failed (9 FAILED_PRECONDITION: something else)',
+    );
+  });
+});
+
 describe('refusedByClosedRun', () => {
   // An answer sent as the Run expired, its workflow closing meanwhile (seen in CI): the server's
   // AbortedByWorkflowClosingErr is a gRPC NOT_FOUND, which the SDK raises as WorkflowNotFoundError.
