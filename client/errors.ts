@@ -89,7 +89,7 @@ export function toStasisError(err: unknown, what: string): StasisError {
  * each retry), e.g. a completion past gRPC's 4 MiB message limit: the client raises it as a bare
  * "Workflow Update failed".
  */
-const TASK_FAILING = /workflow task in failed state/i;
+export const TASK_FAILING = /workflow task in failed state/i;
 
 /** Temporal's FAILED_PRECONDITION for a query to a task queue no worker has polled lately. */
 const NO_POLLER = /no poller seen for task queue recently/i;

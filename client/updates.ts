@@ -3,14 +3,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import { findCause, GRPC_STATUS } from '../common/errors';
-import { grpcErrorOf, isTransientGrpc } from './errors';
+import { grpcErrorOf, isTransientGrpc, TASK_FAILING } from './errors';
 
 // Updates sent again while Temporal is unavailable or too slow to answer (under
 // load the server's own deadline passes: DEADLINE_EXCEEDED). Every attempt
 // carries the same update id, and Temporal deduplicates Updates by id, so an
 // Update that did arrive is never applied twice: the retry gets its outcome.
-// Also sent again: an Update its workflow refused for now (a sandbox continuing
-// as new, workflows/lifecycle.ts decideHistoryRoom). A refused Update is not
+// Also sent again: an Update its workflow refused for now (a sandbox whose
+// history keeps no room for it, workflows/lifecycle.ts decideHistoryRoom). A refused Update is not
 // recorded, so its id is free for the retry, which the next run then takes.
 
 /** How long an Update is retried before its error reaches the caller. */
@@ -26,7 +26,8 @@ export async function sendUpdate<T>(
       return await send(updateId);
     } catch (err) {
       if (!isTransient(err) || Date.now() + delayMs > deadline) throw err;
-      await sleep(delayMs);
+      // Spread: Updates sent together and failed together must not all come back in one workflow task.
+      await sleep(delayMs * (0.5 + Math.random()));
     }
   }
 }
@@ -38,6 +39,9 @@ export async function sendUpdate<T>(
  * the server refused that task's completion for the new message, and the answer came back as this.
  */
 const TASK_FAILED_UNDER_UPDATE = /unexpected workflow task failure/i;
+// And its answer while that task fails again (TASK_FAILING): the Update was not applied either. Updates
+// sent together (four writes of 1 MiB) came back in one task, whose completion carries each request
+// back and passed gRPC's 4 MB: sent again apart, each is taken.
 
 /**
  * An Update the workflow refused for now (workflows/failures.ts refuseForNow): its own failure, right
@@ -62,6 +66,7 @@ function isTransient(err: unknown): boolean {
   if (grpc === undefined) return false;
   return (
     isTransientGrpc(grpc.code) ||
-    (grpc.code === GRPC_STATUS.FAILED_PRECONDITION && TASK_FAILED_UNDER_UPDATE.test(grpc.message))
+    (grpc.code === GRPC_STATUS.FAILED_PRECONDITION &&
+      (TASK_FAILED_UNDER_UPDATE.test(grpc.message) || TASK_FAILING.test(grpc.message)))
   );
 }

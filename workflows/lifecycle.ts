@@ -110,10 +110,9 @@ export function decideFileAccess(facts: SandboxFacts): Rejection | undefined {
 // ---------------------------------------------------------------- history room
 
 /**
- * A sandbox workflow's history size (bytes) past which it takes no call that would add to it, even
- * without Temporal's suggestion to continue as new (a server may suggest late, or never): Temporal
- * terminates a workflow whose history passes 50 MiB (`limit.historySize.error`), and what is already
- * under way needs room to finish (an exec's result alone can be ~2 MiB, stored twice).
+ * A sandbox workflow's history size (bytes) that calls under way may fill and no more (a server may
+ * suggest continue-as-new late, or never): Temporal terminates a workflow whose history passes 50 MiB
+ * (`limit.historySize.error`), and the 10 MiB left take the state changes, timers and ending.
  */
 export const HISTORY_GUARD_BYTES = 40 * 1024 * 1024;
 
@@ -129,6 +128,8 @@ export const CALL_HISTORY_MAX_BYTES = 2 * 1024 * 1024 + 2 * 2 * 6 * 128 * 1024;
 export interface HistoryFacts {
   continueAsNewSuggested: boolean;
   historySizeBytes: number;
+  /** Events so far (workflowInfo().historyLength). */
+  historyLength: number;
   /** Execs and file operations under way: each may still add up to CALL_HISTORY_MAX_BYTES. */
   callsUnderWay: number;
 }
@@ -151,19 +152,32 @@ function takenWhateverTheHistory(call: SandboxCall, state: SandboxState): boolea
   return call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
 }
 
-/** Continue-as-new is due: Temporal suggests it, or the history is past HISTORY_GUARD_BYTES. */
+/** The history is full: no call but those taken whatever the history is taken (past the guard, or its events past theirs). */
+const historyFull = (history: HistoryFacts): boolean =>
+  history.historySizeBytes >= HISTORY_GUARD_BYTES || history.historyLength >= HISTORY_LENGTH_HIGH_WATER;
+
+/**
+ * Continue-as-new is due (the workflow continues as new as soon as nothing is under way): Temporal
+ * suggests it, or the history has no room left for one more exec or file operation, or its events
+ * are past HISTORY_LENGTH_HIGH_WATER. Without the last two, a server that never suggests left a quiet
+ * sandbox refusing every exec for good (no room for one, and nothing to make room).
+ */
 export function continueAsNewDue(history: HistoryFacts): boolean {
-  return history.continueAsNewSuggested || history.historySizeBytes >= HISTORY_GUARD_BYTES;
+  return (
+    history.continueAsNewSuggested ||
+    history.historySizeBytes + CALL_HISTORY_MAX_BYTES > HISTORY_GUARD_BYTES ||
+    history.historyLength >= HISTORY_LENGTH_HIGH_WATER
+  );
 }
 
 /**
- * Whether the sandbox, in `state`, takes `call` with the history it has. Once continue-as-new is due,
- * every call that would add to the history (its Update's request and result, its activities) is
- * refused, for now: the workflow continues as new as soon as nothing is under way (no command, file
- * operation, state change or release), and a call that kept arriving meanwhile (a second exec beside a
- * long one, a pause and resume again and again) would grow the history until Temporal terminates the
- * workflow, leaving its sandbox behind. The refusal is UNAVAILABLE, to retry: the next run of the
- * workflow takes the call.
+ * Whether the sandbox, in `state`, takes `call` with the history it has. An exec or file operation
+ * is taken only while the history keeps room for the most it and every one under way may still add
+ * (CALL_HISTORY_MAX_BYTES each) under HISTORY_GUARD_BYTES; any other call only while the history is
+ * not full. Otherwise calls arriving beside a long command, or all at once, grew the history until
+ * Temporal terminated the workflow, leaving its sandbox behind. Temporal's suggestion alone refuses
+ * nothing: a long command (a dev server) would lock every call out at 4 MiB. The refusal is
+ * UNAVAILABLE, to retry: once calls end, or the workflow has continued as new, the call is taken.
  */
 export function decideHistoryRoom(
   history: HistoryFacts,
@@ -171,22 +185,17 @@ export function decideHistoryRoom(
   state: SandboxState,
 ): Rejection | undefined {
   if (takenWhateverTheHistory(call, state)) return undefined;
-  if (continueAsNewDue(history)) {
-    const why = history.continueAsNewSuggested
-      ? 'Temporal suggests it'
-      : `its history is past ${HISTORY_GUARD_BYTES / (1024 * 1024)} MiB`;
+  if (historyFull(history)) {
     return {
       code: 'UNAVAILABLE',
-      message: `sandbox: ${call} not taken now: the sandbox is continuing as new (${why}) once its running command, file operation or state change ends; retry`,
+      message: `sandbox: ${call} not taken now: its history is full (${HISTORY_GUARD_BYTES / (1024 * 1024)} MiB or ${HISTORY_LENGTH_HIGH_WATER} events); it continues as new once its running commands, file operations and state changes end; retry`,
     };
   }
-  // Calls sent all at once, before continue-as-new is due, are each taken: room is kept for the
-  // most each can still add, so together they never take the history past the guard.
   const reserved = (history.callsUnderWay + 1) * CALL_HISTORY_MAX_BYTES;
   if (LARGE_CALLS.includes(call) && history.historySizeBytes + reserved > HISTORY_GUARD_BYTES) {
     return {
       code: 'UNAVAILABLE',
-      message: `sandbox: ${call} not taken now: the ${history.callsUnderWay} commands and file operations under way may still fill the history's room; retry once one ends`,
+      message: `sandbox: ${call} not taken now: its history keeps room for the ${history.callsUnderWay} commands and file operations under way, and none for more; it continues as new once they end; retry`,
     };
   }
   return undefined;

@@ -87,12 +87,12 @@ const PATCH_RETENTION_DESTROYS = 'retention-expiry-destroys';
 const PATCH_PROVISION_FAILED = 'provision-failed-shown';
 
 /**
- * Continue-as-new is due also when the history is past HISTORY_GUARD_BYTES without Temporal's
- * suggestion (it used to wait for the suggestion alone), so the calls refused past that size
- * (decideHistoryRoom) are taken again once the sandbox is quiet. Asked for at the start of a run,
- * with PATCH_CAN_RECHECK. A run from before it refuses past that size too, and continues as new at
- * Temporal's suggestion only: until then it takes stop and destroy alone, which beats being
- * terminated at 50 MiB with its sandbox left behind.
+ * Continue-as-new is due also when the history keeps no room for one more call, or its events are
+ * past their mark (continueAsNewDue), not at Temporal's suggestion alone (a server may suggest late,
+ * or never: a quiet sandbox then refused every exec for good). Asked for at the start of a run, with
+ * PATCH_CAN_RECHECK. A run from before it refuses calls past the room too, and continues as new at
+ * Temporal's suggestion only; until then it takes stop and destroy, which beats being terminated at
+ * 50 MiB with its sandbox left behind.
  *
  * Refusing calls needs no patch: that is done in Update validators only, and a validator's refusal
  * is no command and no event (the Update is never recorded), while on replay validators do not run
@@ -260,12 +260,15 @@ class SandboxEntity {
 
     setHandler(
       readFileUpdate,
-      async ({ path }) => {
-        const contentBase64 = await this.fileOp(() => this.sandbox.readFile(path, 'base64'));
-        const bytes = jsonBytes(contentBase64);
-        if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
-        return { contentBase64 };
-      },
+      async ({ path }) => ({
+        // Counted as under way (fileOp) until its result has room in a workflow task too.
+        contentBase64: await this.fileOp(async () => {
+          const content = await this.sandbox.readFile(path, 'base64');
+          const bytes = jsonBytes(content);
+          if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
+          return content;
+        }),
+      }),
       {
         validator: (...args: unknown[]) => {
           parseArgs('readFile', args, readFileInputIssues);
@@ -277,9 +280,12 @@ class SandboxEntity {
     setHandler(
       writeFileUpdate,
       async ({ path, contentBase64 }) => {
-        const bytes = jsonBytes(contentBase64);
-        if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
-        await this.fileOp(() => this.sandbox.writeFile(path, contentBase64, 'base64'));
+        // Counted as under way (fileOp) while it waits for room in a workflow task too.
+        await this.fileOp(async () => {
+          const bytes = jsonBytes(contentBase64);
+          if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
+          await this.sandbox.writeFile(path, contentBase64, 'base64');
+        });
       },
       {
         validator: (...args: unknown[]) => {
@@ -385,6 +391,7 @@ class SandboxEntity {
     return {
       continueAsNewSuggested: info.continueAsNewSuggested,
       historySizeBytes: info.historySize,
+      historyLength: info.historyLength,
       callsUnderWay: this.runningExecs + this.fileOps,
     };
   }

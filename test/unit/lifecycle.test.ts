@@ -144,81 +144,102 @@ describe('sandbox transition table', () => {
 
 describe('history room of a sandbox', () => {
   const CALLS: SandboxCall[] = ['ready', 'exec', 'readFile', 'writeFile', ...USER_OPS];
+  const LARGE: SandboxCall[] = ['exec', 'readFile', 'writeFile'];
   /**
    * Taken whatever the history: what ends the commands or release that keep continue-as-new waiting,
    * each once before the state refuses the next.
    */
   const ALWAYS = (call: SandboxCall, state: SandboxState) =>
     call === 'stop' || call === 'destroy' || (call === 'resume' && state === 'suspended');
-  const roomy = { continueAsNewSuggested: false, historySizeBytes: 1_000, callsUnderWay: 0 };
-  const suggested = { continueAsNewSuggested: true, historySizeBytes: 1_000, callsUnderWay: 0 };
-  const pastGuard = { continueAsNewSuggested: false, historySizeBytes: HISTORY_GUARD_BYTES, callsUnderWay: 0 };
+  const roomy = { continueAsNewSuggested: false, historySizeBytes: 1_000, historyLength: 10, callsUnderWay: 0 };
+  const suggested = { ...roomy, continueAsNewSuggested: true };
+  const pastGuard = { ...roomy, historySizeBytes: HISTORY_GUARD_BYTES };
+  const pastEvents = { ...roomy, historyLength: HISTORY_LENGTH_HIGH_WATER };
+  /** No room for one more large call, nothing under way: 35 MiB and a byte. */
+  const noRoom = { ...roomy, historySizeBytes: HISTORY_GUARD_BYTES - CALL_HISTORY_MAX_BYTES + 1 };
 
-  test('the guard is well under the 50 MiB at which Temporal terminates a workflow', () => {
+  test('the guard and the calls under way it keeps room for stay well under the 50 MiB and 51,200 events at which Temporal terminates a workflow', () => {
     expect(HISTORY_GUARD_BYTES).toBeLessThanOrEqual(40 * 1024 * 1024);
+    expect(HISTORY_LENGTH_HIGH_WATER).toBeLessThanOrEqual(40_000);
   });
 
   test.each(STATES.flatMap((state) => CALLS.map((call) => [state, call] as const)))('%s: %s', (state, call) => {
+    // Temporal's suggestion alone refuses nothing: a long command would lock every call out at 4 MiB.
     expect(decideHistoryRoom(roomy, call, state)).toBeUndefined();
-    for (const history of [suggested, pastGuard, { ...pastGuard, continueAsNewSuggested: true }]) {
+    expect(decideHistoryRoom(suggested, call, state)).toBeUndefined();
+    for (const history of [pastGuard, pastEvents, { ...pastGuard, continueAsNewSuggested: true }]) {
       const rejection = decideHistoryRoom(history, call, state);
       if (ALWAYS(call, state)) expect(rejection).toBeUndefined();
       else
         expect(rejection).toEqual({
           code: 'UNAVAILABLE',
-          message: expect.stringMatching(new RegExp(`^sandbox: ${call} not taken now: .*continuing as new.*; retry$`)),
+          message: expect.stringMatching(new RegExp(`^sandbox: ${call} not taken now: its history is full .*; retry$`)),
         });
     }
+    // With no room for one more large call, only large calls wait; continue-as-new is then due.
+    expect(decideHistoryRoom(noRoom, call, state) === undefined).toBe(ALWAYS(call, state) || !LARGE.includes(call));
   });
 
-  test('a resume of a running sandbox (it answers its state) and pause and resume back are refused: again and again, they would grow the history', () => {
-    expect(decideHistoryRoom(suggested, 'resume', 'running')?.code).toBe('UNAVAILABLE');
-    expect(decideHistoryRoom(suggested, 'pause', 'running')?.code).toBe('UNAVAILABLE');
-    expect(decideHistoryRoom(suggested, 'resume', 'paused')?.code).toBe('UNAVAILABLE');
-  });
-
-  test('the refusal says why continue-as-new is due', () => {
-    expect(decideHistoryRoom(suggested, 'exec', 'running')?.message).toContain('Temporal suggests it');
-    expect(decideHistoryRoom(pastGuard, 'exec', 'running')?.message).toContain('its history is past 40 MiB');
-  });
-
-  test('calls sent all at once before continue-as-new is due: those taken can never together take the history past the guard', () => {
+  test('calls sent all at once: those taken can never together take the history past the guard, and as many as fit are taken', () => {
     fc.assert(
       fc.property(
         fc.integer({ min: 0, max: HISTORY_GUARD_BYTES }),
+        fc.boolean(),
         fc.array(fc.constantFrom<SandboxCall>('exec', 'readFile', 'writeFile'), { maxLength: 40 }),
-        (size, flood) => {
+        (size, suggestedNow, flood) => {
           let underWay = 0;
           for (const call of flood) {
-            const history = { continueAsNewSuggested: false, historySizeBytes: size, callsUnderWay: underWay };
+            const history = {
+              continueAsNewSuggested: suggestedNow,
+              historySizeBytes: size,
+              historyLength: 100,
+              callsUnderWay: underWay,
+            };
             const rejection = decideHistoryRoom(history, call, 'running');
             if (rejection === undefined) underWay += 1;
             else expect(rejection.code).toBe('UNAVAILABLE');
           }
           expect(size + underWay * CALL_HISTORY_MAX_BYTES).toBeLessThanOrEqual(HISTORY_GUARD_BYTES);
-          // As many as fit are taken: one more would not.
-          if (flood.length > underWay)
+          if (flood.length > underWay) {
             expect(size + (underWay + 1) * CALL_HISTORY_MAX_BYTES).toBeGreaterThan(HISTORY_GUARD_BYTES);
+          }
         },
       ),
     );
   });
 
+  test('a quiet sandbox never refuses a large call for good: wherever there is no room for one, continue-as-new is due', () => {
+    fc.assert(
+      fc.property(fc.integer({ min: 0, max: 2 * HISTORY_GUARD_BYTES }), fc.nat({ max: 60_000 }), (size, length) => {
+        const quiet = {
+          continueAsNewSuggested: false,
+          historySizeBytes: size,
+          historyLength: length,
+          callsUnderWay: 0,
+        };
+        if (decideHistoryRoom(quiet, 'exec', 'running') !== undefined) expect(continueAsNewDue(quiet)).toBe(true);
+      }),
+    );
+  });
+
   test('a small history takes several calls at once; stop and destroy are taken however many are under way', () => {
-    const busy = { continueAsNewSuggested: false, historySizeBytes: 1_000, callsUnderWay: 7 }; // 8 × 5 MiB are 40 MiB: seven at most
+    const busy = { ...roomy, callsUnderWay: 7 }; // 8 × 5 MiB are 40 MiB: seven at most
     expect(decideHistoryRoom({ ...busy, callsUnderWay: 6 }, 'exec', 'running')).toBeUndefined();
     expect(decideHistoryRoom(busy, 'exec', 'running')?.message).toMatch(
-      /^sandbox: exec not taken now: the 7 commands and file operations under way .*; retry once one ends$/,
+      /^sandbox: exec not taken now: its history keeps room for the 7 commands and file operations under way, and none for more; .*; retry$/,
     );
     expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'stop', 'running')).toBeUndefined();
     expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'destroy', 'running')).toBeUndefined();
     expect(decideHistoryRoom({ ...busy, callsUnderWay: 100 }, 'pause', 'running')).toBeUndefined();
   });
 
-  test('continue-as-new is due at the suggestion or past the guard, whichever comes first', () => {
+  test('continue-as-new is due at the suggestion, with no room for one more call, or past the events mark', () => {
     expect(continueAsNewDue(roomy)).toBe(false);
     expect(continueAsNewDue(suggested)).toBe(true);
+    expect(continueAsNewDue(noRoom)).toBe(true);
+    expect(continueAsNewDue({ ...noRoom, historySizeBytes: noRoom.historySizeBytes - 1 })).toBe(false);
     expect(continueAsNewDue(pastGuard)).toBe(true);
+    expect(continueAsNewDue(pastEvents)).toBe(true);
   });
 });
 
