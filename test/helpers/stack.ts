@@ -160,14 +160,22 @@ export function startOwnTemporal(options: {
  * `suggestContinueAsNewAfter` history events, so long Runs and sandboxes really continue as new
  * (and carry their state) within a test. Its stop() stops that server too.
  */
-export async function startStackOnOwnTemporal(
+export function startStackOnOwnTemporal(
   suggestContinueAsNewAfter: number,
+  options: StackOptions = {},
+): Promise<TestStack> {
+  return startStackOnTemporalWith([`limit.historyCount.suggestContinueAsNew=${suggestContinueAsNewAfter}`], options);
+}
+
+/** A stack on a Temporal dev server of its own with `dynamicConfig` (`key=value` each). Its stop() stops that server too. */
+export async function startStackOnTemporalWith(
+  dynamicConfig: string[],
   options: StackOptions = {},
 ): Promise<TestStack> {
   const temporal = await startOwnTemporal({
     dataDir: mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'own-temporal-')),
     port: await freePort(),
-    extraArgs: ['--dynamic-config-value', `limit.historyCount.suggestContinueAsNew=${suggestContinueAsNewAfter}`],
+    extraArgs: dynamicConfig.flatMap((value) => ['--dynamic-config-value', value]),
   });
   let stack: TestStack;
   try {

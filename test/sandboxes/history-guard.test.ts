@@ -1,11 +1,10 @@
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
-import * as os from 'node:os';
+import { existsSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import type { ExecResult } from '../../common/schemas';
-import { freePort } from '../../platform/servers';
 import { HISTORY_GUARD_BYTES } from '../../workflows/lifecycle';
 import { execSandboxUpdate, readFileUpdate, sandboxWorkflowId, writeFileUpdate } from '../../workflows/definitions';
-import { eventually, startOwnTemporal, startStack, useStack, type TestStack } from '../helpers/stack';
+import { releaseAll, startedInDir, UNTIL_RELEASED } from '../helpers/released';
+import { eventually, startStackOnTemporalWith, useStack } from '../helpers/stack';
 
 // The attack of the review: one long exec keeps running (so the sandbox is never quiet and cannot
 // continue as new) while further execs keep arriving, each answering 128 KiB of control characters on
@@ -13,42 +12,17 @@ import { eventually, startOwnTemporal, startStack, useStack, type TestStack } fr
 // terminated the workflow at 50 MiB and the sandbox was left behind. Here on a Temporal server that
 // never suggests continue-as-new (as one may: the guard must hold alone), so the room the sandbox
 // keeps is all that stops it; and a quiet sandbox must continue as new on its own.
-async function stackThatNeverSuggests(): Promise<TestStack> {
-  const temporal = await startOwnTemporal({
-    dataDir: mkdtempSync(path.join(process.env.STASIS_TEST_DATA_DIR ?? os.tmpdir(), 'own-temporal-')),
-    port: await freePort(),
-    extraArgs: [
-      '--dynamic-config-value',
-      'limit.historyCount.suggestContinueAsNew=1000000',
-      '--dynamic-config-value',
-      'limit.historySize.suggestContinueAsNew=1073741824',
-    ],
-  });
-  const stack = await startStack({ env: { TEMPORAL_ADDRESS: temporal.address } }).catch(async (err: unknown) => {
-    await temporal.stop();
-    throw err;
-  });
-  return {
-    ...stack,
-    async stop() {
-      try {
-        await stack.stop();
-      } finally {
-        await temporal.stop();
-      }
-    },
-  };
-}
-const stack = useStack(stackThatNeverSuggests);
+const stack = useStack(() =>
+  startStackOnTemporalWith([
+    'limit.historyCount.suggestContinueAsNew=1000000',
+    'limit.historySize.suggestContinueAsNew=1073741824',
+  ]),
+);
 
 /** 128 KiB of NUL on stdout and on stderr: each is `\u0000` (6 bytes) in the JSON of the result. */
 const BIG = 'head -c 131072 /dev/zero; head -c 131072 /dev/zero >&2';
 
-/** Workspaces of the long execs: each ends once the test is over, passed or failed. */
-const workspaces: string[] = [];
-afterEach(() => {
-  for (const dir of workspaces.splice(0)) writeFileSync(path.join(dir, 'release'), '');
-});
+afterEach(releaseAll);
 
 type Refusal = { type?: string; message?: string; nonRetryable?: boolean };
 
@@ -58,17 +32,11 @@ const historySize = async (workflowId: string, runId?: string): Promise<number> 
   );
 
 test('beside a long exec, calls are taken until the history keeps no room for more, then refused for now; the history stays under the guard; after it, the sandbox continues as new and takes the retried call', async () => {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'history-guard-'));
-  workspaces.push(dir);
-  const { sandboxId } = await stack.client.sandboxes.create({
-    provider: 'local',
-    workspace: { kind: 'active', hostPath: dir },
-  });
-  await stack.client.sandboxes.start(sandboxId);
+  const { sandboxId, dir } = await startedInDir(stack);
   const workflowId = sandboxWorkflowId(sandboxId);
   const firstRunId = (await stack.temporal.workflow.getHandle(workflowId).describe()).runId;
   const long: Promise<ExecResult> = stack.client.sandboxes.exec(sandboxId, {
-    command: 'while [ ! -e release ]; do sleep 0.1; done; echo long-done',
+    command: `${UNTIL_RELEASED}; echo long-done`,
   });
   await eventually(
     async () => (await stack.workers.get('host-a')!.registry.get('local').processCount(sandboxId)) > 1,

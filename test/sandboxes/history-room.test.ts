@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import * as os from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { WorkflowUpdateStage } from '@temporalio/client';
 import { execSandboxUpdate, sandboxWorkflowId } from '../../workflows/definitions';
+import { releaseAll, startedInDir, UNTIL_RELEASED } from '../helpers/released';
 import { useStack } from '../helpers/stack';
 
 const stack = useStack();
@@ -11,11 +11,7 @@ const stack = useStack();
 /** 128 KiB of NUL on stdout: each is `\u0000` (6 bytes) in the JSON of the result. */
 const CONTROL_FLOOD = 'head -c 131072 /dev/zero';
 
-/** Workspaces of the execs: each ends once the test is over, passed or failed. */
-const workspaces: string[] = [];
-afterEach(() => {
-  for (const dir of workspaces.splice(0)) writeFileSync(path.join(dir, 'release'), '');
-});
+afterEach(releaseAll);
 
 // Calls sent all at once before continue-as-new is due were each taken, and each may still add ~5 MiB
 // (its input and its result, twice): sixteen of them could pass 50 MiB together (found by the review of
@@ -24,15 +20,9 @@ afterEach(() => {
 // 5.5 MB, which Temporal refused ("transaction size ... exceeds limit", gRPC's 4 MB) again and again,
 // and the sandbox was stuck: this test then hung.
 test('execs sent all at once are taken only while what they may still add fits under the guard; the rest are refused for now', async () => {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'history-guard-'));
-  workspaces.push(dir);
-  const { sandboxId } = await stack.client.sandboxes.create({
-    provider: 'local',
-    workspace: { kind: 'active', hostPath: dir },
-  });
-  await stack.client.sandboxes.start(sandboxId);
+  const { sandboxId, dir } = await startedInDir(stack);
   const raw = stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId));
-  const command = `while [ ! -e release ]; do sleep 0.1; done; ${CONTROL_FLOOD}`;
+  const command = `${UNTIL_RELEASED}; ${CONTROL_FLOOD}`;
   const handles = await Promise.all(
     Array.from({ length: 12 }, () =>
       raw.startUpdate(execSandboxUpdate, { args: [{ command }], waitForStage: WorkflowUpdateStage.ACCEPTED }),
@@ -78,15 +68,9 @@ test('execs sent all at once are taken only while what they may still add fits u
 // NUL was refused at 4.7 MB (found by the review). The suggestion alone now refuses nothing; the room
 // kept under the guard does.
 test('a long exec does not lock the sandbox out once Temporal suggests continue-as-new: execs beside it are taken', async () => {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'history-guard-'));
-  workspaces.push(dir);
-  const { sandboxId } = await stack.client.sandboxes.create({
-    provider: 'local',
-    workspace: { kind: 'active', hostPath: dir },
-  });
-  await stack.client.sandboxes.start(sandboxId);
+  const { sandboxId, dir } = await startedInDir(stack);
   const long = stack.client.sandboxes.exec(sandboxId, {
-    command: 'while [ ! -e release ]; do sleep 0.1; done; echo long-done',
+    command: `${UNTIL_RELEASED}; echo long-done`,
   });
   const raw = stack.temporal.workflow.getHandle(sandboxWorkflowId(sandboxId));
   for (let i = 0; i < 6; i++) {
@@ -108,12 +92,7 @@ test('a long exec does not lock the sandbox out once Temporal suggests continue-
 // on each try and the callers got "Workflow Task in failed state" (found by the review). Such a call
 // was not applied: the typed client sends it again, spread out, and each is taken.
 test('four writes of 1 MiB sent at once are all taken, and the sandbox still answers', async () => {
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'history-guard-'));
-  const { sandboxId } = await stack.client.sandboxes.create({
-    provider: 'local',
-    workspace: { kind: 'active', hostPath: dir },
-  });
-  await stack.client.sandboxes.start(sandboxId);
+  const { sandboxId, dir } = await startedInDir(stack);
   const content = randomBytes(1024 * 1024 - 16);
   const outcomes = await Promise.allSettled(
     Array.from({ length: 4 }, (_, i) => stack.client.sandboxes.writeFile(sandboxId, `f${i}.bin`, content)),
