@@ -256,7 +256,10 @@ async function pendingActivities(runId: string): Promise<number> {
   return described.raw.pendingActivities?.length ?? 0;
 }
 
-/** Polls `check` every 250 ms; throws once the Run's history passes FLOOD_TOO_FAR_BYTES or it closes first. */
+/**
+ * Polls `check` every 250 ms (a check that throws, e.g. a query of a Run whose workflow task fails, is
+ * not yet true); throws once the Run's history passes FLOOD_TOO_FAR_BYTES or it closes first.
+ */
 async function floodUntil(
   runId: string,
   what: string,
@@ -266,7 +269,7 @@ async function floodUntil(
   const handle = stack.temporal.workflow.getHandle(runId);
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    if (await check()) return;
+    const done = await check().catch(() => false);
     const described = await handle.describe();
     const size = described.historySize ?? 0;
     if (size > FLOOD_TOO_FAR_BYTES || described.status.name !== 'RUNNING' || Date.now() > deadline) {
@@ -274,6 +277,7 @@ async function floodUntil(
         `before ${what}: ${described.status.name}, history ${size} bytes, ${described.historyLength} events`,
       );
     }
+    if (done) return;
     await new Promise((r) => setTimeout(r, 250));
   }
 }
@@ -295,8 +299,7 @@ test('background jobs ending together leave their output out of the history: the
       waitingFor = (await stack.client.runs.resource(runId)).waitingFor;
       return waitingFor !== undefined || (await running()) >= FLOOD_JOBS + 1;
     });
-    expect(waitingFor).toMatch(/a running job or child Run to end \(jobs job-1, job-2, .*job-16\)/);
-    expect(await running()).toBeLessThan(FLOOD_JOBS);
+    const runningWhenReleased = await running();
     await writeFile(path.join(hostPath, 'release'), '');
     // Every background job ends, and the foreground one holds the loop.
     await floodUntil(runId, 'every background job ended', async () => {
@@ -310,6 +313,9 @@ test('background jobs ending together leave their output out of the history: the
     });
     const held = await handle.describe();
     expect(held.status.name).toBe('RUNNING');
+    // It had waited for one of sixteen running jobs to end before it started more.
+    expect(waitingFor).toMatch(/a running job or child Run to end \(jobs job-1, job-2, .*job-16\)/);
+    expect(runningWhenReleased).toBeLessThan(FLOOD_JOBS);
     // No output of theirs in the history: the 36 jobs added a few KB each, not ~1.5 MiB.
     expect(held.historySize).toBeLessThan(8 * 1024 * 1024);
     await writeFile(path.join(hostPath, 'release2'), '');
@@ -358,8 +364,7 @@ test('children ending together: the parent keeps room for their outputs, is not 
       },
       90_000,
     );
-    expect(waitingFor).toMatch(/a running job or child Run to end \(child Runs /);
-    expect((await childIds()).length).toBeLessThan(FLOOD_CHILDREN);
+    const spawnedWhenReleased = (await childIds()).length;
     releaseChildren();
     // The rest are spawned (after the parent continues as new) and end; the foreground job holds the loop.
     await floodUntil(
@@ -368,6 +373,9 @@ test('children ending together: the parent keeps room for their outputs, is not 
       async () => {
         const ids = await childIds();
         if (ids.length < FLOOD_CHILDREN || !(await holding())) return false;
+        // Every child's completion has reached the parent's open execution (or the one that started it closed).
+        const described = await handle.describe();
+        if ((described.raw.pendingChildren?.length ?? 0) > 0) return false;
         const statuses = await Promise.all(
           ids.map(async (id) => (await stack.temporal.workflow.getHandle(id).describe()).status.name),
         );
@@ -375,6 +383,9 @@ test('children ending together: the parent keeps room for their outputs, is not 
       },
       90_000,
     );
+    // It had waited for one of its running children to end before it spawned more.
+    expect(waitingFor).toMatch(/a running job or child Run to end \(child Runs /);
+    expect(spawnedWhenReleased).toBeLessThan(FLOOD_CHILDREN);
     await writeFile(path.join(hostPath, 'release2'), '');
     await expect(handle.result()).resolves.toEqual({ steps: FLOOD_CHILDREN + 1 });
     const executions = await everyExecution(runId);
