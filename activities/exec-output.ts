@@ -23,3 +23,12 @@ export function keepTail(text: string, limit = EXEC_OUTPUT_LIMIT_BYTES, droppedB
 export function boundExecOutcome<T extends ExecOutcome>(outcome: T): T {
   return { ...outcome, stdout: keepTail(outcome.stdout), stderr: keepTail(outcome.stderr) };
 }
+
+/**
+ * What an exec's activity returns: the outcome within a payload, or with `keepOutput: false` (a job
+ * whose output its owner throws away, a Run's background job) its exit code alone, its streams empty,
+ * so that nothing is recorded in the owner's history for it.
+ */
+export function execActivityResult<T extends ExecOutcome>(outcome: T, keepOutput?: boolean): T {
+  return keepOutput === false ? { ...outcome, stdout: '', stderr: '' } : boundExecOutcome(outcome);
+}

@@ -22,7 +22,7 @@ import { checkHostPath, type HostPathPolicy } from '../common/host-paths';
 import type { Hashes, Workspace } from '../common/schemas';
 import { hashMismatches, receiptProblem, recordedHashes } from '../workflows/lifecycle';
 import { toFailure, toRestoreFailure } from './failures';
-import { boundExecOutcome } from './exec-output';
+import { boundExecOutcome, execActivityResult } from './exec-output';
 import type { WorkerMetrics } from './metrics';
 
 // Thin adapters from the coordinator to the provider registry. They run on the
@@ -180,8 +180,8 @@ export function createProviderActivities(deps: ProviderActivityDeps) {
       });
     },
 
-    async execInSandbox(input: Owner & { request: ProviderExecRequest }): Promise<ExecOutcome> {
-      return boundExecOutcome(await call(input, (p, ctx) => p.exec(input.request, ctx)));
+    async execInSandbox(input: Owner & { request: ProviderExecRequest; keepOutput?: false }): Promise<ExecOutcome> {
+      return execActivityResult(await call(input, (p, ctx) => p.exec(input.request, ctx)), input.keepOutput);
     },
 
     async releaseSandbox(

@@ -5,7 +5,7 @@ import type { ExecResult } from '../common/schemas';
 import { runExternalJob } from '../providers/external-jobs';
 import { checkpointPrefix } from '../providers/snapshot';
 import type { CheckpointStore } from '../stores/api';
-import { boundExecOutcome } from './exec-output';
+import { execActivityResult } from './exec-output';
 
 // Host-independent activities on the shared task queue.
 
@@ -87,12 +87,15 @@ export function createSharedActivities(deps: SharedActivityDeps) {
       env?: Record<string, string>;
       provider?: string;
       timeoutMs?: number;
+      /** false: the caller throws the output away (a background job), the result carries none. */
+      keepOutput?: false;
     }): Promise<ExecResult> {
       const activity = Context.current();
       const beat = setInterval(() => activity.heartbeat(), 5_000);
       try {
-        const outcome = await runExternalJob(deps, { ...input, signal: activity.cancellationSignal });
-        return boundExecOutcome(outcome);
+        const { keepOutput, ...request } = input;
+        const outcome = await runExternalJob(deps, { ...request, signal: activity.cancellationSignal });
+        return execActivityResult(outcome, keepOutput);
       } finally {
         clearInterval(beat);
       }

@@ -452,7 +452,7 @@ export const ResourceView = z.object({
   suspension: Suspension.optional(),
   children: z.array(z.object({ runId: z.string(), state: ResourceState })),
   blockedAgeSeconds: z.number().optional(),
-  /** Why the Run takes no agent step now, e.g. it waits for its background jobs before it continues as new. */
+  /** Why the Run takes no agent step now, e.g. it waits for one of its running jobs or child Runs to end (history room). */
   waitingFor: z.string().optional(),
 });
 export type ResourceView = z.infer<typeof ResourceView>;

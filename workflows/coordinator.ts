@@ -174,8 +174,9 @@ export class ExecutionBindingLifecycleCoordinator {
   async exec(
     jobId: string,
     command: string,
-    options: { timeoutMs?: number; env?: Record<string, string> } = {},
+    options: { timeoutMs?: number; env?: Record<string, string>; keepOutput?: false } = {},
   ): Promise<ExecOutcome> {
+    const { keepOutput, ...request } = options;
     return this.onHost({
       scheduleToStartTimeout: HOST_BUSY_LIMIT,
       // Retried like any provider call (an attempt lost on the way shows up as a heartbeat timeout):
@@ -183,7 +184,9 @@ export class ExecutionBindingLifecycleCoordinator {
       summary: `exec ${command.slice(0, 60)}`,
     }).execInSandbox({
       ...this.owner,
-      request: { sandboxId: this.record.sandboxId, fence: this.record.fence, jobId, command, ...options },
+      request: { sandboxId: this.record.sandboxId, fence: this.record.fence, jobId, command, ...request },
+      // A job whose output its owner throws away: the activity's result (in the history) carries none.
+      ...(keepOutput === false ? { keepOutput } : {}),
     });
   }
 

@@ -584,13 +584,13 @@ export function admitRunOp(facts: RunFacts, op: RunOp): Rejection | undefined {
 // ---------------------------------------------------------------- history high-water mark
 
 /**
- * The history size (bytes, as Temporal counts it) past which a Run that cannot continue as new because
- * jobs run takes no further agent step until they end (waitsForJobs). Temporal terminates a workflow at
- * 50 MiB (and the Run leaves its sandbox behind); it suggests continue-as-new from 4 MiB, which a Run with
- * a job running must refuse. The 18 MiB left take what still comes once the mark is passed: the step under way
- * (an exec result is up to two 128 KiB streams at six bytes of JSON a control character, 1.5 MiB, once
- * more in the next step's input for a driver whose steps are activities), the jobs' completions, the
- * handlers' events and the Run's ending.
+ * The history size (bytes, as Temporal counts it) that a Run's history, with the room kept for what its
+ * running jobs and children may still add, does not pass by more than one step (waitsForJobs). Temporal
+ * terminates a workflow at 50 MiB (and the Run leaves its sandbox behind); it suggests continue-as-new
+ * from 4 MiB, which a Run with a job running must refuse. The 18 MiB left take what still comes once the
+ * mark is reached: the step under way (an exec result is up to two 128 KiB streams at six bytes of JSON a
+ * control character, 1.5 MiB, once more in the next step's input for a driver whose steps are
+ * activities) and the room of the job or child it started, the handlers' events and the Run's ending.
  */
 export const HISTORY_SIZE_HIGH_WATER_BYTES = 32 * 1024 * 1024;
 /**
@@ -599,21 +599,50 @@ export const HISTORY_SIZE_HIGH_WATER_BYTES = 32 * 1024 * 1024;
  */
 export const HISTORY_LENGTH_HIGH_WATER = 40_000;
 
-/** What waitsForJobs looks at: the Run's history so far and its jobs. */
+/**
+ * The most one running job or child Run may still add to the Run's history when it ends: a child's
+ * result is one payload in its ChildWorkflowExecutionCompleted event, at most Temporal's 2 MiB (a larger
+ * one fails the child), and 16 KiB more for the event's own fields. A foreground job's result is less
+ * (two streams of 128 KiB at six bytes of JSON a control character, 1.5 MiB); a background job's is a
+ * few hundred bytes (its activity returns no output, keepOutput false), but one started by a worker
+ * before that returns its output, and the same bound covers both.
+ */
+export const RUN_ITEM_HISTORY_MAX_BYTES = 2 * 1024 * 1024 + 16 * 1024;
+
+/** What waitsForJobs looks at: the Run's history so far, its running jobs and children. */
 export interface RunHistoryFacts {
   /** workflowInfo().historySize: bytes. */
   historySize: number;
   /** workflowInfo().historyLength: events. */
   historyLength: number;
   runningJobs: number;
+  /** Children this workflow run started whose result has not reached its history yet. */
+  runningChildren: number;
 }
 
 /**
- * Whether the Run takes its next agent step only once its running jobs have ended (backpressure): with
- * a job running it cannot continue as new (admitRunOp), so past either high-water mark another step
- * would only grow a history Temporal is about to terminate. Once the jobs end it continues as new.
+ * Whether the Run takes no further agent step until a running job or child ends (backpressure): each
+ * may still add up to RUN_ITEM_HISTORY_MAX_BYTES when it ends, and a Run with a job running cannot
+ * continue as new (admitRunOp), so room is kept for all of them, as the sandbox keeps it for its calls
+ * (decideHistoryRoom): the Run waits once its history and that room reach HISTORY_SIZE_HIGH_WATER_BYTES,
+ * or its history passes HISTORY_LENGTH_HIGH_WATER events with one running. Whatever the order in which
+ * they start and end, the history then never passes the mark by more than the step that started the
+ * last of them and its room. Once nothing runs the Run takes its next step, or continues as new.
  */
 export function waitsForJobs(facts: RunHistoryFacts): boolean {
+  const running = facts.runningJobs + facts.runningChildren;
+  if (running === 0) return false;
+  return (
+    facts.historySize + running * RUN_ITEM_HISTORY_MAX_BYTES >= HISTORY_SIZE_HIGH_WATER_BYTES ||
+    facts.historyLength >= HISTORY_LENGTH_HIGH_WATER
+  );
+}
+
+/**
+ * The backpressure of Runs that do not have PATCH_RESERVES_ROOM: past either mark with a job running,
+ * no step until every running job has ended; no room kept for what jobs and children still add.
+ */
+export function waitsForJobsPastMark(facts: RunHistoryFacts): boolean {
   if (facts.runningJobs === 0) return false;
   return facts.historySize >= HISTORY_SIZE_HIGH_WATER_BYTES || facts.historyLength >= HISTORY_LENGTH_HIGH_WATER;
 }

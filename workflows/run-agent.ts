@@ -33,6 +33,7 @@ import {
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_FAILED_KEEPS,
   PATCH_WAITS_FOR_JOBS,
+  PATCH_RESERVES_ROOM,
   shared,
   type RunController,
 } from './run-controller';
@@ -50,7 +51,9 @@ import {
   fusesWithResume,
   HISTORY_LENGTH_HIGH_WATER,
   HISTORY_SIZE_HIGH_WATER_BYTES,
+  RUN_ITEM_HISTORY_MAX_BYTES,
   waitsForJobs,
+  waitsForJobsPastMark,
   type RunHistoryFacts,
 } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
@@ -91,9 +94,14 @@ export async function agentLoop(c: RunController): Promise<void> {
       const input = continueInput(c);
       if (input) await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>(input);
     }
-    // Refused continue-as-new for its running jobs, a Run past its history's high-water mark waits for them.
-    if (waitsForJobs(historyFacts(c)) && c.patched(PATCH_WAITS_FOR_JOBS)) {
-      await waitForJobs(c);
+    // Backpressure: a Run whose history, with the room its running jobs and children may still fill,
+    // reaches its high-water mark waits for one of them to end (Runs before: past the mark, for its jobs).
+    if (waitsForJobs(historyFacts(c)) && c.patched(PATCH_RESERVES_ROOM)) {
+      await waitForJobs(c, true);
+      continue;
+    }
+    if (waitsForJobsPastMark(historyFacts(c)) && c.patched(PATCH_WAITS_FOR_JOBS)) {
+      await waitForJobs(c, false);
       continue;
     }
     if (run.spec.agent.driver === EXTERNAL_DRIVER) {
@@ -127,25 +135,47 @@ const runningJobIds = (c: RunController): string[] => c.run.jobs.filter((j) => j
 
 function historyFacts(c: RunController): RunHistoryFacts {
   const { historySize, historyLength } = workflowInfo();
-  return { historySize, historyLength, runningJobs: runningJobIds(c).length };
+  return {
+    historySize,
+    historyLength,
+    runningJobs: runningJobIds(c).length,
+    runningChildren: c.childResultsDue.size,
+  };
 }
 
 /**
- * Backpressure (PATCH_WAITS_FOR_JOBS): no agent step until the Run's running jobs have ended, so that it
- * can continue as new before Temporal's history limit terminates it. A suspend asked for meanwhile goes
- * first (it cancels the jobs it does not keep). The resource view says why the Run waits.
+ * Backpressure: no agent step until a running job or child ends and the room they may still fill is
+ * left (`reserves`, PATCH_RESERVES_ROOM: waitsForJobs), or, for Runs before, until every running job has
+ * ended (PATCH_WAITS_FOR_JOBS); then the Run steps on, or continues as new. A suspend asked for meanwhile
+ * goes first (it cancels the jobs it does not keep), and a cancel ends the wait as any other. The
+ * resource view says why the Run waits.
  */
-async function waitForJobs(c: RunController): Promise<void> {
+async function waitForJobs(c: RunController, reserves: boolean): Promise<void> {
   c.publishHeld();
   const { historySize, historyLength } = workflowInfo();
   const ids = runningJobIds(c);
-  c.waitingFor =
-    `its background job${ids.length === 1 ? '' : 's'} ${ids.join(', ')} to end before it continues as new: ` +
-    `its history (${(historySize / 1024 / 1024).toFixed(1)} MiB, ${historyLength} events) is past its high-water mark ` +
-    `(${HISTORY_SIZE_HIGH_WATER_BYTES / 1024 / 1024} MiB or ${HISTORY_LENGTH_HIGH_WATER} events), so it takes no further step until then`;
-  log.info(`run waits for ${c.waitingFor}`, { runId: c.run.runId, jobIds: ids });
+  const children = [...c.childResultsDue];
+  const mark = `${HISTORY_SIZE_HIGH_WATER_BYTES / 1024 / 1024} MiB or ${HISTORY_LENGTH_HIGH_WATER} events`;
+  const history = `${(historySize / 1024 / 1024).toFixed(1)} MiB, ${historyLength} events`;
+  if (reserves) {
+    const running = [
+      ...(ids.length ? [`job${ids.length === 1 ? '' : 's'} ${ids.join(', ')}`] : []),
+      ...(children.length ? [`child Run${children.length === 1 ? '' : 's'} ${children.join(', ')}`] : []),
+    ].join('; ');
+    c.waitingFor =
+      `a running job or child Run to end (${running}): its history (${history}) with room for what each ` +
+      `may still add (${(RUN_ITEM_HISTORY_MAX_BYTES / 1024 / 1024).toFixed(2)} MiB each) reaches its high-water mark ` +
+      `(${mark}), so it takes no further step until then`;
+  } else {
+    c.waitingFor =
+      `its background job${ids.length === 1 ? '' : 's'} ${ids.join(', ')} to end before it continues as new: ` +
+      `its history (${history}) is past its high-water mark (${mark}), so it takes no further step until then`;
+  }
+  log.info(`run waits for ${c.waitingFor}`, { runId: c.run.runId, jobIds: ids, childIds: children });
   try {
-    await condition(() => runningJobIds(c).length === 0 || c.manualSuspendRequested);
+    await condition(
+      () => (reserves ? !waitsForJobs(historyFacts(c)) : runningJobIds(c).length === 0) || c.manualSuspendRequested,
+    );
   } finally {
     c.waitingFor = undefined;
   }
@@ -330,11 +360,16 @@ async function runJob(
             command: job.command,
             provider: c.run.spec.sandbox.provider,
             ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+            ...(job.background ? { keepOutput: false as const } : {}),
           })
         : c.pendingResume
           ? // The sandbox comes back with this job, in one activity.
             resumeWithJob(c, job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {})
-          : c.sandbox.exec(job.id, job.command, timeoutMs !== undefined ? { timeoutMs } : {}),
+          : c.sandbox.exec(job.id, job.command, {
+              ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+              // The Run throws a background job's output away: its result carries none.
+              ...(job.background ? { keepOutput: false as const } : {}),
+            }),
     )
     .then(
       (result) => {
@@ -410,12 +445,18 @@ async function spawn(c: RunController, spec: RunSpec): Promise<unknown> {
   }).catch((err: unknown) => startFailed(c, childId, err));
   registerChild(c, childId);
   c.watchedChildren.add(childId);
-  void handle.result().catch((err: unknown) => {
-    log.info('child run ended without output', { childId, error: failureMessage(err) });
-    if (!isTerminal(run.childStatus[childId] ?? 'RUNNING') && c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) {
-      c.childClosedUnreported(childId, closedWhy(err));
-    }
-  });
+  // Its result reaches this workflow run's history when it ends: room is kept for it until then.
+  c.childResultsDue.add(childId);
+  void handle.result().then(
+    () => void c.childResultsDue.delete(childId),
+    (err: unknown) => {
+      c.childResultsDue.delete(childId);
+      log.info('child run ended without output', { childId, error: failureMessage(err) });
+      if (!isTerminal(run.childStatus[childId] ?? 'RUNNING') && c.patched(PATCH_CHILD_CLOSED_UNREPORTED)) {
+        c.childClosedUnreported(childId, closedWhy(err));
+      }
+    },
+  );
   return { runId: childId };
 }
 

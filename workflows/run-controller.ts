@@ -174,6 +174,16 @@ export const PATCH_SNAPSHOT_RESULT_FITS = 'stasis-run-snapshot-result-fits';
 export const PATCH_WAITS_FOR_JOBS = 'stasis-run-waits-for-jobs';
 
 /**
+ * A Run keeps room in its history for what its running jobs and children may still add
+ * (RUN_ITEM_HISTORY_MAX_BYTES each, waitsForJobs in lifecycle.ts): it takes no further agent step while
+ * its history and that room reach the high-water mark, until one of them ends. Before, 36 background
+ * jobs, or 27 children, ending together added 50 MB and Temporal terminated the Run. (A background job's
+ * activity returns no output, keepOutput false, with no patch: an activity's input is not replayed.) In
+ * PATCH_RUN_BASELINE_4; a Run started before asks only when it would wait under this rule.
+ */
+export const PATCH_RESERVES_ROOM = 'stasis-run-reserves-room';
+
+/**
  * A Run started with this marker has every change of runBaseline() from its start, without a marker
  * of each, and takes a fast driver's steps as local activities.
  *
@@ -297,6 +307,7 @@ function runBaseline4(): string[] {
     PATCH_WEBHOOK_INPUT_FITS,
     PATCH_WAITS_FOR_JOBS,
     PATCH_MEMO_FITS,
+    PATCH_RESERVES_ROOM,
   ];
 }
 
@@ -318,6 +329,8 @@ export class RunController {
   reporting: Promise<void> = Promise.resolve();
   /** Children started by this workflow run, whose close it learns from their handles. */
   readonly watchedChildren = new Set<string>();
+  /** Children started by this workflow run whose result has not reached its history (PATCH_RESERVES_ROOM). */
+  readonly childResultsDue = new Set<string>();
   /** Webhook deliveries not yet taken by the receiver (run-webhooks.ts). */
   readonly webhookDeliveries = new Set<Promise<void>>();
   /** Webhook delivery workflows not yet started (run-webhooks.ts, PATCH_WEBHOOK_WORKFLOWS). */

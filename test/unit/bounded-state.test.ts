@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { keepTail } from '../../activities/exec-output';
+import { EXEC_OUTPUT_LIMIT_BYTES, execActivityResult, keepTail } from '../../activities/exec-output';
 import type { InteractionRequest, RunSnapshot, RunSpec } from '../../common/schemas';
 import { pendingMemo, withoutLabels, withRunLabels } from '../../common/interactions';
 import { jsonBytes } from '../../common/payload-limits';
@@ -49,6 +49,16 @@ describe('exec output keeps its tail', () => {
       ),
       { numRuns: 300 },
     );
+  });
+
+  test("an exec activity's result: bounded streams, or none for a job whose output is thrown away (keepOutput false)", () => {
+    const big = '\u0001'.repeat(EXEC_OUTPUT_LIMIT_BYTES + 10);
+    const outcome = { exitCode: 3, stdout: big, stderr: 'err' };
+    const kept = execActivityResult(outcome);
+    expect(kept.exitCode).toBe(3);
+    expect(kept.stdout).toBe(keepTail(big));
+    expect(kept.stderr).toBe('err');
+    expect(execActivityResult(outcome, false)).toEqual({ exitCode: 3, stdout: '', stderr: '' });
   });
 });
 

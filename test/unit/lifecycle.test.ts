@@ -43,6 +43,8 @@ import {
   type SandboxOp,
   settleAtEnd,
   waitsForJobs,
+  waitsForJobsPastMark,
+  RUN_ITEM_HISTORY_MAX_BYTES,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
 import { PHASES, RUN_EVENTS, RUN_LEGAL, STATUSES } from '../helpers/run-table';
@@ -637,20 +639,101 @@ describe('run state machine', () => {
     expect(admitRunOp(f, op)?.code).toBe(code);
   });
 
-  // Backpressure: continue-as-new refused for a running job, a Run past either high-water mark takes no step.
+  // Backpressure: a Run whose history, with RUN_ITEM_HISTORY_MAX_BYTES of room for each running job and
+  // child, reaches the high-water mark (or past the events' mark with one running) takes no step.
   const MiB = 1024 * 1024;
+  const ROOM = RUN_ITEM_HISTORY_MAX_BYTES;
+  const run = (historySize: number, runningJobs: number, runningChildren = 0, historyLength = 10): RunHistoryFacts => ({
+    historySize,
+    historyLength,
+    runningJobs,
+    runningChildren,
+  });
   test.each([
-    [{ historySize: 0, historyLength: 10, runningJobs: 1 }, false],
-    [
-      { historySize: HISTORY_SIZE_HIGH_WATER_BYTES - 1, historyLength: HISTORY_LENGTH_HIGH_WATER - 1, runningJobs: 3 },
-      false,
-    ],
-    [{ historySize: HISTORY_SIZE_HIGH_WATER_BYTES, historyLength: 10, runningJobs: 1 }, true],
-    [{ historySize: 49 * MiB, historyLength: 10, runningJobs: 2 }, true],
-    [{ historySize: 1 * MiB, historyLength: HISTORY_LENGTH_HIGH_WATER, runningJobs: 1 }, true],
-    [{ historySize: 49 * MiB, historyLength: 50_000, runningJobs: 0 }, false],
+    [run(0, 1), false],
+    [run(0, 0, 1), false],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 3 * ROOM - 1, 3), false],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 3 * ROOM, 3), true],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 3 * ROOM, 1, 2), true],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 3 * ROOM, 0, 3), true],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 3 * ROOM, 0, 2), false],
+    // Sixteen items from an empty history: the room alone reaches the mark.
+    [run(100_000, 8, 8), true],
+    [run(100_000, 8, 7), false],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES, 1), true],
+    [run(49 * MiB, 2), true],
+    [run(1 * MiB, 1, 0, HISTORY_LENGTH_HIGH_WATER), true],
+    [run(1 * MiB, 0, 1, HISTORY_LENGTH_HIGH_WATER), true],
+    [run(1 * MiB, 1, 0, HISTORY_LENGTH_HIGH_WATER - 1), false],
+    // Nothing running: the Run takes its step, or continues as new.
+    [run(49 * MiB, 0, 0, 50_000), false],
   ] satisfies [RunHistoryFacts, boolean][])('waitsForJobs(%j) → %s', (f, waits) => {
     expect(waitsForJobs(f)).toBe(waits);
+  });
+
+  test.each([
+    [run(0, 1), false],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 1, 3, 0, HISTORY_LENGTH_HIGH_WATER - 1), false],
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES, 1), true],
+    [run(1 * MiB, 1, 0, HISTORY_LENGTH_HIGH_WATER), true],
+    // Runs before PATCH_RESERVES_ROOM: children and room not counted.
+    [run(HISTORY_SIZE_HIGH_WATER_BYTES, 0, 5), false],
+    [run(100_000, 30), false],
+  ] satisfies [RunHistoryFacts, boolean][])('waitsForJobsPastMark(%j) → %s', (f, waits) => {
+    expect(waitsForJobsPastMark(f)).toBe(waits);
+  });
+
+  test('whatever the order jobs and children start and end, what they take never passes the mark by more than one step', () => {
+    // The most one step adds to the history (a foreground exec's result, once more in the next step's input).
+    const STEP_MAX = 3 * MiB;
+    // Temporal suggests continue-as-new from here; a Run with nothing running takes it.
+    const SUGGESTED = 4 * MiB;
+    type Event =
+      | { kind: 'step'; bytes: number; starts: 'job' | 'child' | 'nothing' }
+      | { kind: 'end'; which: number; bytes: number };
+    const event: fc.Arbitrary<Event> = fc.oneof(
+      fc.record({
+        kind: fc.constant('step' as const),
+        bytes: fc.integer({ min: 0, max: STEP_MAX }),
+        starts: fc.constantFrom('job' as const, 'child' as const, 'nothing' as const),
+      }),
+      fc.record({ kind: fc.constant('end' as const), which: fc.nat(), bytes: fc.integer({ min: 0, max: ROOM }) }),
+    );
+    fc.assert(
+      fc.property(fc.integer({ min: 0, max: 40 * MiB }), fc.array(event, { maxLength: 200 }), (start, events) => {
+        let historySize = start;
+        const running: ('job' | 'child')[] = [];
+        const facts = (): RunHistoryFacts => ({
+          historySize,
+          historyLength: 10,
+          runningJobs: running.filter((r) => r === 'job').length,
+          runningChildren: running.filter((r) => r === 'child').length,
+        });
+        const taken = () => historySize + running.length * ROOM;
+        const bound = Math.max(start, HISTORY_SIZE_HIGH_WATER_BYTES) + STEP_MAX + ROOM;
+        for (const e of events) {
+          if (e.kind === 'end') {
+            if (running.length === 0) continue;
+            running.splice(e.which % running.length, 1);
+            historySize += e.bytes;
+          } else {
+            if (waitsForJobs(facts())) continue;
+            if (running.length === 0 && historySize >= SUGGESTED) historySize = 100_000; // continues as new
+            historySize += e.bytes;
+            if (e.starts !== 'nothing') running.push(e.starts);
+          }
+          expect(taken()).toBeLessThan(bound);
+        }
+        // Once every job and child has ended, the Run never waits: nothing is held for good.
+        expect(waitsForJobs({ ...facts(), runningJobs: 0, runningChildren: 0 })).toBe(false);
+        expect(historySize + running.length * ROOM).toBeLessThan(50 * MiB);
+      }),
+    );
+  });
+
+  test('what one job or child may add covers a 2 MiB payload, and sixteen fit under the mark', () => {
+    expect(RUN_ITEM_HISTORY_MAX_BYTES).toBeGreaterThanOrEqual(2 * MiB);
+    expect(HISTORY_SIZE_HIGH_WATER_BYTES + 3 * MiB + RUN_ITEM_HISTORY_MAX_BYTES).toBeLessThan(50 * MiB - 8 * MiB);
   });
 
   test("the high-water marks leave room under Temporal's limits (50 MiB, 51,200 events)", () => {
