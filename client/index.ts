@@ -164,7 +164,6 @@ function checkObject(value: unknown, field: string): void {
     throw new StasisError('INVALID_ARGUMENT', `${field}: must be an object`);
 }
 
-/** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
 /**
  * The visibility clause of a Run status. A Run whose workflow Temporal closed without the Run's end
  * (terminated, timed out) last published a live status but reads FAILED (see get): FAILED finds it too.
@@ -174,6 +173,7 @@ function statusClause(status: RunStatus): string {
   return status === 'FAILED' ? `(${clause} OR ExecutionStatus = 'Terminated' OR ExecutionStatus = 'TimedOut')` : clause;
 }
 
+/** A list's `limit`, when given, is a whole number within the bounds REST takes too. */
 function checkLimit(limit: number | undefined): void {
   if (limit !== undefined) parseOrInvalid(RunListLimit, limit, 'limit');
 }

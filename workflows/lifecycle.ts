@@ -638,15 +638,6 @@ export function waitsForJobs(facts: RunHistoryFacts): boolean {
   );
 }
 
-/**
- * The backpressure of Runs that do not have PATCH_RESERVES_ROOM: past either mark with a job running,
- * no step until every running job has ended; no room kept for what jobs and children still add.
- */
-export function waitsForJobsPastMark(facts: RunHistoryFacts): boolean {
-  if (facts.runningJobs === 0) return false;
-  return facts.historySize >= HISTORY_SIZE_HIGH_WATER_BYTES || facts.historyLength >= HISTORY_LENGTH_HIGH_WATER;
-}
-
 // ---------------------------------------------------------------- external actions
 
 /** What admitting an external agent's action looks at. */

@@ -32,7 +32,6 @@ import {
   PATCH_CHILD_ID_FITS,
   PATCH_CHILDREN_SURVIVE_CAN,
   PATCH_FAILED_KEEPS,
-  PATCH_WAITS_FOR_JOBS,
   PATCH_RESERVES_ROOM,
   shared,
   type RunController,
@@ -53,7 +52,6 @@ import {
   HISTORY_SIZE_HIGH_WATER_BYTES,
   RUN_ITEM_HISTORY_MAX_BYTES,
   waitsForJobs,
-  waitsForJobsPastMark,
   type RunHistoryFacts,
 } from './lifecycle';
 import { drainWebhooks, notify } from './run-webhooks';
@@ -95,13 +93,9 @@ export async function agentLoop(c: RunController): Promise<void> {
       if (input) await continueAsNew<(input: RunWorkflowInput) => Promise<unknown>>(input);
     }
     // Backpressure: a Run whose history, with the room its running jobs and children may still fill,
-    // reaches its high-water mark waits for one of them to end (Runs before: past the mark, for its jobs).
+    // reaches its high-water mark waits for one of them to end.
     if (waitsForJobs(historyFacts(c)) && c.patched(PATCH_RESERVES_ROOM)) {
-      await waitForJobs(c, true);
-      continue;
-    }
-    if (waitsForJobsPastMark(historyFacts(c)) && c.patched(PATCH_WAITS_FOR_JOBS)) {
-      await waitForJobs(c, false);
+      await waitForJobs(c);
       continue;
     }
     if (run.spec.agent.driver === EXTERNAL_DRIVER) {
@@ -144,38 +138,28 @@ function historyFacts(c: RunController): RunHistoryFacts {
 }
 
 /**
- * Backpressure: no agent step until a running job or child ends and the room they may still fill is
- * left (`reserves`, PATCH_RESERVES_ROOM: waitsForJobs), or, for Runs before, until every running job has
- * ended (PATCH_WAITS_FOR_JOBS); then the Run steps on, or continues as new. A suspend asked for meanwhile
- * goes first (it cancels the jobs it does not keep), and a cancel ends the wait as any other. The
- * resource view says why the Run waits.
+ * Backpressure (PATCH_RESERVES_ROOM): no agent step until a running job or child ends and the room
+ * they may still fill is left (waitsForJobs); then the Run steps on, or continues as new. A suspend
+ * asked for meanwhile goes first (it cancels the jobs it does not keep), and a cancel ends the wait as
+ * any other. The resource view says why the Run waits.
  */
-async function waitForJobs(c: RunController, reserves: boolean): Promise<void> {
+async function waitForJobs(c: RunController): Promise<void> {
   c.publishHeld();
   const { historySize, historyLength } = workflowInfo();
   const ids = runningJobIds(c);
   const children = [...c.childResultsDue];
-  const mark = `${HISTORY_SIZE_HIGH_WATER_BYTES / 1024 / 1024} MiB or ${HISTORY_LENGTH_HIGH_WATER} events`;
-  const history = `${(historySize / 1024 / 1024).toFixed(1)} MiB, ${historyLength} events`;
-  if (reserves) {
-    const running = [
-      ...(ids.length ? [`job${ids.length === 1 ? '' : 's'} ${ids.join(', ')}`] : []),
-      ...(children.length ? [`child Run${children.length === 1 ? '' : 's'} ${children.join(', ')}`] : []),
-    ].join('; ');
-    c.waitingFor =
-      `a running job or child Run to end (${running}): its history (${history}) with room for what each ` +
-      `may still add (${(RUN_ITEM_HISTORY_MAX_BYTES / 1024 / 1024).toFixed(2)} MiB each) reaches its high-water mark ` +
-      `(${mark}), so it takes no further step until then`;
-  } else {
-    c.waitingFor =
-      `its background job${ids.length === 1 ? '' : 's'} ${ids.join(', ')} to end before it continues as new: ` +
-      `its history (${history}) is past its high-water mark (${mark}), so it takes no further step until then`;
-  }
+  const running = [
+    ...(ids.length ? [`job${ids.length === 1 ? '' : 's'} ${ids.join(', ')}`] : []),
+    ...(children.length ? [`child Run${children.length === 1 ? '' : 's'} ${children.join(', ')}`] : []),
+  ].join('; ');
+  c.waitingFor =
+    `a running job or child Run to end (${running}): its history ` +
+    `(${(historySize / 1024 / 1024).toFixed(1)} MiB, ${historyLength} events) with room for what each ` +
+    `may still add (${(RUN_ITEM_HISTORY_MAX_BYTES / 1024 / 1024).toFixed(2)} MiB each) reaches its high-water mark ` +
+    `(${HISTORY_SIZE_HIGH_WATER_BYTES / 1024 / 1024} MiB or ${HISTORY_LENGTH_HIGH_WATER} events), so it takes no further step until then`;
   log.info(`run waits for ${c.waitingFor}`, { runId: c.run.runId, jobIds: ids, childIds: children });
   try {
-    await condition(
-      () => (reserves ? !waitsForJobs(historyFacts(c)) : runningJobIds(c).length === 0) || c.manualSuspendRequested,
-    );
+    await condition(() => !waitsForJobs(historyFacts(c)) || c.manualSuspendRequested);
   } finally {
     c.waitingFor = undefined;
   }

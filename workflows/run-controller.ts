@@ -165,15 +165,6 @@ export const PATCH_RESPOND_RESULT_FITS = 'stasis-run-respond-result-fits';
 export const PATCH_SNAPSHOT_RESULT_FITS = 'stasis-run-snapshot-result-fits';
 
 /**
- * A Run that cannot continue as new because jobs run, and whose history is past its high-water mark
- * (waitsForJobs, lifecycle.ts), takes no further agent step until its running jobs end, then continues
- * as new: it went on taking steps, its history grew to Temporal's 50 MB and Temporal terminated it,
- * leaving its sandbox behind. In PATCH_RUN_BASELINE_4; a Run started before asks only once it is past
- * the mark with a job running, so other Runs record nothing new.
- */
-export const PATCH_WAITS_FOR_JOBS = 'stasis-run-waits-for-jobs';
-
-/**
  * A Run keeps room in its history for what its running jobs and children may still add
  * (RUN_ITEM_HISTORY_MAX_BYTES each, waitsForJobs in lifecycle.ts): it takes no further agent step while
  * its history and that room reach the high-water mark, until one of them ends. Before, 36 background
@@ -305,7 +296,6 @@ function runBaseline4(): string[] {
     PATCH_RESULT_BYTES,
     PATCH_SNAPSHOT_RESULT_FITS,
     PATCH_WEBHOOK_INPUT_FITS,
-    PATCH_WAITS_FOR_JOBS,
     PATCH_MEMO_FITS,
     PATCH_RESERVES_ROOM,
   ];
@@ -348,8 +338,8 @@ export class RunController {
    */
   resumesTaken = 0;
   /**
-   * Why the agent loop takes no step now, while it waits for its running jobs to end before it continues
-   * as new (PATCH_WAITS_FOR_JOBS); the resource view shows it. Not carried: it is over by then.
+   * Why the agent loop takes no step now, while it waits for a running job or child to end
+   * (PATCH_RESERVES_ROOM); the resource view shows it. Not carried: it is over by then.
    */
   waitingFor?: string;
   /** Whether this Run's agent steps are local activities (resolved within the workflow task that asks). */

@@ -123,8 +123,6 @@ export const SETTLED_WHOLE_BYTES = 256 * 1024;
 /** How much of its prompt a settled interaction past SETTLED_WHOLE_BYTES keeps. */
 export const FORGOTTEN_PROMPT_CHARS = 1_000;
 
-/** JSON size of a settled interaction (measured each time: shared workflow modules keep no state of their own). */
-
 /**
  * The interactions a Run shows (its snapshot) and carries through continue-as-new: every pending one
  * whole; of the settled ones the newest CARRIED_INTERACTIONS, whole while they fit SETTLED_WHOLE_BYTES
@@ -230,12 +228,14 @@ export const SNAPSHOT_QUERY_MAX_BYTES = PAYLOAD_MAX_BYTES;
 export const PENDING_MEMO_MAX_BYTES = 64 * 1024;
 
 /**
- * The memo of pending interactions (pendingMemo: diffs cut) within PENDING_MEMO_MAX_BYTES: past it,
+ * The memo of pending interactions (`whole`, pendingMemo: diffs cut) within PENDING_MEMO_MAX_BYTES: past it,
  * every entry goes without its bulk and labels (forgetContent, `contentForgotten: true`, which a
  * pending interaction otherwise never has), and the client reads that Run's snapshot for them whole.
  */
-export function fitPendingMemo(pending: InteractionRequest[]): (InteractionRequest & { diffTruncated?: true })[] {
-  const whole = pendingMemo(pending);
+export function fitPendingMemo(
+  pending: InteractionRequest[],
+  whole: (InteractionRequest & { diffTruncated?: true })[] = pendingMemo(pending),
+): (InteractionRequest & { diffTruncated?: true })[] {
   if (jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES) return whole;
   return pending.map((i) => forgetContent(i));
 }

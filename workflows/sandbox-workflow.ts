@@ -226,14 +226,12 @@ class SandboxEntity {
         try {
           await condition(() => this.ready || this.provisionFailure !== undefined);
           if (this.provisionFailure) refuse(this.provisionFailure);
-          const inputBytes = jsonBytes(request);
-          if (!this.takeTaskRoom(inputBytes)) await this.waitTaskRoom(inputBytes);
+          if (!this.takeTaskRoom(request)) await this.waitTaskRoom(request);
           const result = await this.sandbox.exec(jobId, request.command, {
             ...(request.timeoutMs ? { timeoutMs: request.timeoutMs } : {}),
             ...(request.env ? { env: request.env } : {}),
           });
-          const resultBytes = jsonBytes(result);
-          if (!this.takeTaskRoom(resultBytes)) await this.waitTaskRoom(resultBytes);
+          if (!this.takeTaskRoom(result)) await this.waitTaskRoom(result);
           return result;
         } catch (err) {
           this.failIfBroken(err);
@@ -264,8 +262,7 @@ class SandboxEntity {
         // Counted as under way (fileOp) until its result has room in a workflow task too.
         contentBase64: await this.fileOp(async () => {
           const content = await this.sandbox.readFile(path, 'base64');
-          const bytes = jsonBytes(content);
-          if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
+          if (!this.takeTaskRoom(content)) await this.waitTaskRoom(content);
           return content;
         }),
       }),
@@ -282,8 +279,7 @@ class SandboxEntity {
       async ({ path, contentBase64 }) => {
         // Counted as under way (fileOp) while it waits for room in a workflow task too.
         await this.fileOp(async () => {
-          const bytes = jsonBytes(contentBase64);
-          if (!this.takeTaskRoom(bytes)) await this.waitTaskRoom(bytes);
+          if (!this.takeTaskRoom(contentBase64)) await this.waitTaskRoom(contentBase64);
           await this.sandbox.writeFile(path, contentBase64, 'base64');
         });
       },
@@ -350,11 +346,11 @@ class SandboxEntity {
   }
 
   /**
-   * Counts a payload of `bytes` into the current workflow task's commands if it fits (fitsInTask);
-   * false if it has to wait for a later task (waitTaskRoom). Synchronous, so a payload that fits is
-   * sent exactly when it was before.
+   * Counts `payload` (its JSON `bytes`) into the current workflow task's commands if it fits
+   * (fitsInTask); false if it has to wait for a later task (waitTaskRoom). Synchronous, so a payload
+   * that fits is sent exactly when it was before.
    */
-  private takeTaskRoom(bytes: number): boolean {
+  private takeTaskRoom(payload: unknown, bytes: number = jsonBytes(payload)): boolean {
     const task = workflowInfo().historyLength;
     if (this.taskPayloads.task !== task) this.taskPayloads = { task, bytes: 0 };
     if (!fitsInTask(this.taskPayloads.bytes, bytes)) return false;
@@ -362,11 +358,12 @@ class SandboxEntity {
     return true;
   }
 
-  /** Waits for a workflow task with room for `bytes` and counts it there (PATCH_TASK_ROOM). */
-  private async waitTaskRoom(bytes: number): Promise<void> {
+  /** Waits for a workflow task with room for `payload` and counts it there (PATCH_TASK_ROOM). */
+  private async waitTaskRoom(payload: unknown): Promise<void> {
     if (!patched(PATCH_TASK_ROOM)) return;
+    const bytes = jsonBytes(payload);
     do await sleep(1);
-    while (!this.takeTaskRoom(bytes));
+    while (!this.takeTaskRoom(payload, bytes));
   }
 
   /** running → failed when the provider says the sandbox broke beyond repair. */

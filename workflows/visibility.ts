@@ -3,8 +3,7 @@ import type { SearchAttributeUpdatePair } from '@temporalio/common';
 import { labelKeywords } from '../common/labels';
 import { PENDING_MEMO, pendingMemo, withRunLabels } from '../common/interactions';
 import type { ExecutionResourceRecord, InteractionRequest } from '../common/schemas';
-import { jsonBytes } from '../common/payload-limits';
-import { fitPendingMemo, pendingInteractions, PENDING_MEMO_MAX_BYTES, type SessionAggregate } from './run-state';
+import { fitPendingMemo, pendingInteractions, type SessionAggregate } from './run-state';
 import {
   StasisBlockedSince,
   StasisHostId,
@@ -27,7 +26,7 @@ import {
 /** The Run's pending interactions go in its memo, so one visibility list finds them all (the approval page). */
 export const PATCH_PENDING_MEMO = 'stasis-run-pending-memo';
 /**
- * The memo of pending interactions is kept within PENDING_MEMO_MAX_BYTES (fitPendingMemo): it repeated
+ * The memo of pending interactions is kept within run-state's PENDING_MEMO_MAX_BYTES (fitPendingMemo): it repeated
  * each interaction whole with the Run's labels, and with the Update's input and a webhook delivery's
  * in the same workflow task it passed gRPC's 4 MiB limit (the task failed, the ask got a bare 500).
  * In PATCH_RUN_BASELINE_4; a Run started before asks only when its memo is over the bound.
@@ -92,8 +91,9 @@ export class Publisher {
     this.pendingIds = ids;
     if (!this.isPatched(PATCH_PENDING_MEMO)) return;
     const whole = pendingMemo(pending);
-    const fits = jsonBytes(whole) <= PENDING_MEMO_MAX_BYTES || !this.isPatched(PATCH_MEMO_FITS);
-    upsertMemo({ [PENDING_MEMO]: fits ? whole : fitPendingMemo(pending) });
+    const fitted = fitPendingMemo(pending, whole);
+    // Asked only when the memo is over its bound, so other Runs record nothing new.
+    upsertMemo({ [PENDING_MEMO]: fitted === whole || !this.isPatched(PATCH_MEMO_FITS) ? whole : fitted });
   }
 
   sandbox(view: { state: string; record: ExecutionResourceRecord }): void {

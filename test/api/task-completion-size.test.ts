@@ -68,6 +68,15 @@ async function actionOnceIt(runId: string, actionId: string, test: (v: ActionVie
   );
 }
 
+/** The webhook delivery of `event` for `interactionId`, once the receiver has it. */
+function delivery(runId: string, event: string, interactionId: string): Promise<WebhookPayload> {
+  return eventually(
+    async () => received.find((p) => p.runId === runId && p.event === event && p.interaction?.id === interactionId),
+    60_000,
+    `the ${event} delivery`,
+  );
+}
+
 /** Answers `interactionId` (once the Run takes answers for it) with an approval. */
 async function approve(runId: string, interactionId: string): Promise<InteractionRequest> {
   const answered = await eventually(
@@ -121,14 +130,7 @@ test('an ask whose input, memo and webhook delivery would pass 4 MiB together is
   expect(workerLogs.map((e) => e.message).join('\n')).not.toMatch(/larger than max|GRPC Message too large/i);
 
   // The delivery goes within its bound (now without the bulk: it was just within 1.5 MiB) ...
-  const opened = await eventually(
-    async () =>
-      received.find(
-        (p) => p.runId === runId && p.event === 'interaction.opened' && p.interaction?.id === interactionId,
-      ),
-    60_000,
-    'the interaction.opened delivery',
-  );
+  const opened = await delivery(runId, 'interaction.opened', interactionId);
   expect(opened.truncated).toBe(true);
   expect(jsonBytes(opened)).toBeLessThanOrEqual(INTERACTION_PAYLOAD_MAX_BYTES);
   // ... and the memo only lists it, within its bound.
@@ -199,14 +201,7 @@ test('an answer whose input, result and webhook delivery would pass 4 MiB togeth
   // The agent gets the whole answer.
   const done = await actionOnceIt(runId, 'ask-1', (v) => v.status === 'succeeded');
   expect(done.result).toMatchObject({ interactionId, input });
-  const delivered = await eventually(
-    async () =>
-      received.find(
-        (p) => p.runId === runId && p.event === 'interaction.answered' && p.interaction?.id === interactionId,
-      ),
-    60_000,
-    'the interaction.answered delivery',
-  );
+  const delivered = await delivery(runId, 'interaction.answered', interactionId);
   expect(delivered.truncated).toBe(true);
   expect(workerLogs.map((e) => e.message).join('\n')).not.toMatch(/larger than max|GRPC Message too large/i);
   await api.stack.client.runs.cancel(runId);

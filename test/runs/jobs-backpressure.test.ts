@@ -167,16 +167,24 @@ async function untilWaiting(runId: string): Promise<string> {
 }
 
 /**
+ * Starts a Run of `driver` in an active workspace of its own (on the host, under STASIS_HOST_PATHS),
+ * so the test can end its jobs from outside (a `release` file) and see what it leaves there.
+ */
+async function startInWorkspace(driver: string, prefix: string): Promise<{ runId: string; hostPath: string }> {
+  const hostPath = path.join(await mkdtemp(path.join(os.tmpdir(), prefix)), 'ws');
+  const { runId } = await stack.client.runs.start({
+    agent: { driver },
+    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } },
+  });
+  return { runId, hostPath };
+}
+
+/**
  * Starts a Run of bigOutputs and resolves once it says it waits for its job. Without backpressure its
  * history passes TOO_FAR_BYTES first: the Run is then cancelled and its job ended, so neither runs on.
  */
 async function startWaiting() {
-  // An active workspace (on the host, under STASIS_HOST_PATHS) lets the test end the job from outside.
-  const hostPath = path.join(await mkdtemp(path.join(os.tmpdir(), 'stasis-backpressure-')), 'ws');
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'big-outputs' },
-    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } },
-  });
+  const { runId, hostPath } = await startInWorkspace('big-outputs', 'stasis-backpressure-');
   const handle = stack.temporal.workflow.getHandle(runId);
   const release = () => writeFile(path.join(hostPath, 'release'), '');
   const waitingFor = await untilWaiting(runId).catch(async (err: unknown) => {
@@ -284,11 +292,7 @@ async function floodUntil(
 
 test('background jobs ending together leave their output out of the history: the Run is not terminated and completes', async () => {
   const started = Date.now();
-  const hostPath = path.join(await mkdtemp(path.join(os.tmpdir(), 'stasis-jobs-flood-')), 'ws');
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'many-jobs' },
-    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } },
-  });
+  const { runId, hostPath } = await startInWorkspace('many-jobs', 'stasis-jobs-flood-');
   const handle = stack.temporal.workflow.getHandle(runId);
   const running = () => pendingActivities(runId);
   try {
@@ -339,11 +343,7 @@ test('background jobs ending together leave their output out of the history: the
 
 test('children ending together: the parent keeps room for their outputs, is not terminated, and every child completes whole', async () => {
   const started = Date.now();
-  const hostPath = path.join(await mkdtemp(path.join(os.tmpdir(), 'stasis-children-flood-')), 'ws');
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'parent-spawns' },
-    sandbox: { provider: 'local', workspace: { kind: 'active', hostPath } },
-  });
+  const { runId, hostPath } = await startInWorkspace('parent-spawns', 'stasis-children-flood-');
   const handle = stack.temporal.workflow.getHandle(runId);
   const childIds = async () => (await stack.client.runs.get(runId)).childRunIds;
   const holding = () =>

@@ -43,7 +43,6 @@ import {
   type SandboxOp,
   settleAtEnd,
   waitsForJobs,
-  waitsForJobsPastMark,
   RUN_ITEM_HISTORY_MAX_BYTES,
 } from '../../workflows/lifecycle';
 import { IDEMPOTENT, LEGAL, USER_OPS } from '../helpers/transition-table';
@@ -669,18 +668,6 @@ describe('run state machine', () => {
     [run(49 * MiB, 0, 0, 50_000), false],
   ] satisfies [RunHistoryFacts, boolean][])('waitsForJobs(%j) → %s', (f, waits) => {
     expect(waitsForJobs(f)).toBe(waits);
-  });
-
-  test.each([
-    [run(0, 1), false],
-    [run(HISTORY_SIZE_HIGH_WATER_BYTES - 1, 3, 0, HISTORY_LENGTH_HIGH_WATER - 1), false],
-    [run(HISTORY_SIZE_HIGH_WATER_BYTES, 1), true],
-    [run(1 * MiB, 1, 0, HISTORY_LENGTH_HIGH_WATER), true],
-    // Runs before PATCH_RESERVES_ROOM: children and room not counted.
-    [run(HISTORY_SIZE_HIGH_WATER_BYTES, 0, 5), false],
-    [run(100_000, 30), false],
-  ] satisfies [RunHistoryFacts, boolean][])('waitsForJobsPastMark(%j) → %s', (f, waits) => {
-    expect(waitsForJobsPastMark(f)).toBe(waits);
   });
 
   test('whatever the order jobs and children start and end, what they take never passes the mark by more than one step', () => {
