@@ -66,6 +66,7 @@ export async function agentLoop(c: RunController): Promise<void> {
   if (run.record.state === 'PROVISIONING' && run.record.fence === 0) {
     await c.sandbox.provision(true);
     run.capabilities = c.sandbox.capabilities;
+    if (c.sandbox.webhooks !== undefined) run.webhooks = c.sandbox.webhooks;
   }
   while (!isTerminal(run.status) && !c.completed) {
     if (c.manualSuspendRequested) {

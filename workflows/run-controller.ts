@@ -401,6 +401,7 @@ export class RunController {
       this.patched,
     );
     if (this.run.capabilities) this.sandbox.capabilities = this.run.capabilities;
+    if (this.run.webhooks !== undefined) this.sandbox.webhooks = this.run.webhooks;
   }
 
   /**

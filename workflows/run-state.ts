@@ -39,6 +39,11 @@ export interface SessionAggregate {
   suspension?: Suspension;
   record: ExecutionResourceRecord;
   capabilities?: Capabilities;
+  /**
+   * Whether the worker that provisioned the sandbox delivers webhooks (undefined: not told). Kept across
+   * continue-as-new: a continued Run that forgot it started a delivery workflow per notification.
+   */
+  webhooks?: boolean;
   jobs: JobState[];
   children: ChildState[];
   /** Each child's last reported Run status; a parent finishes after its children do. */

@@ -13,11 +13,14 @@ export function patchIds(events: temporal.api.history.v1.IHistoryEvent[]): strin
 }
 
 /**
- * The patch ids of every execution of `workflowId` (each continue-as-new starts one), oldest first.
+ * The events of every execution of `workflowId` (each continue-as-new starts one), oldest first.
  * Read over a connection that takes histories past gRPC's default 4 MB message (a Run with large
  * payloads has them).
  */
-export async function patchIdsOfEveryExecution(config: Config, workflowId: string): Promise<string[][]> {
+export async function historiesOfEveryExecution(
+  config: Config,
+  workflowId: string,
+): Promise<temporal.api.history.v1.IHistoryEvent[][]> {
   const connection = await Connection.connect({
     ...config.temporal.connectionOptions,
     channelArgs: { 'grpc.max_receive_message_length': 256 * 1024 * 1024 },
@@ -29,12 +32,17 @@ export async function patchIdsOfEveryExecution(config: Config, workflowId: strin
       executions.push({ runId: e.runId, startMs: e.startTime.getTime() });
     }
     executions.sort((a, b) => a.startMs - b.startMs);
-    const out: string[][] = [];
+    const out: temporal.api.history.v1.IHistoryEvent[][] = [];
     for (const { runId } of executions) {
-      out.push(patchIds((await client.workflow.getHandle(workflowId, runId).fetchHistory()).events ?? []));
+      out.push((await client.workflow.getHandle(workflowId, runId).fetchHistory()).events ?? []);
     }
     return out;
   } finally {
     await connection.close();
   }
+}
+
+/** The patch ids of every execution of `workflowId`, oldest first (historiesOfEveryExecution). */
+export async function patchIdsOfEveryExecution(config: Config, workflowId: string): Promise<string[][]> {
+  return (await historiesOfEveryExecution(config, workflowId)).map(patchIds);
 }

@@ -1,3 +1,4 @@
+import { historiesOfEveryExecution } from '../helpers/patches';
 import { useStack, startStackOnOwnTemporal } from '../helpers/stack';
 
 // A Temporal server of its own that suggests continue-as-new after a few events,
@@ -44,6 +45,40 @@ test('a long Run continues as new and carries its whole aggregate (interactions,
     ['int-2', 'answered'],
   ]);
   expect(snapshot.status).toBe('COMPLETED');
+});
+
+test('a Run on a worker without a webhook starts no webhook delivery, before or after it continues as new', async () => {
+  // The worker's "no webhook" is learnt at provision; before it was carried, every ask, answer and
+  // the end of a continued Run started a delivery workflow that found no webhook (a workflow, an
+  // activity and their events for nothing, per interaction).
+  const steps = [
+    { ask: 'first?' },
+    ...Array.from({ length: 12 }, (_, i) => ({ exec: `echo ${i}` })),
+    { ask: 'second?' },
+    { complete: 'done' },
+  ];
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps },
+    sandbox: { provider: 'local' },
+  });
+  for (const id of ['int-1', 'int-2']) {
+    for (;;) {
+      const s = await stack.client.runs.get(runId);
+      if (s.interactions.some((i) => i.id === id && i.status === 'pending')) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await stack.client.runs.respond(runId, id, { decision: 'approve' });
+  }
+  await expect(stack.temporal.workflow.getHandle(runId).result()).resolves.toBe('done');
+  const executions = await historiesOfEveryExecution(stack.config, runId);
+  expect(executions.length).toBeGreaterThan(1);
+  const deliveries = executions.map(
+    (events) =>
+      events.filter(
+        (e) => e.startChildWorkflowExecutionInitiatedEventAttributes?.workflowType?.name === 'webhookDeliveryWorkflow',
+      ).length,
+  );
+  expect(deliveries).toEqual(executions.map(() => 0));
 });
 
 test('a busy standalone sandbox continues as new and keeps its state and workspace', async () => {
