@@ -286,8 +286,8 @@ export class StasisClient {
    * (`TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, `TEMPORAL_TLS_*`, `TEMPORAL_PROFILE`,
    * `temporal.toml`, through `@temporalio/envconfig`); the environment also gives the namespace when
    * `options.namespace` is absent. UNAVAILABLE naming the address when the server cannot be reached;
-   * INVALID_ARGUMENT (a ConfigError, which is a StasisError) naming the namespace when the server
-   * does not have it.
+   * INVALID_ARGUMENT (a ConfigError, which is a StasisError) naming the namespace, and `namespace` or
+   * TEMPORAL_NAMESPACE as where it came from, when the server does not have it.
    */
   static async connect(options: StasisClientOptions = {}): Promise<StasisClient> {
     if (options.client) return new StasisClient(options.client, options);
@@ -305,7 +305,9 @@ export class StasisClient {
     }
     const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
     try {
-      await checkNamespace(connection.workflowService, namespace, connectionOptions.address);
+      // Named as the caller gave it: an option is not an environment variable.
+      const setting = options.namespace !== undefined ? 'namespace' : 'TEMPORAL_NAMESPACE';
+      await checkNamespace(connection.workflowService, namespace, connectionOptions.address, setting);
     } catch (err) {
       await connection.close();
       throw err;

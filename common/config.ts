@@ -157,17 +157,23 @@ interface NamespaceService {
 }
 
 /**
- * Refuses a namespace the server does not have, as a ConfigError naming TEMPORAL_NAMESPACE: a worker
- * polling one printed a raw NotFound and then never exited, and an API server started anyway, failing
- * every call. Any other failure (the server unreachable) is left to the caller's own report.
+ * Refuses a namespace the server does not have, as a ConfigError naming the setting it came from
+ * (`setting`: TEMPORAL_NAMESPACE unless the caller gave it another way): a worker polling one printed
+ * a raw NotFound and then never exited, and an API server started anyway, failing every call. Any
+ * other failure (the server unreachable) is left to the caller's own report.
  */
-export async function checkNamespace(service: NamespaceService, namespace: string, address: string): Promise<void> {
+export async function checkNamespace(
+  service: NamespaceService,
+  namespace: string,
+  address: string,
+  setting = 'TEMPORAL_NAMESPACE',
+): Promise<void> {
   try {
     await service.describeNamespace({ namespace });
   } catch (err) {
     // gRPC NOT_FOUND: the client's and the worker's connections both give it as `code`.
     if ((err as { code?: unknown }).code === 5) {
-      throw new ConfigError([`TEMPORAL_NAMESPACE: ${JSON.stringify(namespace)} does not exist on ${address}`]);
+      throw new ConfigError([`${setting}: ${JSON.stringify(namespace)} does not exist on ${address}`]);
     }
     throw err;
   }

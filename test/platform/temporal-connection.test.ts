@@ -132,4 +132,30 @@ describe('an IPv6 address', () => {
     await expect(client.runs.list()).resolves.toBeDefined();
     await client.close();
   });
+
+  test('a namespace the server does not have is INVALID_ARGUMENT naming where it came from: the option, or TEMPORAL_NAMESPACE', async () => {
+    const config = loadConfig({ ...process.env, TEMPORAL_ADDRESS: address });
+    const connection = config.temporal.connectionOptions;
+    await expect(StasisClient.connect({ connection, namespace: 'no-such-namespace' })).rejects.toMatchObject({
+      code: 'INVALID_ARGUMENT',
+      message: expect.stringMatching(/^namespace: "no-such-namespace" does not exist on /),
+    });
+    const saved = { address: process.env.TEMPORAL_ADDRESS, namespace: process.env.TEMPORAL_NAMESPACE };
+    process.env.TEMPORAL_ADDRESS = address;
+    process.env.TEMPORAL_NAMESPACE = 'no-such-namespace-either';
+    try {
+      await expect(StasisClient.connect()).rejects.toMatchObject({
+        code: 'INVALID_ARGUMENT',
+        message: expect.stringMatching(/^TEMPORAL_NAMESPACE: "no-such-namespace-either" does not exist on /),
+      });
+    } finally {
+      for (const [key, value] of [
+        ['TEMPORAL_ADDRESS', saved.address],
+        ['TEMPORAL_NAMESPACE', saved.namespace],
+      ] as const) {
+        if (value === undefined) delete process.env[key];
+        else process.env[key] = value;
+      }
+    }
+  });
 });
