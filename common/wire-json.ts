@@ -36,6 +36,26 @@ function notJson(v: unknown): string | undefined {
   }
 }
 
+/**
+ * Why an object is not one JSON carries as it is (a library caller's Date, Map, Set, class instance
+ * or typed array), or undefined for an array or a plain object (of any realm: its prototype is a root
+ * one, or null). JSON turned them into something else without a word: a Map or a Set into `{}` (its
+ * entries lost), a Date into a string. An array holding `undefined` would hold null instead.
+ */
+function notPlainObject(v: object): string | undefined {
+  if (Array.isArray(v)) {
+    return v.includes(undefined)
+      ? 'must be a JSON value (an array holding undefined is not one: JSON makes it null)'
+      : undefined;
+  }
+  const proto: unknown = Object.getPrototypeOf(v);
+  if (proto === null || Object.getPrototypeOf(proto) === null) return undefined;
+  const name = (v.constructor as { name?: unknown } | undefined)?.name;
+  const what = typeof name === 'string' && name !== '' ? `a ${name}` : 'an instance of a class';
+  const hint = v instanceof Date || name === 'Date' ? ': send it as a string' : '';
+  return `must be a JSON value (${what} is not one${hint})`;
+}
+
 /** Where a JSON value breaks a rule beyond its schema, and which rule. */
 export interface JsonProblem {
   path: (string | number)[];
@@ -58,6 +78,8 @@ export function findJsonProblem(value: unknown): JsonProblem | undefined {
     const notJsonValue = notJson(v);
     if (notJsonValue) return { path, message: notJsonValue };
     if (typeof v !== 'object' || v === null) continue;
+    const notPlain = notPlainObject(v);
+    if (notPlain) return { path, message: notPlain };
     // A circular value is endlessly deep: it is found where it runs past the limit.
     if (path.length >= MAX_JSON_DEPTH)
       return circularAt(walked) ?? { path: path.slice(0, 2), message: `nested deeper than ${MAX_JSON_DEPTH} levels` };
