@@ -17,6 +17,31 @@ export interface CpuUse {
 
 const TICKS_PER_SECOND = 100;
 
+/** Parts of a phase's CPU that only a Stasis Run uses: what the sandbox runs, what starts it, and the checkpoint store. */
+export const SANDBOX_SIDE = {
+  starter: 'process starter (Node)',
+  processes: 'sandbox processes (reaped)',
+  store: 'MinIO',
+} as const;
+
+/** CPU seconds of all parts of `cpu`, or of those named. */
+export function cpuTotal(cpu: CpuUse, only?: readonly string[]): number {
+  return cpu.parts.filter((p) => !only || only.includes(p.part)).reduce((sum, p) => sum + p.cpuS, 0);
+}
+
+/**
+ * The best Stasis ÷ bare throughput the sandbox-side work leaves on a machine whose cores are all
+ * busy (figure 2): if a Stasis cycle's orchestration cost exactly what a bare cycle costs, its CPU
+ * per cycle would still be the bare cycle's plus the sandbox side's (SANDBOX_SIDE), which bare never
+ * runs. An upper bound: the worker's own provider work (its main thread) is left out, being
+ * inseparable there from the SDK's.
+ */
+export function sandboxSideBound(stasis: CpuUse, stasisCycles: number, bare: CpuUse, bareCycles: number): number {
+  const barePerCycle = cpuTotal(bare) / Math.max(1, bareCycles);
+  const sidePerCycle = cpuTotal(stasis, Object.values(SANDBOX_SIDE)) / Math.max(1, stasisCycles);
+  return barePerCycle / Math.max(1e-9, barePerCycle + sidePerCycle);
+}
+
 /** utime + stime (and, with `children`, those of waited-for children) of a /proc stat file, in seconds. */
 export function cpuSeconds(statFile: string, children = false): number {
   try {
@@ -52,12 +77,12 @@ function snapshot(env: BenchEnv): Map<string, number> {
   // The starter waits for the sandbox processes it started: their CPU shows as its children's.
   if (starter !== undefined) {
     const own = cpuSeconds(`/proc/${starter}/stat`);
-    add('process starter (Node)', own);
-    add('sandbox processes (reaped)', cpuSeconds(`/proc/${starter}/stat`, true) - own);
+    add(SANDBOX_SIDE.starter, own);
+    add(SANDBOX_SIDE.processes, cpuSeconds(`/proc/${starter}/stat`, true) - own);
   }
   if (env.temporalServer.pid !== undefined)
     add('Temporal dev server', cpuSeconds(`/proc/${env.temporalServer.pid}/stat`));
-  if (env.minioPid !== undefined) add('MinIO', cpuSeconds(`/proc/${env.minioPid}/stat`));
+  if (env.minioPid !== undefined) add(SANDBOX_SIDE.store, cpuSeconds(`/proc/${env.minioPid}/stat`));
   return parts;
 }
 

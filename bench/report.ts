@@ -1,6 +1,6 @@
 import type { CheckpointResult } from './checkpoint';
 import type { ModeResult } from './cycle';
-import type { CpuUse } from './cpu';
+import { sandboxSideBound, SANDBOX_SIDE, type CpuUse } from './cpu';
 import type { BenchResults } from './results';
 import type { Summary } from './stats';
 import type { WaitingResult } from './waiting';
@@ -265,6 +265,15 @@ function checkpointSection(r: BenchResults): string {
   ].join('\n');
 }
 
+/** Issue 17's target for Stasis ÷ bare throughput. */
+const THROUGHPUT_TARGET = 0.8;
+
+/** The phase's sandboxSideBound (bench/cpu.ts), when both it and its bare run have CPU figures. */
+function boundOf(t: BenchResults['throughput'][number]): number | undefined {
+  if (!t.cpu || !t.bare?.cpu) return undefined;
+  return Math.round(100 * sandboxSideBound(t.cpu, t.completed, t.bare.cpu, t.bare.completed)) / 100;
+}
+
 /** "50 concurrent Runs", "50 concurrent DETACH Runs". */
 function runsLabel(t: BenchResults['throughput'][number]): string {
   return `${t.concurrency} concurrent ${t.mode === 'DETACH' ? 'DETACH ' : ''}Runs`;
@@ -281,6 +290,7 @@ function throughputSection(r: BenchResults): string {
     fmt(t.cyclesPerSecond),
     t.bare ? fmt(t.bare.cyclesPerSecond) : 'n/a',
     t.ratioToBare !== undefined ? `${fmt(t.ratioToBare)}×` : 'n/a',
+    boundOf(t) !== undefined ? `${boundOf(t)!.toFixed(2)}×` : 'n/a',
     String(t.peakRssMiB),
     ms(t.suspendMs),
     ms(t.resumeMs),
@@ -303,6 +313,7 @@ function throughputSection(r: BenchResults): string {
         'full cycles/s',
         'bare Temporal cycles/s',
         'Stasis ÷ bare',
+        'best Stasis ÷ bare the sandbox side leaves',
         'worker peak RSS MiB',
         'suspend under load (ms, 10-Run sample)',
         'resume under load (ms)',
@@ -315,7 +326,8 @@ function throughputSection(r: BenchResults): string {
       rows,
     ),
     '',
-    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`; the DETACH row is the same cycle released by DETACH at the first size (no snapshot, no volume unmounted or mounted again, no restore: the orchestration alone, against its own bare run); all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baselines**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds; and bare Temporal, right after each size on the same server and connection with the same worker settings: a workflow (`bench/bare-workflow.ts`) with the same Update, and the same activities (on the shared and on a host queue) and local activities in the same steps, before and after the answer, as a Stasis Run of this phase had (read from its history: what each of its workflow tasks completed with; those of one step run side by side, as the Run's webhook delivery runs beside its release), each doing nothing, all N started at once and answered by their Update by the same loop as the Stasis Runs, once visibility shows them waiting (the bare workflow sets the same two search attributes when it waits). Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory.",
+    "Each Run is `exec → ask → suspend (SNAPSHOT_AND_TERMINATE, 4 KiB workspace) → respond → resume → exec → complete`; the DETACH row is the same cycle released by DETACH at the first size (no snapshot, no volume unmounted or mounted again, no restore: the orchestration alone, against its own bare run); all N started at once on one worker (default SDK slot counts); the bench answers each Run as soon as visibility shows it `RELEASED` and `WAITING` (polled every 200 ms, so answering adds up to ~0.2 s per Run). Wall = first start → last Run closed. RSS is this process, which holds the worker, its workflow cache and the bench driver (peak by `VmHWM` after resetting it through `/proc/self/clear_refs`, cross-checked by a 100 ms sampler). **Baselines**: the single-Run cycle of figure 1 (one Run at a time) — the same cycle's suspend/resume latency here shows what concurrency adds; and bare Temporal, right after each size on the same server and connection with the same worker settings: a workflow (`bench/bare-workflow.ts`) with the same Update, and the same activities (on the shared and on a host queue) and local activities in the same steps, before and after the answer, as a Stasis Run of this phase had (read from its history: what each of its workflow tasks completed with; those of one step run side by side, as the Run's webhook delivery runs beside its release), each doing nothing, all N started at once and answered by their Update by the same loop as the Stasis Runs, once visibility shows them waiting (the bare workflow sets the same two search attributes when it waits). Leftovers are counted after the phase by scanning `/proc` for the sandbox marker environment of the worker's host, and the host's `sandboxes/` directory. " +
+      `**Best ratio the sandbox side leaves**: with both cores busy, cycles/s go as 1 ÷ CPU per cycle; a bare cycle's CPU is all of its phase's CPU ÷ its cycles, and a Stasis cycle, even if its orchestration cost exactly a bare cycle's, adds the CPU of parts bare never runs: ${Object.values(SANDBOX_SIDE).join(', ')} (the sandbox's commands, the mkfs, mount and umount of its volume, and the store), ÷ its cycles. bare ÷ (bare + that) is the most Stasis ÷ bare can reach on this machine; the worker's own provider work (on its main thread, with the SDK's) is left out, so the real bound is lower.`,
     ...r.throughput.filter((t) => t.errors.length > 0).map((t) => `- ${runsLabel(t)}: ${t.errors[0]}`),
     ...r.throughput.flatMap((t) => failureLines(runsLabel(t), t.failures)),
     ...r.throughput.flatMap((t) => cpuLines(`running ${runsLabel(t)}`, t.cpu)),
@@ -602,6 +614,16 @@ function findings(r: BenchResults): string[] {
               .join(' and ')} of it (see figure 2).`
           : ''),
     );
+    const bounded = r.throughput.filter((t) => boundOf(t) !== undefined && t.ratioToBare !== undefined);
+    const below = bounded.filter((t) => boundOf(t)! < THROUGHPUT_TARGET);
+    if (bounded.length > 0)
+      out.push(
+        `- **Stasis ÷ bare Temporal throughput** was ${bounded.map((t) => `${fmt(t.ratioToBare!)}× (${runsLabel(t)})`).join(', ')}; the target is ${THROUGHPUT_TARGET}×. ` +
+          `The sandbox side alone (its processes, their starter, the store) leaves at most ${bounded.map((t) => `${boundOf(t)!.toFixed(2)}×`).join(', ')} on this machine` +
+          (below.length > 0
+            ? `: for ${below.map(runsLabel).join(', ')} no change to the orchestration can reach the target here, only cheaper sandbox work (or a machine where it does not share the cores with Temporal) can.`
+            : "; the rest of the gap is the orchestration and the worker's own provider work."),
+      );
   }
   const w = r.waiting;
   if (w && w.runs > 0) {
