@@ -42,7 +42,12 @@ import {
   type SandboxPage,
 } from '../common/schemas';
 import { checkNamespace } from '../common/config';
-import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from '../common/defaults';
+import {
+  DEFAULT_SUSPENDED_RETENTION_SECONDS,
+  DEFAULT_TASK_QUEUE,
+  QUEUE_NAME,
+  QUEUE_NAME_RULE,
+} from '../common/defaults';
 import { FILE_LIMIT_BYTES, inputTooLarge } from '../common/payload-limits';
 import { jsonValueProblem } from '../common/wire-json';
 import { canonicalJson } from '../common/hashes';
@@ -238,6 +243,9 @@ export class StasisClient {
     private readonly options: StasisClientOptions = {},
   ) {
     const taskQueue = options.taskQueue ?? DEFAULT_TASK_QUEUE;
+    // A worker polls only such a queue (STASIS_TASK_QUEUE), and listings put it in a visibility query.
+    if (typeof taskQueue !== 'string' || !QUEUE_NAME.test(taskQueue))
+      throw new StasisError('INVALID_ARGUMENT', `taskQueue: ${QUEUE_NAME_RULE} (got ${JSON.stringify(taskQueue)})`);
     const hostPaths = options.hostPaths ?? { allowed: [] };
     this.runs = new RunsApi(temporal, taskQueue, hostPaths);
     this.sandboxes = new SandboxesApi(
@@ -814,11 +822,12 @@ export class SandboxesApi {
   }
 
   /**
-   * Sandboxes as visibility sees them, newest first, one page at a time: pass the
-   * answer's `nextPageToken` for the next page (absent on the last one).
+   * This client's task queue's sandboxes as visibility sees them, newest first, one page at a time:
+   * pass the answer's `nextPageToken` for the next page (absent on the last one).
    */
   async list(filter: SandboxListFilter = {}, options: { inputName?: string } = {}): Promise<SandboxPage> {
-    return listSandboxes(this.temporal, parseOrInvalid(SandboxListFilterSchema, filter, options.inputName ?? 'filter'));
+    const parsed = parseOrInvalid(SandboxListFilterSchema, filter, options.inputName ?? 'filter');
+    return listSandboxes(this.temporal, this.taskQueue, parsed);
   }
 
   /** The sandbox's state and details. NOT_FOUND if unknown or destroyed. */

@@ -25,10 +25,15 @@ type ListResponse = Awaited<ReturnType<Client['workflowService']['listWorkflowEx
 type ExecutionInfo = NonNullable<ListResponse['executions']>[number];
 type ParsedFilter = Omit<SandboxListFilter, 'label'> & { label?: (readonly [string, string])[] };
 
-/** The visibility query of a filter; label keys and values are restricted to characters that need no quoting. */
-export function sandboxListQuery(filter: Pick<ParsedFilter, 'state' | 'label'>): string {
+/**
+ * The visibility query of a filter on the sandboxes of `taskQueue` (as a Run list is: another deployment
+ * in the namespace, on its own queue, has its own); label keys and values, and queue names
+ * (QUEUE_NAME), are restricted to characters that need no quoting.
+ */
+export function sandboxListQuery(taskQueue: string, filter: Pick<ParsedFilter, 'state' | 'label'>): string {
   return [
     `StasisKind = 'sandbox'`,
+    `TaskQueue = '${taskQueue}'`,
     // A continued-as-new run is the same sandbox, already listed by its newest run.
     `ExecutionStatus != 'ContinuedAsNew'`,
     filter.state ? `StasisStatus = '${filter.state}'` : `StasisStatus != 'destroyed'`,
@@ -36,8 +41,8 @@ export function sandboxListQuery(filter: Pick<ParsedFilter, 'state' | 'label'>):
   ].join(' AND ');
 }
 
-export async function listSandboxes(client: Client, filter: ParsedFilter): Promise<SandboxPage> {
-  const query = sandboxListQuery(filter);
+export async function listSandboxes(client: Client, taskQueue: string, filter: ParsedFilter): Promise<SandboxPage> {
+  const query = sandboxListQuery(taskQueue, filter);
   let response: ListResponse;
   try {
     response = await client.workflowService.listWorkflowExecutions({

@@ -1,6 +1,6 @@
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE } from './defaults';
+import { DEFAULT_SUSPENDED_RETENTION_SECONDS, DEFAULT_TASK_QUEUE, QUEUE_NAME, QUEUE_NAME_RULE } from './defaults';
 import { z } from 'zod';
 import { temporalConnectConfig, type TemporalConnectConfig } from './temporal-connection';
 import type { HostPathPolicy } from './host-paths';
@@ -43,13 +43,10 @@ export const Env = z.object({
   // Read again, with the temporal.toml profile and TEMPORAL_TLS_*, by temporalConnectConfig.
   TEMPORAL_ADDRESS: temporalAddress.optional(),
   TEMPORAL_NAMESPACE: temporalNamespace.optional(),
-  STASIS_TASK_QUEUE: z
-    .string()
-    .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
-    .default(DEFAULT_TASK_QUEUE),
+  STASIS_TASK_QUEUE: z.string().regex(QUEUE_NAME, QUEUE_NAME_RULE).default(DEFAULT_TASK_QUEUE),
   STASIS_HOST_ID: z
     .string()
-    .regex(/^[A-Za-z0-9._-]+$/, 'must be letters, digits, ".", "_" or "-"')
+    .regex(QUEUE_NAME, QUEUE_NAME_RULE)
     .default(os.hostname().replace(/[^A-Za-z0-9._-]/g, '-')),
   STASIS_DATA_DIR: z.string().min(1).default(path.join(process.cwd(), '.stasis')),
   STASIS_SNAPSHOT_STORE: z.enum(['s3', 'fs']).optional(),

@@ -4,7 +4,8 @@ import { buildApi } from '../../api/server';
 import { sandboxListQuery, sealToken } from '../../client/sandbox-list';
 import type { SandboxPage } from '../../common/schemas';
 import { sandboxWorkflowId } from '../../workflows/definitions';
-import { StasisLabels } from '../../workflows/search-attributes';
+import { StasisClient } from '../../client';
+import { StasisKind, StasisLabels, StasisStatus } from '../../workflows/search-attributes';
 import { errorCode, errorMessage, listenOnLoopback, type HttpResult } from '../api/http';
 import { runStasis } from '../cli/spawn';
 import { eventually, saw, startStack, type TestStack } from '../helpers/stack';
@@ -46,6 +47,43 @@ test('a sandbox keeps its labels: in its view, and as StasisLabels key:value key
   expect((await stack.client.sandboxes.get(view.sandboxId)).labels).toEqual(view.labels);
   const described = await stack.temporal.workflow.getHandle(sandboxWorkflowId(view.sandboxId)).describe();
   expect(described.typedSearchAttributes.get(StasisLabels)?.slice().sort()).toEqual([tag, 'team:infra'].sort());
+});
+
+test("lists only its own task queue's sandboxes: another deployment's in the same namespace is not listed", async () => {
+  const tag = suite();
+  const ours = await stack.client.sandboxes.create({ provider: 'local', labels: labelsOf(tag) });
+  // Another deployment's sandbox (its own task queue, no worker here): listed by visibility as ours are.
+  const theirs = `other-${randomUUID().slice(0, 8)}`;
+  const handle = await stack.temporal.workflow.start('sandboxWorkflow', {
+    taskQueue: `other-deployment-${randomUUID().slice(0, 8)}`,
+    workflowId: sandboxWorkflowId(theirs),
+    args: [],
+    typedSearchAttributes: [
+      { key: StasisKind, value: 'sandbox' },
+      { key: StasisStatus, value: 'created' },
+      { key: StasisLabels, value: [tag] },
+    ],
+  });
+  try {
+    // Visibility has both (so the list could show both) before the list is read.
+    await eventually(async () => {
+      let n = 0;
+      for await (const _ of stack.temporal.workflow.list({ query: `StasisLabels = '${tag}'` })) n += 1;
+      return n === 2;
+    });
+    const page = await stack.client.sandboxes.list({ label: [tag] });
+    expect(ids(page)).toEqual([ours.sandboxId]);
+    expect(ids(await get(`/api/v1/sandboxes?label=${tag}`))).toEqual([ours.sandboxId]);
+  } finally {
+    await handle.terminate();
+  }
+});
+
+test('a task queue a worker could not poll is INVALID_ARGUMENT naming taskQueue, before anything is asked', () => {
+  for (const taskQueue of ["a'b", 'a b', '', 'é'])
+    expect(() => new StasisClient(stack.temporal, { taskQueue })).toThrow(
+      expect.objectContaining({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^taskQueue: /) }),
+    );
 });
 
 test('filters by state and by every label given, over REST and the client', async () => {
@@ -162,7 +200,7 @@ test('a bad filter is a 400 naming it, over REST and the client', async () => {
   // Forged: the seal's digest holds no secret, so one made over other bytes passes the seal and reaches
   // Temporal, which fails it as UNKNOWN ("something went wrong"); that was a 500. (Bytes Temporal takes
   // as a token, such as any JSON object to its SQL visibility, are a token.)
-  const query = sandboxListQuery({ label: [tag.split(':') as [string, string]] });
+  const query = sandboxListQuery(stack.config.STASIS_TASK_QUEUE, { label: [tag.split(':') as [string, string]] });
   const inner = Buffer.from(real, 'base64url').subarray(16);
   // One case only: the client retries UNKNOWN for ~20 s before the answer (see listsWithoutToken).
   const forged = Buffer.from(inner);
