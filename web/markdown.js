@@ -3,7 +3,8 @@
 // and puts every piece of text in through textContent, so nothing in the text
 // can become markup or script. Supported: paragraphs, # headings, - and 1.
 // lists, > quotes, ``` code blocks, `code`, **bold**, *emphasis*, and
-// [links](https://…) to http(s) only; anything else shows as the text it is.
+// [links](https://…) to http(s) only, each followed by the host it goes to;
+// anything else shows as the text it is.
 'use strict';
 
 (() => {
@@ -16,10 +17,10 @@
   }
 
   /** An http(s) address, or undefined: javascript:, data: and relative links stay text. */
-  function safeHref(href) {
+  function safeUrl(href) {
     try {
       const url = new URL(href);
-      return url.protocol === 'http:' || url.protocol === 'https:' ? url.href : undefined;
+      return url.protocol === 'http:' || url.protocol === 'https:' ? url : undefined;
     } catch {
       return undefined;
     }
@@ -41,13 +42,19 @@
       else {
         const close = token.indexOf('](');
         const label = token.slice(1, close);
-        const href = safeHref(token.slice(close + 2, -1));
-        if (href) {
+        const url = safeUrl(token.slice(close + 2, -1));
+        if (url) {
           const a = el('a', label);
-          a.href = href;
+          a.href = url.href;
+          a.title = url.href;
           a.rel = 'noopener noreferrer nofollow';
           a.target = '_blank';
-          parent.append(a);
+          // The agent wrote the label: `[https://sso.example.com](https://evil.example)` reads as one
+          // place and goes to another. Where it goes is shown beside it, as the browser parsed it
+          // (an internationalised host in its xn-- form, so a look-alike shows as what it is).
+          const host = el('span', ` (${url.host})`);
+          host.className = 'link-host';
+          parent.append(a, host);
         } else parent.append(document.createTextNode(token));
       }
       rest = rest.slice(match.index + token.length);

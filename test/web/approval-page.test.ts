@@ -169,6 +169,8 @@ test('details are Markdown rendered safely: no script, no javascript: link; the 
     '<script>window.__pwned = 1</script>',
     '<img src=x onerror="window.__pwned = 2">',
     '[runbook](https://example.com/rotate) and [this](javascript:window.__pwned=3)',
+    // A label that names one place and a link to another (a look-alike host).
+    'Sign in at [https://sso.example.com/login](https://sso.exämple.com/login) first.',
     '',
     '- staging first',
     '- then production',
@@ -204,7 +206,16 @@ test('details are Markdown rendered safely: no script, no javascript: link; the 
   expect(detailsText).toContain('[this](javascript:window.__pwned=3)');
   expect(await item.locator('.details script, .details img').count()).toBe(0);
   const hrefs = await item.locator('.details a').evaluateAll((as) => as.map((a) => a.getAttribute('href')));
-  expect(hrefs).toEqual(['https://example.com/rotate']);
+  expect(hrefs).toEqual(['https://example.com/rotate', 'https://sso.xn--exmple-cua.com/login']);
+  // Each link shows where it goes beside the label the agent wrote, a look-alike host in its xn-- form.
+  expect(await item.locator('.details .link-host').allInnerTexts()).toEqual([
+    ' (example.com)',
+    ' (sso.xn--exmple-cua.com)',
+  ]);
+  await expectText(
+    item.locator('.details p', { hasText: 'Sign in at' }),
+    /Sign in at https:\/\/sso\.example\.com\/login \(sso\.xn--exmple-cua\.com\) first\./,
+  );
   await item.locator('.details').getByText('[this](javascript:window.__pwned=3)', { exact: false }).click();
   expect(await page.evaluate('window.__pwned')).toBeUndefined();
 
