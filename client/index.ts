@@ -323,9 +323,16 @@ export class StasisClient {
     return new StasisClient(new Client({ connection, namespace }), options);
   }
 
-  /** Diagnostics: active, retained and blocked sandboxes, release failures, retries and latency. */
+  /**
+   * Diagnostics: active, retained and blocked sandboxes of this client's task queue, and release failures,
+   * retries and latency of the hosts its store holds figures of.
+   */
   async metricsSnapshot(): Promise<MetricsSnapshot> {
-    return collectMetrics(open(this.temporal), this.options.workerMetrics);
+    return collectMetrics(
+      open(this.temporal),
+      this.options.taskQueue ?? DEFAULT_TASK_QUEUE,
+      this.options.workerMetrics,
+    );
   }
 
   /**

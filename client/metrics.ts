@@ -11,9 +11,16 @@ import { StasisBlockedSince } from '../workflows/search-attributes';
 
 export type WorkerMetricsSource = () => Promise<HostFigures[]>;
 
-const running = (clause: string) => `ExecutionStatus = 'Running' AND ${clause}`;
-
-export async function collectMetrics(temporal: Client, source?: WorkerMetricsSource): Promise<MetricsSnapshot> {
+/**
+ * The snapshot of the Runs and sandboxes of `taskQueue` (a name QUEUE_NAME allows: it goes into the
+ * query as it is), as their lists are: another deployment in the namespace has its own queue.
+ */
+export async function collectMetrics(
+  temporal: Client,
+  taskQueue: string,
+  source?: WorkerMetricsSource,
+): Promise<MetricsSnapshot> {
+  const running = (clause: string) => `ExecutionStatus = 'Running' AND TaskQueue = '${taskQueue}' AND ${clause}`;
   const count = async (state: string) =>
     (await temporal.workflow.count(running(`StasisResourceState = '${state}'`))).count;
   const [active, retained, pendingCleanup, releaseBlocked] = await Promise.all([

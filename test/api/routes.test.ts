@@ -7,6 +7,7 @@ import { FILE_LIMIT_BYTES } from '../../common/payload-limits';
 import { eventually, startStack, type TestStack } from '../helpers/stack';
 import { errorCode, errorMessage, httpClient, type CallOptions, type HttpResult } from './http';
 import { noPauseProvider } from './no-pause-provider';
+import { StasisBlockedSince, StasisKind, StasisResourceState } from '../../workflows/search-attributes';
 
 // Every REST route against the real worker and dev server, over a real socket.
 
@@ -673,6 +674,19 @@ describe('metrics', () => {
       body: { agent: { driver: 'scripted', steps: [{ ask: 'retained?' }] }, sandbox: { provider: 'nopause' } },
     });
     const ids = [blocked, retained].map((r) => (r.json as { runId: string }).runId);
+    // Another deployment's Run in the namespace (its own task queue), blocked for an hour: not ours to count.
+    const theirs = await stack.temporal.workflow.start('runWorkflow', {
+      taskQueue: `other-deployment-${Date.now()}`,
+      workflowId: `other-blocked-${Date.now()}`,
+      args: [],
+      // No worker polls its queue: it ends by itself should the test stop before it terminates it.
+      workflowExecutionTimeout: '2 minutes',
+      typedSearchAttributes: [
+        { key: StasisKind, value: 'run' },
+        { key: StasisResourceState, value: 'RELEASE_BLOCKED' },
+        { key: StasisBlockedSince, value: new Date(Date.now() - 3_600_000) },
+      ],
+    });
     const state = async (runId: string) =>
       ((await alice('GET', `/api/v1/runs/${runId}/resource`)).json as { record: { state: string } }).record.state;
     await eventually(async () => (await state(ids[0])) === 'RELEASE_BLOCKED', 60_000, 'RELEASE_BLOCKED');
@@ -698,6 +712,9 @@ describe('metrics', () => {
     // oldest can move; it can never be younger than ours, which has waited 2.5 s more.
     expect(second.oldestBlockedAgeSeconds).toBeGreaterThanOrEqual(Math.floor((Date.now() - blockedBy) / 1000));
     expect(second.oldestBlockedAgeSeconds).toBeGreaterThanOrEqual(2);
+    // The other deployment's hour-old blocked Run is not counted (it was, before lists kept to their queue).
+    expect(second.oldestBlockedAgeSeconds).toBeLessThan(3_000);
+    await theirs.terminate();
 
     const metrics = await call('GET', '/metrics');
     expect(metrics.headers.get('content-type')).toBe('text/plain; version=0.0.4; charset=utf-8');
