@@ -473,13 +473,18 @@ export class RunsApi {
     // Checked, never spliced into the visibility query as given.
     if (filter.status !== undefined) parseOrInvalid(RunStatus, filter.status, 'status');
     checkLimit(filter.limit);
-    const query = [`StasisKind = 'run'`, filter.status ? statusClause(filter.status) : undefined]
+    const query = [
+      `StasisKind = 'run'`,
+      `TaskQueue = '${this.taskQueue}'`,
+      filter.status ? statusClause(filter.status) : undefined,
+    ]
       .filter(Boolean)
       .join(' AND ');
     const ids: string[] = [];
     const closed = new Map<string, string>();
     try {
       for await (const wf of this.temporal.workflow.list({ query })) {
+        // The query keeps to the queue; a listing that ignored it (a proxy, a test double) still does not mix deployments.
         if (wf.taskQueue !== this.taskQueue) continue;
         if (!ids.includes(wf.workflowId)) ids.push(wf.workflowId);
         if (workflowClosed(wf.status.name)) closed.set(wf.workflowId, wf.status.name);
@@ -550,7 +555,7 @@ export class RunsApi {
     try {
       const seen = new Set<string>();
       for await (const wf of this.temporal.workflow.list({
-        query: `StasisKind = 'run' AND StasisPendingInteractions > 0`,
+        query: `StasisKind = 'run' AND TaskQueue = '${this.taskQueue}' AND StasisPendingInteractions > 0`,
       })) {
         if (seen.has(wf.workflowId) || wf.status.name !== 'RUNNING' || wf.taskQueue !== this.taskQueue) continue;
         seen.add(wf.workflowId);
