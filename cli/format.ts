@@ -6,14 +6,15 @@ import type { InteractionRequest, RunSnapshot, SandboxPage, SandboxView } from '
 // remote caller chose goes through `terminalSafe`, words of a command to paste
 // through `shellWord`.
 
-// C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates:
-// the set the approval page escapes too (common/unsafe-text.ts).
+// C0 controls (newline and CR too), DEL, C1 controls, the bidi overrides and isolates, and the
+// invisible characters: the set the approval page escapes too (common/unsafe-text.ts).
 const UNSAFE_FOR_TERMINAL = unsafeTextPattern();
 
 /**
- * Text made safe to print on a terminal: each control character is shown as `\uXXXX`, so an
- * agent's text cannot move the cursor, rewrite lines, set the title or the clipboard (ANSI/OSC
- * escapes), start a line of its own, or reorder what is shown (bidi overrides).
+ * Text made safe to print on a terminal: each unsafe character is shown as `\uXXXX` (an astral one
+ * as `\u{XXXXX}`), so an agent's text cannot move the cursor, rewrite lines, set the title or the
+ * clipboard (ANSI/OSC escapes), start a line of its own, reorder what is shown (bidi overrides), or
+ * hide a character in what is shown (a zero-width space after a file name, a tag character).
  */
 export function terminalSafe(text: string): string {
   return text.replace(UNSAFE_FOR_TERMINAL, escapedChar);

@@ -15,7 +15,13 @@ import {
   SANDBOX_WORKFLOW_PREFIX,
   workspacePathProblem,
 } from './wire-checks';
-import { CONTROL_CHARACTER, findJsonProblem, hasLoneSurrogate } from './wire-json';
+import {
+  CONTROL_CHARACTER,
+  CONTROL_CHARACTER_PROBLEM,
+  findJsonProblem,
+  hasLoneSurrogate,
+  LONE_SURROGATE_PROBLEM,
+} from './wire-json';
 import { ANSWER_KINDS, interactionSpecProblem } from './interactions';
 import { ACTION_LIMITS, askProblem, MAX_ACTION_WAIT_MS } from './external-actions';
 import { labelKeywords, LABELS_MAX_CHARS } from './labels';
@@ -337,27 +343,35 @@ export interface InteractionAnswer {
   respondedBy?: string;
 }
 
+/**
+ * A name of who acts, recorded and shown to people: who answered (`respondedBy`), a client's identity.
+ * 1-256 characters, without a character shown escaped (common/unsafe-text.ts: a control, a bidi
+ * override, an invisible one; `alice\u200b` would read as `alice`, or a name start a line or reorder
+ * what is shown), and well-formed Unicode (Temporal would store U+FFFD). common/wire-checks.ts `actor`
+ * is the same rule without zod.
+ */
+export const ActorName = z
+  .string()
+  .min(1)
+  .max(ACTOR_MAX)
+  .refine((s) => !CONTROL_CHARACTER.test(s), CONTROL_CHARACTER_PROBLEM)
+  .refine((s) => !hasLoneSurrogate(s), LONE_SURROGATE_PROBLEM);
+
 export const RespondInput = z
   .object({
     interactionId: z.string().min(1),
     response: InteractionResponse,
-    respondedBy: z.string().min(1).max(ACTOR_MAX).optional(),
+    respondedBy: ActorName.optional(),
   })
   .strict();
 export type RespondInput = z.infer<typeof RespondInput>;
 
 /**
  * A client's Temporal identity (StasisClient.withIdentity), recorded on the events of what it does and
- * shown in Temporal Web: 1-256 characters as `respondedBy` (within Temporal's limit, 1000 bytes, in any
- * encoding), without a control character, DEL, C1 control or bidi override (it would start a line or
- * reorder what is shown where it is printed), and well-formed Unicode (Temporal would store U+FFFD).
+ * shown in Temporal Web: an ActorName, as `respondedBy` (256 characters are within Temporal's limit,
+ * 1000 bytes, in any encoding).
  */
-export const ClientIdentity = z
-  .string()
-  .min(1)
-  .max(ACTOR_MAX)
-  .refine((s) => !CONTROL_CHARACTER.test(s), 'must not contain a control character, DEL, C1 control or bidi override')
-  .refine((s) => !hasLoneSurrogate(s), 'must be well-formed Unicode (it holds a lone surrogate)');
+export const ClientIdentity = ActorName;
 
 /** A pending interaction with its Run, as the list of everything waiting on a person gives it. */
 export const PendingInteraction = z.object({

@@ -6,15 +6,36 @@
  * C0 controls (newline and CR too), DEL, C1 controls, and the bidi overrides and isolates
  * (U+202A–U+202E, U+2066–U+2069): they move a terminal's cursor or rewrite its lines, or reorder
  * what is shown (Trojan Source, CVE-2021-42574), so what a person reads is not what runs.
+ *
+ * And the characters that show as nothing, or as a blank, or break a line that is no `\n`: so
+ * `./build\u200b` does not read as `./build`, nor `--env=prod\u2060` as `--env=prod`. Soft hyphen
+ * U+00AD, combining grapheme joiner U+034F, Arabic letter mark U+061C, Hangul fillers U+115F,
+ * U+1160, U+3164, U+FFA0, Mongolian vowel separator U+180E, zero-width space, joiners and the
+ * LRM/RLM marks U+200B–U+200F, line and paragraph separators U+2028–U+2029, word joiner, invisible
+ * operators and the deprecated format characters U+2060–U+206F, BOM U+FEFF, interlinear annotation
+ * U+FFF9–U+FFFB, and the tag characters U+E0000–U+E007F (invisible text a model reads: "ASCII
+ * smuggling"). An emoji's ZWJ or tags are shown escaped too: a command is read, not decorated.
+ * Variation selectors are not in the set (U+FE0F is in most emoji shown in colour).
+ *
+ * Astral (the tags): build the RegExp with UNSAFE_TEXT_FLAGS.
  */
-export const UNSAFE_TEXT_CLASS = '[\\u0000-\\u001f\\u007f-\\u009f\\u202a-\\u202e\\u2066-\\u2069]';
+export const UNSAFE_TEXT_CLASS =
+  '[\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u034f\\u061c\\u115f\\u1160\\u180e\\u200b-\\u200f\\u2028-\\u202e' +
+  '\\u2060-\\u206f\\u3164\\ufeff\\uffa0\\ufff9-\\ufffb\\u{e0000}-\\u{e007f}]';
+
+/** The flags UNSAFE_TEXT_CLASS needs: `u`, so an astral character is one code point, not two halves. */
+export const UNSAFE_TEXT_FLAGS = 'u';
 
 /** A fresh global RegExp of UNSAFE_TEXT_CLASS. */
 export function unsafeTextPattern(): RegExp {
-  return new RegExp(UNSAFE_TEXT_CLASS, 'g');
+  // Each joiner and combining mark of the class is meant on its own: it is what is matched.
+  // eslint-disable-next-line no-misleading-character-class
+  return new RegExp(UNSAFE_TEXT_CLASS, `${UNSAFE_TEXT_FLAGS}g`);
 }
 
-/** How an unsafe character is shown: `\u` and its four hex digits. */
+/** How an unsafe character is shown: `\u` and its four hex digits, or `\u{…}` for an astral one. */
 export function escapedChar(c: string): string {
-  return `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
+  const code = c.codePointAt(0)!;
+  const hex = code.toString(16);
+  return code > 0xffff ? `\\u{${hex}}` : `\\u${hex.padStart(4, '0')}`;
 }

@@ -1,5 +1,5 @@
 import { utf8Length } from './payload-limits';
-import { hasLoneSurrogate } from './wire-json';
+import { CONTROL_CHARACTER, CONTROL_CHARACTER_PROBLEM, hasLoneSurrogate, LONE_SURROGATE_PROBLEM } from './wire-json';
 
 // Hand-written checks of the wire inputs that workflow code validates (update
 // validators and signals). Workflow code must not load zod: every Run's V8
@@ -234,14 +234,25 @@ const optionResponse = strictObject({ option: text({ min: 1, max: 200 }), commen
   'comment',
 ]);
 
-const respondInput = strictObject(
-  {
-    interactionId: text({ min: 1 }),
-    response: firstOf(approvalResponse, editResponse, inputResponse, optionResponse),
-    respondedBy: text({ min: 1, max: ACTOR_MAX }),
-  },
-  ['respondedBy'],
-);
+/**
+ * A name of who acted (schemas.ts ActorName): 1-ACTOR_MAX characters, none of those shown escaped to
+ * people (a control, bidi or invisible character: `alice\u200b` would read as `alice`), well-formed.
+ */
+const actor: Check = (v, path, issues) => {
+  text({ min: 1, max: ACTOR_MAX })(v, path, issues);
+  if (typeof v !== 'string') return;
+  if (CONTROL_CHARACTER.test(v)) issues.push({ path, message: CONTROL_CHARACTER_PROBLEM });
+  if (hasLoneSurrogate(v)) issues.push({ path, message: LONE_SURROGATE_PROBLEM });
+};
+const respondFields = (respondedBy: Check): Check =>
+  strictObject(
+    {
+      interactionId: text({ min: 1 }),
+      response: firstOf(approvalResponse, editResponse, inputResponse, optionResponse),
+      respondedBy,
+    },
+    ['respondedBy'],
+  );
 const childStateInput = strictObject(
   { runId: text({ min: 1 }), state: oneOf(RESOURCE_STATES), status: oneOf(RUN_STATUSES) },
   ['status'],
@@ -262,8 +273,16 @@ const run =
     return issues;
   };
 
-/** The respond Update and signal of a Run: an answer to one interaction. */
-export const respondInputIssues = run(respondInput);
+/** The respond Update of a Run: an answer to one interaction. */
+export const respondInputIssues = run(respondFields(actor));
+/**
+ * respondInputIssues, but `respondedBy` held to its length only, as before names were held to
+ * `actor`: for the Run's code that runs again on replay (the respond Update's handler, the
+ * respondSignal signal; an Update's validator does not), so an answer recorded with such a name is
+ * taken again as it was. The client refuses one before signalling (RespondInput), and every surface
+ * shows it escaped.
+ */
+export const recordedRespondInputIssues = run(respondFields(text({ min: 1, max: ACTOR_MAX })));
 /** The childState signal: a child Run reports its record state (and status) to its parent. */
 export const childStateInputIssues = run(childStateInput);
 /** The reconcile signal of a standalone sandbox. */

@@ -1,4 +1,4 @@
-import { UNSAFE_TEXT_CLASS } from './unsafe-text';
+import { UNSAFE_TEXT_CLASS, UNSAFE_TEXT_FLAGS } from './unsafe-text';
 // What every JSON request must be beyond its schema (I-JSON, RFC 7493, and a
 // nesting limit): no key twice in an object (parsers disagree on which one
 // counts), only well-formed Unicode (a lone surrogate cannot travel as UTF-8,
@@ -18,7 +18,11 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
 
 /** Any character of the set shown escaped to people (common/unsafe-text.ts, its one home); not global. */
-export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_CLASS);
+export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_CLASS, UNSAFE_TEXT_FLAGS);
+/** Why a name (a client identity, who answered) holding one is refused: it would read as another name. */
+export const CONTROL_CHARACTER_PROBLEM = 'must not contain a control, bidi or invisible character';
+/** Why a string holding a lone surrogate is refused. */
+export const LONE_SURROGATE_PROBLEM = 'must be well-formed Unicode (it holds a lone surrogate)';
 
 /** Why a value that is not an array or object is not JSON (a library caller's, never a parsed one's), or undefined. */
 function notJson(v: unknown): string | undefined {
@@ -72,7 +76,7 @@ export function findJsonProblem(value: unknown): JsonProblem | undefined {
     const walked = stack.pop()!;
     const { value: v, path } = walked;
     if (typeof v === 'string') {
-      if (hasLoneSurrogate(v)) return { path, message: 'must be well-formed Unicode (it holds a lone surrogate)' };
+      if (hasLoneSurrogate(v)) return { path, message: LONE_SURROGATE_PROBLEM };
       continue;
     }
     const notJsonValue = notJson(v);

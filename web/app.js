@@ -3,8 +3,8 @@
 // from one list request per refresh (GET /api/v1/interactions), or one
 // interaction by its deep link #/runs/<runId>/interactions/<id>. Plain DOM, no
 // build step; every value from the server goes in through textContent (details
-// through the safe Markdown renderer, markdown.js), and then control and bidi
-// characters are shown escaped and marked (markUnsafe).
+// through the safe Markdown renderer, markdown.js), and then control, bidi and
+// invisible characters are shown escaped and marked (markUnsafe).
 'use strict';
 
 (() => {
@@ -70,22 +70,26 @@
 
   /**
    * The characters shown escaped, never as they are: C0 and C1 controls, DEL, bidi overrides and
-   * isolates. The CLI's set (common/unsafe-text.ts), which the server hands the page as /unsafe-text.js.
+   * isolates, and invisible ones (zero-width, separators, fillers, tags). The CLI's set
+   * (common/unsafe-text.ts), which the server hands the page as /unsafe-text.js, with its flags (`u`:
+   * an astral tag character is one match).
    */
-  const UNSAFE = new RegExp(window.stasisUnsafeText, 'g');
+  const UNSAFE = new RegExp(window.stasisUnsafeText.source, `${window.stasisUnsafeText.flags}g`);
   /** Where a line break or a tab shows as one (pre-wrap text): kept there as they are, escaped elsewhere. */
   const KEEPS_LINES = 'pre, .prompt, .markdown';
 
   /**
-   * One character as `\uXXXX` in a marked span: text an agent chose cannot make one (it goes in as
-   * text), so the mark tells an escape the page made from the same six characters typed by the agent.
+   * One character as `\uXXXX` (an astral one `\u{XXXXX}`, as the CLI shows it) in a marked span:
+   * text an agent chose cannot make one (it goes in as text), so the mark tells an escape the page
+   * made from the same characters typed by the agent.
    */
   function escapedChar(c) {
-    const code = c.charCodeAt(0).toString(16).padStart(4, '0');
+    const code = c.codePointAt(0);
+    const hex = code.toString(16);
     const span = document.createElement('span');
     span.className = 'escaped';
-    span.textContent = `\\u${code}`;
-    span.title = `U+${code.toUpperCase()}, shown escaped: it is in the text but cannot be shown as it is`;
+    span.textContent = code > 0xffff ? `\\u{${hex}}` : `\\u${hex.padStart(4, '0')}`;
+    span.title = `U+${hex.toUpperCase().padStart(4, '0')}, shown escaped: it is in the text but cannot be shown as it is`;
     return span;
   }
 
@@ -106,7 +110,7 @@
         if (keepLines && (c === '\n' || c === '\t')) continue;
         if (match.index > last) parts.push(text.slice(last, match.index));
         parts.push(escapedChar(c));
-        last = match.index + 1;
+        last = match.index + c.length;
       }
       if (parts.length === 0) continue;
       if (last < text.length) parts.push(text.slice(last));

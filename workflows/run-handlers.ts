@@ -1,6 +1,11 @@
 import { condition, currentUpdateInfo, log, setHandler } from '@temporalio/workflow';
 import type { ChildStateInput, InteractionRequest, RespondInput, RunSnapshot } from '../common/schemas';
-import { childStateInputIssues, respondInputIssues } from '../common/wire-checks';
+import {
+  childStateInputIssues,
+  respondInputIssues,
+  recordedRespondInputIssues,
+  type WireIssue,
+} from '../common/wire-checks';
 import { describeIssues, type Rejection } from '../common/errors';
 import { withRunLabels } from '../common/interactions';
 import { nowIso, nowMs } from './clock';
@@ -46,7 +51,7 @@ export function setRunHandlers(c: RunController): void {
   setHandler(
     respondUpdate,
     (input) => {
-      const check = checkAnswer(c, input, currentUpdateInfo()?.id);
+      const check = checkAnswer(c, input, currentUpdateInfo()?.id, recordedRespondInputIssues);
       const interaction = run.interactions.find((i) => i.id === input.interactionId) as InteractionRequest;
       if (check !== 'duplicate') answer(c, input, currentUpdateInfo()?.id);
       const answered = withRunLabels(interaction, run.spec.labels);
@@ -60,13 +65,13 @@ export function setRunHandlers(c: RunController): void {
       validator: (...args: unknown[]) => {
         const arity = checkArity('respond', args, 1);
         if (arity) refuse(arity);
-        const check = checkAnswer(c, args[0], currentUpdateInfo()?.id);
+        const check = checkAnswer(c, args[0], currentUpdateInfo()?.id, respondInputIssues);
         if (check && check !== 'duplicate') refuse(check);
       },
     },
   );
   setHandler(respondSignal, (input) => {
-    const check = checkAnswer(c, input, undefined);
+    const check = checkAnswer(c, input, undefined, recordedRespondInputIssues);
     if (check === undefined) answer(c, input, undefined);
     else
       log.warn('respondSignal rejected', {
@@ -137,12 +142,14 @@ function snapshotResult(c: RunController): RunSnapshot {
     : snapshot;
 }
 
+/** `issuesOf`: the validator's check, or the one code that runs again on replay takes (wire-checks.ts). */
 function checkAnswer(
   c: RunController,
   input: unknown,
   updateId: string | undefined,
+  issuesOf: (input: unknown) => WireIssue[],
 ): Rejection | 'duplicate' | undefined {
-  const issues = respondInputIssues(input);
+  const issues = issuesOf(input);
   if (issues.length) return { code: 'INVALID_ARGUMENT', message: describeIssues(issues) };
   return checkRespond({ ...c.run, expiring: c.expiring }, input as RespondInput, updateId);
 }

@@ -18,15 +18,32 @@ import {
 // message, labels) must neither drive the terminal nor run as a command when a
 // person pastes the answer line into a shell.
 
-// eslint-disable-next-line no-control-regex
-const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
-/** Strings an attacker would write: shell syntax, quotes, escapes, controls, bidi, plus any other text. */
+/**
+ * Characters that are invisible or change what is shown (a blank glyph, a line break that is not
+ * `\n`, a mark that reorders), each written out here rather than taken from common/unsafe-text.ts:
+ * zero-width and bidi marks, the Arabic letter mark, word joiner and invisible operators, the
+ * deprecated format characters, BOM, soft hyphen, Mongolian vowel separator, line and paragraph
+ * separators, interlinear annotation, Hangul fillers, the combining grapheme joiner, and the tag
+ * characters (astral: "ASCII smuggling" that a person cannot see and a model reads).
+ */
+const INVISIBLE = [
+  ...['\u200b', '\u200c', '\u200d', '\u200e', '\u200f', '\u061c', '\u2060', '\u2061', '\u2062', '\u2063'],
+  ...['\u2064', '\u2065', '\u206a', '\u206f', '\ufeff', '\u00ad', '\u180e', '\u2028', '\u2029', '\ufff9'],
+  ...['\ufffa', '\ufffb', '\u115f', '\u1160', '\u3164', '\uffa0', '\u034f'],
+  ...['\u{e0000}', '\u{e0001}', '\u{e0041}', '\u{e007f}'],
+];
+/** What terminalSafe must never print as it is: controls, bidi, and the invisible characters above. */
+const UNSAFE =
+  // eslint-disable-next-line no-control-regex, no-misleading-character-class
+  /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\u{e0000}-\u{e007f}]/u;
+/** Strings an attacker would write: shell syntax, quotes, escapes, controls, bidi, invisible characters, plus any other text. */
 const hostile = fc.string({
   unit: fc.oneof(
     fc.constantFrom(
       ...["'", '"', '$', '(', ')', '`', '|', '[', ']', '\\', ' ', ';', '&', '*', '~', '!', '#', '<', '>', '\t'],
       ...['\n', '\r', '\u001b', '\u0007', '\u009b', '\u0085', '\u007f', '\u202e', '\u2066', '\u2069', '\u0001'],
-      ...['$(touch x)', '\u001b]0;title\u0007', '\u001b[2K\u001b[1A'],
+      ...['$(touch x)', '\u001b]0;title\u0007', '\u001b[2K\u001b[1A', 'rm -rf ./build\u200b', '\u{e0069}\u{e0067}'],
+      ...INVISIBLE,
     ),
     fc.string({ unit: 'binary', maxLength: 2 }),
   ),
@@ -42,7 +59,7 @@ function bashWords(script: string, cwd?: string): string[] {
 }
 
 describe('terminalSafe', () => {
-  test('leaves no control character, DEL, C1 control or bidi override in any text', () => {
+  test('leaves no control character, DEL, C1 control, bidi override or invisible character in any text', () => {
     fc.assert(fc.property(hostile, (text) => !UNSAFE.test(terminalSafe(text))));
   });
 
@@ -53,6 +70,21 @@ describe('terminalSafe', () => {
         fc.string({ unit: 'binary' }).filter((s) => !UNSAFE.test(s)),
         (text) => terminalSafe(text) === text,
       ),
+    );
+  });
+
+  test('shows each invisible character as its code point, an astral one as one \\u{XXXXX}, wherever it is', () => {
+    expect(terminalSafe('rm -rf ./build\u200b')).toBe('rm -rf ./build\\u200b');
+    expect(terminalSafe('deploy --env=prod\u2060')).toBe('deploy --env=prod\\u2060');
+    expect(terminalSafe('ok\u{e0069}\u{e0067}')).toBe('ok\\u{e0069}\\u{e0067}');
+    fc.assert(
+      fc.property(fc.string(), fc.constantFrom(...INVISIBLE), fc.string(), (before, c, after) => {
+        const code = c.codePointAt(0)!.toString(16);
+        const shown = code.length > 4 ? `\\u{${code}}` : `\\u${code.padStart(4, '0')}`;
+        const safe = terminalSafe(`${before}${c}${after}`);
+        expect(safe).toContain(shown);
+        expect(safe).not.toMatch(UNSAFE);
+      }),
     );
   });
 });

@@ -167,6 +167,40 @@ test('an edit reaches the agent: the next exec step runs the edited command', as
   });
 });
 
+test('a respondedBy with a control, bidi or invisible character is refused, by the client and by the Run itself, and changes nothing', async () => {
+  const { runId } = await stack.client.runs.start(spec([{ ask: 'Ship it?' }, { complete: 'done' }]));
+  const before = await waiting(runId);
+  const length = await quietHistoryLength(runId);
+  const handle = stack.temporal.workflow.getHandle(runId);
+  // `alice\u200b` is shown as `alice` wherever a page or terminal prints it as it is.
+  for (const respondedBy of ['alice\u200b', 'bob\u0007', 'carol\u2066', 'dave\u{e0041}']) {
+    const refused = { code: 'INVALID_ARGUMENT', httpStatus: 400, message: expect.stringMatching(/respondedBy:/) };
+    await expect(
+      stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { respondedBy }),
+    ).rejects.toMatchObject(refused);
+    await expect(
+      stack.client.runs.respondBySignal(runId, 'int-1', { decision: 'approve' }, { respondedBy }),
+    ).rejects.toMatchObject(refused);
+    // Straight through Temporal, past the client: the Run's validator refuses it.
+    await expect(
+      handle.executeUpdate(respondUpdate, {
+        args: [{ interactionId: 'int-1', response: { decision: 'approve' }, respondedBy }],
+      }),
+    ).rejects.toMatchObject({
+      cause: { message: expect.stringMatching(/respondedBy: must not contain a control, bidi or invisible character/) },
+    });
+  }
+  expect(await quietHistoryLength(runId)).toBe(length);
+  expect(await stack.client.runs.get(runId)).toEqual(before);
+  expect(before.interactions[0]).toMatchObject({ status: 'pending' });
+  await stack.client.runs.respond(runId, 'int-1', { decision: 'approve' }, { respondedBy: 'alice' });
+  await expect(handle.result()).resolves.toBe('done');
+  expect((await stack.client.runs.get(runId)).interactions[0]).toMatchObject({
+    status: 'answered',
+    respondedBy: 'alice',
+  });
+});
+
 test('a denied gate fails the Run by default', async () => {
   const { runId } = await stack.client.runs.start(spec([{ ask: 'Drop the table?' }, { exec: 'echo dropped' }]));
   await waiting(runId);

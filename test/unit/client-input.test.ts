@@ -159,8 +159,9 @@ test('respond, respondBySignal and action refuse a bad interaction or action id,
     expect(await refusal(() => runs.respond('run-1', 'int-1', approve, options))).toEqual(refused('options'));
     expect(await refusal(() => runs.respondBySignal('run-1', 'int-1', approve, options))).toEqual(refused('options'));
   }
-  // An empty respondedBy was recorded as 'anonymous'; REST's own names are 1-256 characters.
-  for (const respondedBy of ['', 123, 'x'.repeat(257)]) {
+  // An empty respondedBy was recorded as 'anonymous'; REST's own names are 1-256 characters. A name
+  // with a control, bidi or invisible character, or a lone surrogate, reads as another one.
+  for (const respondedBy of ['', 123, 'x'.repeat(257), 'alice\u200b', 'bob\u0007', 'a\u{e0041}', '\ud800']) {
     expect(await refusal(() => runs.respond('run-1', 'int-1', approve, { respondedBy }))).toEqual(
       refused('options: respondedBy'),
     );
@@ -350,13 +351,17 @@ const badIdentities = fc.oneof(
     '€'.repeat(400),
     'bob\n',
     'a\u202eb',
+    'alice\u200b',
   ),
   fc.anything().filter((v) => typeof v !== 'string'),
   fc.string({ minLength: ACTOR_MAX + 1, maxLength: ACTOR_MAX + 50 }),
   fc
     .tuple(
       fc.string({ maxLength: 20 }),
-      fc.constantFrom('\u0000', '\n', '\r', '\t', '\u001b', '\u007f', '\u0085', '\u009b', '\u202e', '\u2067', '\ud800'),
+      fc.constantFrom(
+        ...['\u0000', '\n', '\r', '\t', '\u001b', '\u007f', '\u0085', '\u009b', '\u202e', '\u2067', '\ud800'],
+        ...['\u200b', '\u200d', '\u200f', '\u061c', '\u2060', '\ufeff', '\u00ad', '\u2028', '\u3164', '\u{e0041}'],
+      ),
       fc.string({ maxLength: 20 }),
     )
     .map(([a, bad, b]) => `${a}${bad}${b}`),

@@ -15,20 +15,32 @@ import {
   reconcileInputIssues,
   RESOURCE_STATES,
   respondInputIssues,
+  recordedRespondInputIssues,
   RUN_STATUSES,
   writeFileInputIssues,
   type WireIssue,
 } from '../../common/wire-checks';
+import { CONTROL_CHARACTER } from '../../common/wire-json';
 
 // Workflow code validates its inputs without zod (common/wire-checks). These properties hold the
 // hand-written checks to the zod schemas the edges use: for any value, both accept or both reject.
 // A schema that grows (a new answer shape, a new field) makes them fail until the check follows.
 
+/**
+ * Characters shown escaped to people, which a name of who acted must not hold (controls, bidi,
+ * invisible ones): mixed into text, as fc.string alone seldom draws one (tags are astral).
+ */
+const unsafeChar = fc.constantFrom(
+  ...['\u0007', '\n', '\u0085', '\u202e', '\u2067', '\u200b', '\u200d', '\u061c', '\u2060', '\ufeff'],
+  ...['\u00ad', '\u180e', '\u2028', '\u2029', '\ufffa', '\u115f', '\u3164', '\u034f', '\u{e0041}', '\u{e007f}'],
+);
 const text = fc.oneof(
   fc.string(),
   fc.string({ unit: 'grapheme', minLength: 1 }),
   fc.string({ unit: 'binary' }),
+  fc.tuple(fc.string({ maxLength: 8 }), unsafeChar, fc.string({ maxLength: 8 })).map((parts) => parts.join('')),
   fc.constantFrom('', '\0', 'a\0b', '\ud800', 'é'.repeat(128), 'n'.repeat(255), 'n'.repeat(256), '  '),
+  fc.constantFrom('alice\u200b', 'bob\u0007', 'x\udc00y'),
 );
 /** Values near each rule's edges: lengths, NUL, path spellings, base64 padding, number bounds. */
 const edgy = fc.oneof(
@@ -228,4 +240,36 @@ describe.each(pairs)('the %s check accepts exactly what its zod schema accepts',
       { numRuns: 1_000 },
     );
   });
+});
+
+test('respondedBy: a name holding a control, bidi or invisible character, or a lone surrogate, is refused by both, naming respondedBy', () => {
+  const named = (respondedBy: string) => ({
+    interactionId: 'int-1',
+    response: { decision: 'approve' },
+    respondedBy,
+  });
+  expect(RespondInput.safeParse(named('alice')).success).toBe(true);
+  expect(respondInputIssues(named('alice'))).toEqual([]);
+  const bad = fc.oneof(
+    fc.tuple(fc.string({ maxLength: 8 }), unsafeChar, fc.string({ maxLength: 8 })).map((parts) => parts.join('')),
+    fc.constantFrom('alice\u200b', 'bob\u0007', '\ud800', 'x\udc00y'),
+  );
+  fc.assert(
+    fc.property(bad, (respondedBy) => {
+      expect(RespondInput.safeParse(named(respondedBy)).success).toBe(false);
+      const issues = respondInputIssues(named(respondedBy));
+      expect(issues.map((issue) => issue.path)).toEqual([['respondedBy']]);
+      // The Update's handler and the signal's run again on replay: a recorded name is taken as it was.
+      expect(recordedRespondInputIssues(named(respondedBy))).toEqual([]);
+    }),
+  );
+  expect(respondInputIssues(named('alice\u200b'))).toEqual([
+    { path: ['respondedBy'], message: 'must not contain a control, bidi or invisible character' },
+  ]);
+  // The shared generator draws such names too, so the properties above cover them.
+  const drawn = fc
+    .sample(shapes.respond, 2_000)
+    .map((v) => (v as { respondedBy?: unknown }).respondedBy)
+    .filter((by) => typeof by === 'string' && by.length <= 256 && CONTROL_CHARACTER.test(by));
+  expect(drawn.length).toBeGreaterThan(20);
 });
