@@ -205,6 +205,11 @@ export interface StasisClientOptions {
   connection?: TemporalConnectionOptions;
   /** The Temporal namespace; the environment's (TEMPORAL_NAMESPACE, temporal.toml) or `default` when omitted. */
   namespace?: string;
+  /**
+   * Where `namespace` came from, as {@link StasisClient.connect} names it when the server does not have
+   * it: `namespace` (this option) by default; clientOptions() says `TEMPORAL_NAMESPACE`.
+   */
+  namespaceSetting?: string;
   /** The shared task queue the Stasis workers poll (STASIS_TASK_QUEUE); `stasis` when omitted. */
   taskQueue?: string;
   /** STASIS_SUSPENDED_RETENTION_SECONDS given to new standalone sandboxes. */
@@ -314,7 +319,8 @@ export class StasisClient {
     const namespace = options.namespace ?? fromEnv?.namespace ?? DEFAULT_TEMPORAL_NAMESPACE;
     try {
       // Named as the caller gave it: an option is not an environment variable.
-      const setting = options.namespace !== undefined ? 'namespace' : 'TEMPORAL_NAMESPACE';
+      const setting =
+        options.namespace === undefined ? 'TEMPORAL_NAMESPACE' : (options.namespaceSetting ?? 'namespace');
       await checkNamespace(connection.workflowService, namespace, connectionOptions.address, setting);
     } catch (err) {
       await connection.close();

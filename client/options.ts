@@ -16,6 +16,7 @@ export function clientOptions(config: Config): StasisClientOptions & { connectio
   return {
     connection: config.temporal.connectionOptions,
     namespace: config.TEMPORAL_NAMESPACE,
+    namespaceSetting: 'TEMPORAL_NAMESPACE',
     taskQueue: config.STASIS_TASK_QUEUE,
     suspendedRetentionSeconds: config.STASIS_SUSPENDED_RETENTION_SECONDS,
     workerMetrics: async () => {

@@ -52,6 +52,11 @@ export default async function globalSetup(): Promise<void> {
     // Tests leave their sandboxes behind in temporary directories, where each volume would stay mounted:
     // only the tests of volumes turn them on, and destroy what they made.
     STASIS_SANDBOX_VOLUMES: process.env.STASIS_SANDBOX_VOLUMES ?? 'off',
+    // A `stasis worker` or `stasis api` a test starts serves nothing on the default ports, which a
+    // `npm start` running beside `npm test` holds (tests that read them choose free ports).
+    STASIS_WORKER_METRICS_ADDR: process.env.STASIS_WORKER_METRICS_ADDR ?? 'off',
+    STASIS_METRICS_ADDR: process.env.STASIS_METRICS_ADDR ?? 'off',
+    STASIS_HTTP_ADDR: process.env.STASIS_HTTP_ADDR ?? '127.0.0.1:0',
   };
   for (const [name, value] of Object.entries(exported)) {
     if (value === undefined) continue;
