@@ -16,6 +16,7 @@ import { isManifestUri } from '../stores/cas/manifest';
 import { markStage, restoreCheckpointFiles } from '../stores/cas/restore';
 import { repeatCheckpoint, takeCheckpoint } from '../stores/cas/upload';
 import { zstdAvailable } from '../stores/cas/zstd';
+import { fsPath, nameFromBytes } from '../stores/raw-names';
 import { writeKeepingHoles } from '../stores/zeros';
 import { removeTree } from './files';
 import type { SandboxPaths } from './sandbox-state';
@@ -404,7 +405,9 @@ async function fillIfEmpty(src: string, hostPath: string): Promise<void> {
   } catch (err) {
     if (hasErrorCode(err, 'EBUSY') || hasErrorCode(err, 'EXDEV')) {
       // The host path is a mount point and cannot be replaced: its entries are moved in one by one.
-      for (const name of await fs.readdir(temp)) await fs.rename(path.join(temp, name), path.join(hostPath, name));
+      for (const name of await rawNames(temp)) {
+        await fs.rename(fsPath(path.join(temp, name)), fsPath(path.join(hostPath, name)));
+      }
       await removeTree(temp);
       return;
     }
@@ -431,24 +434,31 @@ async function moveTree(src: string, dest: string): Promise<void> {
  * out, so a sandbox's `truncate -s 20G` would take 20 GiB of the host path's disk.
  */
 async function copyTree(src: string, dest: string): Promise<void> {
-  const stat = await fs.lstat(src);
+  // Names as bytes (stores/raw-names.ts): one that is not UTF-8 is copied as it is, never as U+FFFD.
+  const [from, to] = [fsPath(src), fsPath(dest)];
+  const stat = await fs.lstat(from);
   if (stat.isSymbolicLink()) {
-    await fs.symlink(await fs.readlink(src), dest);
-    await fs.lutimes(dest, stat.atime, stat.mtime);
+    await fs.symlink(await fs.readlink(from, { encoding: 'buffer' }), to);
+    await fs.lutimes(to, stat.atime, stat.mtime);
   } else if (stat.isDirectory()) {
-    await fs.mkdir(dest, { mode: 0o700 });
-    for (const name of await fs.readdir(src)) await copyTree(path.join(src, name), path.join(dest, name));
-    await fs.chmod(dest, stat.mode & 0o7777);
-    await fs.utimes(dest, stat.atime, stat.mtime);
+    await fs.mkdir(to, { mode: 0o700 });
+    for (const name of await rawNames(src)) await copyTree(path.join(src, name), path.join(dest, name));
+    await fs.chmod(to, stat.mode & 0o7777);
+    await fs.utimes(to, stat.atime, stat.mtime);
   } else if (stat.isFile()) {
-    await copyFile(src, dest, stat);
+    await copyFile(from, to, stat);
   } else {
     throw new Error(`${src} is not a file, directory or symlink`);
   }
 }
 
+/** The names in `dir` as strings of their bytes (stores/raw-names.ts). */
+async function rawNames(dir: string): Promise<string[]> {
+  return (await fs.readdir(fsPath(dir), { encoding: 'buffer' })).map(nameFromBytes);
+}
+
 /** Copies a file, leaving its blocks of zeros holes, with its mode and times. */
-async function copyFile(src: string, dest: string, stat: Stats): Promise<void> {
+async function copyFile(src: string | Buffer, dest: string | Buffer, stat: Stats): Promise<void> {
   const from = await fs.open(src, 'r');
   try {
     const to = await fs.open(dest, 'wx', 0o600);

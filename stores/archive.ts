@@ -5,6 +5,7 @@ import { PassThrough, pipeline, Readable, Transform, type TransformCallback } fr
 import { createGzip } from 'node:zlib';
 import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { StasisError } from '../common/errors';
+import { bytesOfName, hasEscapes, isRawName, shownName } from './raw-names';
 import { walkSandbox, readExactly } from './walk';
 import { writeKeepingHoles } from './zeros';
 
@@ -48,6 +49,15 @@ export function packSandbox(rootDir: string, names: readonly string[], signal?: 
 
 async function* tarBlocks(rootDir: string, names: readonly string[], signal?: AbortSignal): AsyncGenerator<Buffer> {
   for await (const entry of walkSandbox(rootDir, names, signal ? { signal } : {})) {
+    // tar headers here are UTF-8: a name or symlink target that is not (kept escaped by the walk) would
+    // be written as U+FFFD. Only the content-addressed format holds such names; this one refuses them.
+    if (hasEscapes(entry.path) || (entry.linkpath !== undefined && hasEscapes(entry.linkpath))) {
+      const which = hasEscapes(entry.path) ? 'has a name' : 'is a symlink whose target';
+      throw invalid(
+        shownName(entry.path),
+        `${which} is not UTF-8, which a tar.gz checkpoint cannot name (the content-addressed format, written wherever the zstd command is installed, can)`,
+      );
+    }
     switch (entry.kind) {
       case 'directory':
         yield header({ path: `${entry.path}/`, type: 'Directory', stat: entry.stat, size: 0 });
@@ -195,7 +205,8 @@ export class CheckpointChecker {
       linkpath = entry.linkpath ?? '';
       if (linkpath === '') refuse(raw, 'is a symlink with an empty target');
       if (linkpath.includes('\0')) refuse(raw, 'is a symlink whose target contains a NUL byte');
-      if (Buffer.byteLength(linkpath) > MAX_LINK_BYTES)
+      if (!isRawName(linkpath)) refuse(raw, `is a symlink whose target ${JSON.stringify(linkpath)} ${NOT_BYTES}`);
+      if (bytesOfName(linkpath).length > MAX_LINK_BYTES)
         refuse(raw, `is a symlink whose target is longer than ${MAX_LINK_BYTES} bytes`);
     }
     if (kind === 'hardlink') {
@@ -277,9 +288,18 @@ const SLASH = 0x2f;
 const DOT = 0x2e;
 const TOP_DIRS: ReadonlySet<string> = new Set(CHECKPOINT_DIRS);
 
+/**
+ * A lone surrogate that is not the escape of a byte as a walk makes it (raw-names.ts): outside
+ * U+DC80..U+DCFF, or escapes of bytes that are valid UTF-8 where they stand. Such a path spells no
+ * bytes, or the bytes of another path, so it names nothing a checkpoint could have taken.
+ */
+const NOT_BYTES = 'holds a lone surrogate that is no escaped byte of a name';
+
 /** The entry path rule in full, for any string; normaliseEntryPath skips it for paths already normal (tests hold the two to the same answers). */
 export function normaliseEntryPathInFull(raw: string): string {
   if (raw.includes('\0')) refuse(raw, 'contains a NUL byte');
+  // Checked first: an escape of `/` or `.` (bytes the writer never escapes) must not pass for a name.
+  if (!isRawName(raw)) refuse(raw, NOT_BYTES);
   if (path.posix.isAbsolute(raw) || /^[A-Za-z]:/.test(raw)) refuse(raw, 'is an absolute path');
   const parts = raw.split('/');
   if (parts.includes('..')) refuse(raw, 'contains a ".." segment');
@@ -288,10 +308,10 @@ export function normaliseEntryPathInFull(raw: string): string {
   if (!(CHECKPOINT_DIRS as readonly string[]).includes(kept[0])) {
     refuse(raw, `is outside ${CHECKPOINT_DIRS.map((dir) => `${dir}/`).join(', ')}`);
   }
-  if (kept.some((part) => Buffer.byteLength(part) > MAX_NAME_BYTES))
+  if (kept.some((part) => bytesOfName(part).length > MAX_NAME_BYTES))
     refuse(raw, `has a name longer than ${MAX_NAME_BYTES} bytes`);
   const joined = kept.join('/');
-  if (Buffer.byteLength(joined) > MAX_PATH_BYTES) refuse(raw, `is longer than ${MAX_PATH_BYTES} bytes`);
+  if (bytesOfName(joined).length > MAX_PATH_BYTES) refuse(raw, `is longer than ${MAX_PATH_BYTES} bytes`);
   return joined;
 }
 

@@ -14,10 +14,10 @@ import {
 } from 'node:fs';
 import * as path from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
-import { StasisError } from '../common/errors';
 import { hasErrorCode } from './atomic-file';
 import { chmodKeepsSetgid, missingOwnerBits, O_PATH, procReady } from './descriptors';
 import { isLeased, leaseBreakMs, leasedError } from './leases';
+import { hasEscapes, nameFromBytes } from './raw-names';
 
 // Walking a sandbox's checkpoint directories for a checkpoint (the tar.gz archive
 // and the content-addressed format alike). Below the top names everything belongs
@@ -37,7 +37,10 @@ import { isLeased, leaseBreakMs, leasedError } from './leases';
 
 /** One entry of the walk, in walk order (a directory before what it holds, names sorted). */
 export interface WalkEntry {
-  /** `/`-separated, starting with the top name: `workspace/a/b`. */
+  /**
+   * `/`-separated, starting with the top name: `workspace/a/b`. A name that is not UTF-8 is held with
+   * its bytes escaped (stores/raw-names.ts): give fs `fsPath(path)`, never the string.
+   */
   path: string;
   /**
    * `leased`: a file a sandbox process holds a lease on, which cannot be opened yet; the caller waits
@@ -46,7 +49,7 @@ export interface WalkEntry {
   kind: 'directory' | 'file' | 'symlink' | 'hardlink' | 'leased';
   /** The entry's own metadata (a file's as opened for reading, when it was opened). */
   stat: BigIntStats;
-  /** A symlink's target, verbatim; a hardlink's first path in this walk. */
+  /** A symlink's target, verbatim (its bytes, escaped as names are); a hardlink's first path in this walk. */
   linkpath?: string;
   /** A file's contents: a descriptor open for reading until the walk moves on (none when `wants` declined it). */
   file?: number;
@@ -225,9 +228,24 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
     const restore = grantOwner(fd, stat, S_IRUSR | S_IXUSR);
     try {
       // The listing's types (getdents' d_type) spare most names an lstat: see child.
-      const listed = refusedNamed(entryPath, () => readdirSync(magic(fd), { withFileTypes: true })).sort(byName);
-      if (listed.some((dirent) => dirent.name.includes(REPLACEMENT))) refuseUnnameable(fd, entryPath);
-      for (const dirent of listed) yield* child(walk, fd, dirent, `${entryPath}/${dirent.name}`);
+      const listed = refusedNamed(entryPath, () => readdirSync(magic(fd), { withFileTypes: true }));
+      if (listed.some((dirent) => dirent.name.includes(REPLACEMENT))) {
+        // A name that is not UTF-8 is listed with U+FFFD in place of its bytes, which opens nothing or
+        // another file that has that spelling: the directory is listed again as bytes, and each name
+        // kept as its bytes (raw-names.ts). Only then: names as strings are what nearly every
+        // directory has, and cheaper (a Buffer per name).
+        const raw = refusedNamed(entryPath, () =>
+          readdirSync(magic(fd), { withFileTypes: true, encoding: 'buffer' }),
+        ).map(named);
+        raw.sort(byText);
+        for (const { dirent, text, escaped } of raw) {
+          yield* child(walk, fd, dirent, text, `${entryPath}/${text}`, escaped ? dirent.name : undefined);
+        }
+      } else {
+        listed.sort(byName);
+        for (const dirent of listed)
+          yield* child(walk, fd, dirent, dirent.name, `${entryPath}/${dirent.name}`, undefined);
+      }
     } finally {
       restore?.();
     }
@@ -257,28 +275,27 @@ function* visit(walk: Walk, fd: number, stat: BigIntStats, entryPath: string): G
 
 const REPLACEMENT = '\uFFFD';
 
-/**
- * A name that is not UTF-8 is listed with U+FFFD in place of its bytes, which opens nothing (the walk
- * skipped it: lost from the checkpoint) or another file whose name it then spells: a checkpoint names
- * entries in UTF-8 and cannot hold it, so the checkpoint is refused, naming it (as restore's rules
- * refuse what they cannot write), rather than taken without it.
- */
-function refuseUnnameable(fd: number, entryPath: string): void {
-  for (const raw of readdirSync(magic(fd), { encoding: 'buffer' })) {
-    if (Buffer.from(raw.toString('utf8'), 'utf8').equals(raw)) continue;
-    const shown = [...raw]
-      .map((byte) => (byte < 0x80 ? String.fromCharCode(byte) : `\\x${byte.toString(16)}`))
-      .join('');
-    throw new StasisError(
-      'CHECKPOINT_INVALID',
-      `checkpoint entry ${JSON.stringify(`${entryPath}/${shown}`)} has a name that is not UTF-8, which a checkpoint cannot name`,
-    );
-  }
+/** A listed name (its bytes, as readdir gave them) and its string (raw-names.ts). */
+interface Named {
+  dirent: Dirent<Buffer>;
+  text: string;
+  /** The name is not UTF-8: `text` holds escapes, and fs must be given its bytes. */
+  escaped: boolean;
+}
+
+function named(dirent: Dirent<Buffer>): Named {
+  const text = nameFromBytes(dirent.name);
+  return { dirent, text, escaped: hasEscapes(text) };
 }
 
 /** Names in the order of JavaScript's default sort (UTF-16 code units), which the walk has always had. */
 function byName(a: Dirent, b: Dirent): number {
   return a.name < b.name ? -1 : a.name > b.name ? 1 : 0;
+}
+
+/** byName for names kept as bytes: the same order of their strings (an escape sorts as its code unit). */
+function byText(a: Named, b: Named): number {
+  return a.text < b.text ? -1 : a.text > b.text ? 1 : 0;
 }
 
 /**
@@ -288,8 +305,16 @@ function byName(a: Dirent, b: Dirent): number {
  * with O_PATH, not followed (which opens nothing: a FIFO cannot block, a device sees no open), and
  * its fstat decides. Whatever the listing said, the name may have been swapped since: its fstat tells.
  */
-function* child(walk: Walk, dir: number, dirent: Dirent, entryPath: string): Generator<WalkEntry> {
-  const where = `${magic(dir)}/${dirent.name}`;
+function* child(
+  walk: Walk,
+  dir: number,
+  dirent: Dirent | Dirent<Buffer>,
+  name: string,
+  entryPath: string,
+  /** The name's bytes when it is not UTF-8: reached by them (a string path would be written as U+FFFD). */
+  raw: Buffer | undefined,
+): Generator<WalkEntry> {
+  const where = raw ? rawWhere(dir, raw) : `${magic(dir)}/${name}`;
   // A FIFO, socket or device when listed: left out, as one found later would be.
   if (dirent.isFIFO() || dirent.isSocket() || dirent.isCharacterDevice() || dirent.isBlockDevice()) return;
   if (dirent.isSymbolicLink() || (!dirent.isDirectory() && !dirent.isFile()) || (dirent.isFile() && walk.wants)) {
@@ -346,6 +371,11 @@ function linkedBefore(walk: Walk, stat: BigIntStats, entryPath: string): WalkEnt
     : { path: entryPath, kind: 'hardlink', stat, linkpath: first };
 }
 
+/** `${magic(dir)}/<name>` as bytes, for a name that is not UTF-8. */
+function rawWhere(dir: number, name: Buffer): Buffer {
+  return Buffer.concat([Buffer.from(`${magic(dir)}/`), name]);
+}
+
 /** The magic link of a descriptor: opening it reaches what the descriptor holds, wherever that is now. */
 function magic(fd: number): string {
   return `/proc/self/fd/${fd}`;
@@ -395,7 +425,7 @@ function grantOwner(fd: number, stat: BigIntStats, bits: number): (() => void) |
   return () => chmodSync(magic(fd), mode);
 }
 
-function openQuiet(where: string, flags: number): number | undefined {
+function openQuiet(where: string | Buffer, flags: number): number | undefined {
   try {
     return openSync(where, flags);
   } catch (err) {
@@ -404,7 +434,7 @@ function openQuiet(where: string, flags: number): number | undefined {
   }
 }
 
-function lstatQuiet(where: string): BigIntStats | undefined {
+function lstatQuiet(where: string | Buffer): BigIntStats | undefined {
   try {
     return lstatSync(where, { bigint: true });
   } catch (err) {
@@ -414,9 +444,10 @@ function lstatQuiet(where: string): BigIntStats | undefined {
 }
 
 /** A symlink's target, read through its directory's descriptor; undefined if the name is no longer a link. */
-function readLink(where: string): string | undefined {
+function readLink(where: string | Buffer): string | undefined {
   try {
-    return readlinkSync(where);
+    // As bytes: a target that is not UTF-8 is kept verbatim (raw-names.ts).
+    return nameFromBytes(readlinkSync(where, { encoding: 'buffer' }));
   } catch (err) {
     if (hasErrorCode(err, 'ENOENT') || hasErrorCode(err, 'EINVAL')) return undefined;
     throw err;

@@ -7,6 +7,7 @@ import { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits, type CheckedEntry } from '../archive';
+import { hasEscapes } from '../raw-names';
 import { CHUNK_SIZES } from './fastcdc';
 import { chunkHash } from './hasher';
 import { zstdCompress, zstdDecompress } from './zstd';
@@ -22,6 +23,9 @@ import { zstdCompress, zstdDecompress } from './zstd';
 // shared by every checkpoint that has the same segment, and the object itself
 // (the top) only names its segments and packs: an unchanged re-suspend writes the
 // top alone. Either names every object it needs, so it restores on its own.
+// `stasis-cas-3` is `stasis-cas-2` written for a tree holding a name or symlink target
+// that is not UTF-8 (escaped in its string, stores/raw-names.ts), so that readers
+// before it refuse it rather than restore the name as U+FFFD bytes (splitFormat).
 
 /**
  * The ending of a content-addressed checkpoint's own object (its top object) as written now: gzip, in
@@ -99,12 +103,31 @@ export const ManifestV1 = z.object({
 });
 
 /**
+ * The format of a split manifest of `entries`: `stasis-cas-3` when a path or symlink target holds a
+ * name that is not UTF-8 (escaped, stores/raw-names.ts), `stasis-cas-2` otherwise. The two are the
+ * same on the wire but for this field: readers before `-3` would write an escaped name as U+FFFD
+ * bytes (a silently wrong restore), and refuse a format they do not know instead. Trees of UTF-8
+ * names keep `-2`, which every worker reads.
+ */
+export function splitFormat(entries: readonly ManifestEntry[]): 'stasis-cas-2' | 'stasis-cas-3' {
+  for (const entry of entries) {
+    if (hasEscapes(entry.p) || (entry.l !== undefined && hasEscapes(entry.l))) return 'stasis-cas-3';
+  }
+  return 'stasis-cas-2';
+}
+
+/** Whether `format` is a split one (top object and segments). */
+export function isSplitFormat(format: string): format is 'stasis-cas-2' | 'stasis-cas-3' {
+  return format === 'stasis-cas-2' || format === 'stasis-cas-3';
+}
+
+/**
  * `stasis-cas-2` on the wire, the top object: the segments holding the entries (in order) and every
  * pack their chunks are in. Segments are separate objects under `segments/`, named by the sha-256
  * of their JSON, so an unchanged segment is stored once and named by every checkpoint that has it.
  */
 export const TopManifest = z.object({
-  format: z.literal('stasis-cas-2'),
+  format: z.enum(['stasis-cas-2', 'stasis-cas-3']),
   takenAtNs: Ns,
   segments: z.array(SegmentRef),
   packs: PackRefs,
@@ -113,8 +136,8 @@ export type TopManifest = z.infer<typeof TopManifest>;
 
 /** A manifest whole, as restore and the next checkpoint see it, whichever format it was read from. */
 export const Manifest = ManifestV1.extend({
-  format: z.enum(['stasis-cas-1', 'stasis-cas-2']),
-  /** `stasis-cas-2`: the segments the entries are stored in (the next checkpoint uploads only those it lacks). */
+  format: z.enum(['stasis-cas-1', 'stasis-cas-2', 'stasis-cas-3']),
+  /** `stasis-cas-2` and `-3`: the segments the entries are stored in (the next checkpoint uploads only those it lacks). */
   segments: z.array(SegmentRef).optional(),
 });
 export type Manifest = z.infer<typeof Manifest>;
@@ -218,7 +241,8 @@ export async function readManifest(
   budget.left -= json.length;
   const value = parseJson(json, uri);
   const format = (value as { format?: unknown } | undefined)?.format;
-  if (format !== 'stasis-cas-2') return checkManifest(parseOr(ManifestV1, value, uri), uri, packsPrefixOf(uri), limits);
+  if (format !== 'stasis-cas-2' && format !== 'stasis-cas-3')
+    return checkManifest(parseOr(ManifestV1, value, uri), uri, packsPrefixOf(uri), limits);
   const top = parseOr(TopManifest, value, uri);
   onPacks?.(top.packs);
   // Each segment's entries are checked as it arrives, the rest once all are here.
@@ -352,7 +376,7 @@ async function readSegments(
     await Promise.allSettled(bodies);
   }
   return {
-    format: 'stasis-cas-2',
+    format: top.format,
     takenAtNs: top.takenAtNs,
     entries,
     chunks,

@@ -9,6 +9,7 @@ import type { Checkpoint } from '../../common/schemas';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore, DownloadCheck } from '../index';
 import type { ArchiveLimits } from '../archive';
+import { fsPath } from '../raw-names';
 import { Slicer } from '../walk';
 import { dataRuns } from '../zeros';
 import { nowNs, racyUntilNs, type Baseline } from './baseline';
@@ -183,8 +184,9 @@ async function writeFiles(
   );
   const target = path.resolve(input.targetDir);
   // Entry paths are normal here (checkManifest: no `.`, `..` or empty segment, no leading `/`): joined
-  // as they are (path.join per entry was ~60 ms of a 20,000-file restore).
-  const absolute = (entry: ManifestEntry) => `${target}/${entry.p}`;
+  // as they are (path.join per entry was ~60 ms of a 20,000-file restore). A path holding a name that
+  // is not UTF-8 (escaped, raw-names.ts) is given to fs as its bytes.
+  const absolute = (entry: ManifestEntry) => fsPath(`${target}/${entry.p}`);
   const local: Baseline['local'] = {};
   const slicer = new Slicer();
   const flusher = new Flusher(input.flush);
@@ -214,7 +216,7 @@ async function writeFiles(
       }
       asRestored(entry, storedMtime(BigInt(entry.mt)));
       if (entry.k === 'h') {
-        const first = path.join(target, ...(entry.l ?? '').split('/'));
+        const first = fsPath(path.join(target, ...(entry.l ?? '').split('/')));
         // link(2) does not follow a symlink at the source, and the manifest's checks made it a regular file anyway.
         fsSync.linkSync(first, absolute(entry));
         // A link changes the file's ctime: the baseline takes it again, or the next suspend would read the file.
@@ -235,7 +237,8 @@ async function writeFiles(
   for (const entry of manifest.entries) {
     if (entry.k !== 'l') continue;
     if (slicer.due()) await slicer.turn();
-    fsSync.symlinkSync(entry.l ?? '', absolute(entry));
+    // The target verbatim, as its bytes.
+    fsSync.symlinkSync(fsPath(entry.l ?? ''), absolute(entry));
     const time = seconds(entry.mt);
     fsSync.lutimesSync(absolute(entry), time, time);
   }
@@ -365,7 +368,7 @@ function asRestored(entry: ManifestEntry, mt: string): void {
  * small ones): the writer then awaits nothing per file.
  */
 function writeFile(
-  file: string,
+  file: string | Buffer,
   entry: ManifestEntry,
   packs: PackReader,
 ): fsSync.BigIntStats | Promise<fsSync.BigIntStats> {
@@ -393,7 +396,7 @@ function writeFile(
 /** The rest of writeFile from chunk `from` on, waiting for packs as needed; closes the descriptor. */
 async function writeRest(
   fd: number,
-  file: string,
+  file: string | Buffer,
   entry: ManifestEntry,
   packs: PackReader,
   from: number,
@@ -427,9 +430,14 @@ function writeChunk(fd: number, chunk: Buffer, at: FileAt): void {
  * Checks a written file's length, gives it its length if it ends in a hole, sets its mtime (and mode
  * if the umask took bits) and returns its stat.
  */
-function finishFile(fd: number, file: string, entry: ManifestEntry, { written, end }: FileAt): fsSync.BigIntStats {
+function finishFile(
+  fd: number,
+  file: string | Buffer,
+  entry: ManifestEntry,
+  { written, end }: FileAt,
+): fsSync.BigIntStats {
   // A short write (a full disk can end one without an error) must never pass for the whole file.
-  if (written !== entry.s) throw new Error(`${file}: wrote ${written} of ${entry.s} bytes`);
+  if (written !== entry.s) throw new Error(`${file.toString()}: wrote ${written} of ${entry.s} bytes`);
   if (end < written) fsSync.ftruncateSync(fd, written);
   const time = seconds(entry.mt);
   fsSync.futimesSync(fd, time, time);

@@ -21,7 +21,9 @@ import {
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
+  isSplitFormat,
   packsPrefixOf,
+  splitFormat,
   storedMtime,
   type ChunkPlace,
   type Manifest,
@@ -261,14 +263,15 @@ async function storeManifest(
 ): Promise<{ checkpoint: Checkpoint; manifest: Manifest }> {
   // Either failing fails the checkpoint at once (a failed pack has stopped the segments not yet put).
   const [refs] = await Promise.all([segments.finish(), packed]);
+  const format = splitFormat(manifest.entries);
   const top: TopManifest = {
-    format: 'stasis-cas-2',
+    format,
     takenAtNs: manifest.takenAtNs,
     segments: refs,
     packs: manifest.packs,
   };
   const checkpoint = await storeTop(input, top, stats);
-  return { checkpoint, manifest: { ...manifest, format: 'stasis-cas-2', segments: refs } };
+  return { checkpoint, manifest: { ...manifest, format, segments: refs } };
 }
 
 /** Stores the top object, the last of a checkpoint: from then on it names its segments and packs. */
@@ -321,7 +324,7 @@ export async function repeatCheckpoint(input: {
   signal?: AbortSignal;
 }): Promise<{ checkpoint: Checkpoint; baseline: Baseline; stats: TakeStats } | undefined> {
   const { manifest } = input.baseline;
-  if (!input.baseline.split || manifest.format !== 'stasis-cas-2' || !manifest.segments) return undefined;
+  if (!input.baseline.split || !isSplitFormat(manifest.format) || !manifest.segments) return undefined;
   // Only a live checkpoint keeps its segments and packs from garbage collection (a round trip, beside the proof's).
   const usable = usableBaseline(input.store, input.baseline, input.prefix);
   usable.catch(() => undefined); // awaited below
@@ -341,8 +344,9 @@ export async function repeatCheckpoint(input: {
   let files = 0;
   for (const entry of manifest.entries) if (entry.k === 'f') files += 1;
   const stats = noStats(files);
-  const top = {
-    format: 'stasis-cas-2' as const,
+  const top: TopManifest = {
+    // The baseline's own (splitFormat made it when it was stored): the same entries need the same readers.
+    format: manifest.format,
     takenAtNs: manifest.takenAtNs,
     segments: manifest.segments,
     packs: manifest.packs,

@@ -107,7 +107,7 @@ async function craft(
   const [body, suffix] =
     format === 'stasis-cas-1'
       ? [await encodeManifest(manifest), ZSTD_MANIFEST_SUFFIX]
-      : [await segmented(target, prefix, manifest, locatedLast), MANIFEST_SUFFIX];
+      : [await segmented(target, prefix, manifest, locatedLast, format), MANIFEST_SUFFIX];
   return target.put(`${prefix}${uniqueId('m')}${suffix}`, Readable.from([body]), { run: 'r1' });
 }
 
@@ -117,6 +117,7 @@ async function segmented(
   prefix: string,
   manifest: Manifest,
   locatedLast = false,
+  format: Manifest['format'] = 'stasis-cas-2',
 ): Promise<Buffer> {
   const segments: [string, number, number, number][] = [];
   for (let from = 0; from < manifest.entries.length; from += 2) {
@@ -140,7 +141,7 @@ async function segmented(
     await target.put(`${prefix}${SEGMENTS_DIR}${sha256(json)}${SEGMENT_SUFFIX}`, Readable.from([stored]), {});
     segments.push([sha256(json), stored.length, json.length, entries.length]);
   }
-  const top = { format: 'stasis-cas-2', takenAtNs: manifest.takenAtNs, segments, packs: manifest.packs };
+  const top = { format, takenAtNs: manifest.takenAtNs, segments, packs: manifest.packs };
   return gzipSync(Buffer.from(JSON.stringify(top)));
 }
 
@@ -303,7 +304,7 @@ describe('crafted manifests', () => {
   );
 
   const x = Buffer.from('x');
-  type Named = string | Record<Manifest['format'], string>;
+  type Named = string | Record<'stasis-cas-1' | 'stasis-cas-2', string>;
   const cases: [string, Crafted[], ((manifest: Manifest) => void) | undefined, Named][] = [
     ['a ".." segment', [{ p: 'workspace/../etc/x', k: 'f', data: x }], undefined, 'workspace/../etc/x'],
     ['an absolute path', [{ p: '/workspace/x', k: 'f', data: x }], undefined, '/workspace/x'],
@@ -379,6 +380,66 @@ describe('crafted manifests', () => {
       expect(err.message).toContain(typeof named === 'string' ? named : named[format]);
       expect(await fs.readdir(dir)).toEqual([]);
     });
+  });
+
+  // Names that are not UTF-8 are held escaped (stores/raw-names.ts: each byte from 0x80 up as U+DC80..U+DCFF).
+  // A crafted manifest may hold any string: one that is no escape of a name's bytes is refused, naming it.
+  const unnamed: [string, Crafted[], string][] = [
+    ['a lone surrogate outside U+DC80..U+DCFF', [{ p: 'workspace/a\uD800b', k: 'f', data: x }], 'workspace/a\\ud800b'],
+    ['a lone high surrogate at the end', [{ p: 'workspace/a\uDBFF', k: 'd' }], 'workspace/a\\udbff'],
+    ['an escaped ".."', [{ p: 'workspace/\uDC2E\uDC2E/x', k: 'f', data: x }], 'workspace/\\udc2e\\udc2e/x'],
+    ['an escaped "/"', [{ p: 'workspace/a\uDC2Fb', k: 'f', data: x }], 'workspace/a\\udc2fb'],
+    ['an escaped NUL', [{ p: 'workspace/a\uDC00b', k: 'f', data: x }], 'workspace/a\\udc00b'],
+    // C3 A9 is "é": escaped, it would write the very file "workspace/é" names.
+    [
+      'escaped bytes that are valid UTF-8',
+      [
+        { p: 'workspace/\u00e9', k: 'f', data: x },
+        { p: 'workspace/\uDCC3\uDCA9', k: 'f', data: x },
+      ],
+      'workspace/\\udcc3\\udca9',
+    ],
+    ['a symlink whose target is no escape', [{ p: 'workspace/l', k: 'l', l: '../\uDE00x' }], 'workspace/l'],
+  ];
+  describe.each(['stasis-cas-1', 'stasis-cas-2', 'stasis-cas-3'] as const)('%s', (format) => {
+    test.each(unnamed)('%s is CHECKPOINT_INVALID naming it, and nothing is written', async (_, entries, named) => {
+      const checkpoint = await craft(store, [{ p: 'workspace', k: 'd' }, ...entries], undefined, format);
+      const outer = await tempDir('cas-attack-names');
+      const dir = path.join(outer, 'target');
+      await fs.mkdir(dir);
+      const err = await stasisError(restoreInto(store, checkpoint, dir), 'CHECKPOINT_INVALID');
+      expect(err.message).toContain(named);
+      expect(err.message).toContain('no escaped byte of a name');
+      expect(await fs.readdir(dir)).toEqual([]);
+      expect(await fs.readdir(outer, { encoding: 'buffer' })).toEqual([Buffer.from('target')]);
+    });
+  });
+
+  test('a crafted stasis-cas-3 manifest of escaped names that are bytes restores them as those bytes', async () => {
+    const checkpoint = await craft(
+      store,
+      [
+        { p: 'workspace', k: 'd' },
+        { p: 'workspace/\uDCFFd', k: 'd' },
+        { p: 'workspace/\uDCFFd/f\uDCE9', k: 'f', data: x },
+        { p: 'workspace/l', k: 'l', l: '\uDCFE/t' },
+      ],
+      undefined,
+      'stasis-cas-3',
+    );
+    const dir = await tempDir('cas-attack-names');
+    await restoreInto(store, checkpoint, dir);
+    const workspace = Buffer.from(`${dir}/workspace/`);
+    expect((await fs.readdir(workspace, { encoding: 'buffer' })).sort(Buffer.compare)).toEqual([
+      Buffer.from('l'),
+      Buffer.from([0xff, 0x64]),
+    ]);
+    const sub = Buffer.concat([workspace, Buffer.from([0xff, 0x64, 0x2f])]);
+    expect(await fs.readdir(sub, { encoding: 'buffer' })).toEqual([Buffer.from([0x66, 0xe9])]);
+    expect(await fs.readFile(Buffer.concat([sub, Buffer.from([0x66, 0xe9])]))).toEqual(x);
+    expect(await fs.readlink(Buffer.concat([workspace, Buffer.from('l')]), { encoding: 'buffer' })).toEqual(
+      Buffer.from([0xfe, 0x2f, 0x74]),
+    );
   });
 
   test('random hostile manifests restore inside the target or are CHECKPOINT_INVALID; nothing outside changes', async () => {
