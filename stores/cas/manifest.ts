@@ -217,6 +217,16 @@ export async function encodeManifest(manifest: Manifest): Promise<Buffer> {
  * The top object's bytes, stored under MANIFEST_SUFFIX: gzip, synchronously (a few KiB at 20,000
  * files take well under a millisecond; the zstd command took ~30 ms a call).
  */
+/**
+ * The JSON bytes (top object and segments together) a restore reads of a manifest under `limits`: an
+ * entry holds about 200, so this keeps a bomb out. A release checks its manifest against it too
+ * (takeCheckpoint): a long path or link target of bytes that are not UTF-8 takes six in JSON (`\udcff`)
+ * per byte, and a checkpoint over the budget would be stored, compute terminated, and every restore refused.
+ */
+export function manifestJsonBudget(limits: ArchiveLimits): number {
+  return Math.min(limits.maxEntries * 8192, MAX_MANIFEST_JSON_BYTES);
+}
+
 export function encodeTop(top: TopManifest): Buffer {
   return zlib.gzipSync(Buffer.from(JSON.stringify(top)), { level: 6 });
 }
@@ -235,8 +245,7 @@ export async function readManifest(
   /** Told the pack list as soon as it is read (restore starts fetching packs), before the rest is fetched and checked. */
   onPacks?: (packs: PackRef[]) => void,
 ): Promise<Manifest> {
-  // A manifest holds about 200 bytes per entry; the budget keeps a bomb out (segments share it).
-  const budget = { left: Math.min(limits.maxEntries * 8192, MAX_MANIFEST_JSON_BYTES) };
+  const budget = { left: manifestJsonBudget(limits) };
   const json = await decodeTopObject(data, uri, budget.left);
   budget.left -= json.length;
   const value = parseJson(json, uri);

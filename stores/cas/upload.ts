@@ -5,6 +5,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Readable } from 'node:stream';
 import type { Checkpoint } from '../../common/schemas';
+import { StasisError } from '../../common/errors';
 // Through the index: a path ending in /api reads as the REST layer to the import rules.
 import type { CheckpointStore } from '../index';
 import { CheckpointChecker, type ArchiveLimits } from '../archive';
@@ -18,6 +19,7 @@ import {
   encodeTop,
   MANIFEST_SUFFIX,
   MAX_PACK_BYTES,
+  manifestJsonBudget,
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
@@ -254,7 +256,14 @@ export async function takeCheckpoint(input: {
  * once the packs are stored too, the top object, last.
  */
 async function storeManifest(
-  input: { store: CheckpointStore; prefix: string; name: string; labels: Record<string, string>; signal?: AbortSignal },
+  input: {
+    store: CheckpointStore;
+    prefix: string;
+    name: string;
+    labels: Record<string, string>;
+    limits: ArchiveLimits;
+    signal?: AbortSignal;
+  },
   manifest: Manifest,
   segments: SegmentUploads,
   stats: TakeStats,
@@ -270,6 +279,14 @@ async function storeManifest(
     segments: refs,
     packs: manifest.packs,
   };
+  // What a restore would read, checked before the top object makes the checkpoint one (readManifest).
+  const jsonBytes = Buffer.byteLength(JSON.stringify(top)) + refs.reduce((sum, [, , json]) => sum + json, 0);
+  const budget = manifestJsonBudget(input.limits);
+  if (jsonBytes > budget)
+    throw new StasisError(
+      'CHECKPOINT_INVALID',
+      `the checkpoint's manifest would be ${jsonBytes} bytes of JSON, above the ${budget} a restore reads (${input.limits.maxEntries} entries × 8192): long names or link targets, most of them not UTF-8, take that much`,
+    );
   const checkpoint = await storeTop(input, top, stats);
   return { checkpoint, manifest: { ...manifest, format, segments: refs } };
 }
