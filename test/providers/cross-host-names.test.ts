@@ -1,4 +1,5 @@
 import * as path from 'node:path';
+import type { SandboxProvider } from '../../providers/api';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { rawTree } from '../helpers/raw-tree';
 import { context, s3StoreFromEnv } from './helpers';
@@ -19,6 +20,20 @@ const MAKE_NAMES = [
   `printf 'real U+FFFD\\n' > "$(printf 'caf\\357\\277\\275.txt')"`,
 ].join(' && ');
 
+/** Releases sandbox `id` with a snapshot under `fence`, as a Run's suspend does. */
+function snapshotAndTerminate(provider: SandboxProvider, id: string, fence: number) {
+  return provider.release(
+    {
+      sandboxId: id,
+      idempotencyKey: `run/${id}/${fence}/release`,
+      mode: 'SNAPSHOT_AND_TERMINATE',
+      fence,
+      reason: 'interaction',
+    },
+    context(),
+  );
+}
+
 it('names a sandbox made that are not UTF-8 are restored on another host from the store, byte for byte', async () => {
   const store = s3StoreFromEnv();
   const hostA = await makeHost({ store });
@@ -34,16 +49,7 @@ it('names a sandbox made that are not UTF-8 are restored on another host from th
     before.some((line) => line.startsWith(`${Buffer.from('l\xfd', 'latin1').toString('hex')} link 2e2e2ffe2fedb280`)),
   ).toBe(true);
 
-  const receipt = await hostA.provider.release(
-    {
-      sandboxId: id,
-      idempotencyKey: `run/${id}/2/release`,
-      mode: 'SNAPSHOT_AND_TERMINATE',
-      fence: 2,
-      reason: 'interaction',
-    },
-    context(),
-  );
+  const receipt = await snapshotAndTerminate(hostA.provider, id, 2);
   expect(await hostA.provider.processCount(id)).toBe(0);
   const checkpoint = receipt.checkpoint;
   if (!checkpoint) throw new Error('no checkpoint');
@@ -70,16 +76,7 @@ it('names a sandbox made that are not UTF-8 are restored on another host from th
   const packs = async () => (await store.list(`checkpoints/${id}/packs/`)).map((object) => object.key).sort();
   const packsBefore = await packs();
   expect(packsBefore.length).toBeGreaterThan(0);
-  const again = await hostB.provider.release(
-    {
-      sandboxId: id,
-      idempotencyKey: `run/${id}/4/release`,
-      mode: 'SNAPSHOT_AND_TERMINATE',
-      fence: 4,
-      reason: 'interaction',
-    },
-    context(),
-  );
+  const again = await snapshotAndTerminate(hostB.provider, id, 4);
   if (!again.checkpoint) throw new Error('no checkpoint');
   expect(again.checkpoint.uri).not.toBe(checkpoint.uri);
   expect(await packs()).toEqual(packsBefore);

@@ -2,7 +2,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import type { CheckpointStore } from '../../stores/api';
-import { DEFAULT_ARCHIVE_LIMITS } from '../../stores/archive';
+import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../../stores/archive';
 import type { Baseline } from '../../stores/cas/baseline';
 import { restoreCheckpoint } from '../../stores/cas/restore';
 import { takeCheckpoint } from '../../stores/cas/upload';
@@ -37,11 +37,12 @@ export async function take(
   });
 }
 
-/** Restores the checkpoint into `target` (a new temporary directory by default), staged beside it. */
+/** Restores the checkpoint into `target` (a new temporary directory by default), staged beside it, under `limits`. */
 export async function restoreFresh(
   store: CheckpointStore,
   checkpoint: Awaited<ReturnType<typeof take>>['checkpoint'],
   target?: string,
+  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
 ) {
   target ??= await tempDir('cas-restore');
   const restored = await restoreCheckpoint({
@@ -49,7 +50,7 @@ export async function restoreFresh(
     checkpoint,
     targetDir: target,
     tempPrefix: `${target}.tmp`,
-    limits: DEFAULT_ARCHIVE_LIMITS,
+    limits,
     progress: { bytes: 0 },
   });
   return { target, ...restored };

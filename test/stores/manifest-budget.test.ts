@@ -2,11 +2,10 @@ import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import { DEFAULT_ARCHIVE_LIMITS, type ArchiveLimits } from '../../stores/archive';
 import { MANIFEST_SUFFIX } from '../../stores/cas/manifest';
-import { restoreCheckpoint } from '../../stores/cas/restore';
 import { takeCheckpoint } from '../../stores/cas/upload';
 import { StasisError } from '../../common/errors';
-import { s3StoreFromEnv, tempDir, uniqueId } from '../providers/helpers';
-import { newSandboxRoot } from './cas-helpers';
+import { s3StoreFromEnv, uniqueId } from '../providers/helpers';
+import { newSandboxRoot, restoreFresh } from './cas-helpers';
 
 // A checkpoint a release stores must be one a restore reads (the release terminates compute once it is
 // stored). A restore reads at most limits.maxEntries × 8192 bytes of manifest JSON; a byte of a name or
@@ -36,15 +35,7 @@ it('40 symlinks with 4,000-byte ASCII targets: taken and restored under maxEntri
   const prefix = `checkpoints/${uniqueId('budget')}/`;
   try {
     const { checkpoint } = await take(root, prefix);
-    const target = await tempDir('budget-restore');
-    await restoreCheckpoint({
-      store,
-      checkpoint,
-      targetDir: target,
-      tempPrefix: `${target}.tmp`,
-      limits: SMALL,
-      progress: { bytes: 0 },
-    });
+    const { target } = await restoreFresh(store, checkpoint, undefined, SMALL);
     expect(await fs.readlink(path.join(target, 'workspace', 'l39'))).toBe('a'.repeat(4000));
   } finally {
     await store.deletePrefix(prefix);
