@@ -28,19 +28,22 @@ export function warmTrees(
   const { O_DIRECTORY, O_NOFOLLOW } = fs.constants;
   let looked = 0;
   const visit = (dir: number): void => {
-    let entries: fsSync.Dirent[];
+    // Names as bytes: one that is not UTF-8 is reached by its bytes (as a string it would spell U+FFFD
+    // and open nothing, or another entry).
+    let entries: fsSync.Dirent<Buffer>[];
     try {
-      entries = fs.readdirSync(`/proc/self/fd/${dir}`, { withFileTypes: true });
+      entries = fs.readdirSync(`/proc/self/fd/${dir}`, { withFileTypes: true, encoding: 'buffer' });
     } catch {
       return;
     }
+    const prefix = Buffer.from(`/proc/self/fd/${dir}/`);
     // A directory whose first two names took under cachedNs each to look up is taken as cached (a cold
     // inode waits on the disk): its other names are left to the walk. Looking up 20,000 cached names
     // cost this thread ~150-290 ms of CPU a first snapshot, beside a walk that needed none of it.
     let quick = 0;
     for (const entry of entries) {
       if (Atomics.load(stop, 0) !== 0) return;
-      const where = `/proc/self/fd/${dir}/${entry.name}`;
+      const where = Buffer.concat([prefix, entry.name]);
       if (!entry.isDirectory()) {
         if (quick >= 2) continue;
         looked += 1;

@@ -74,3 +74,13 @@ test('a top name that is a link (an active workspace) is followed; told to stop,
   // Stopped before or while it ran: never more than the tree.
   expect(await stopped.looked).toBeLessThanOrEqual(10);
 });
+
+test('a directory whose name is not UTF-8 is warmed by its bytes (as a string it opened nothing)', async () => {
+  const root = await tempDir('warm-raw');
+  const dir = Buffer.concat([Buffer.from(`${root}/workspace/`), Buffer.from([0xff])]);
+  fsSync.mkdirSync(path.join(root, 'workspace'));
+  fsSync.mkdirSync(dir);
+  for (let i = 0; i < 10; i += 1) fsSync.writeFileSync(Buffer.concat([dir, Buffer.from(`/f${i}`)]), 'x');
+  // cachedNs 0: every name is looked up, the directory and its 10 files.
+  expect(warmTrees(fsSync, root, ['workspace'], new Int32Array(new SharedArrayBuffer(4)), 0)).toBe(11);
+});
