@@ -52,7 +52,11 @@ async function* tarBlocks(rootDir: string, names: readonly string[], signal?: Ab
     // tar headers here are UTF-8: a name or symlink target that is not (kept escaped by the walk) would
     // be written as U+FFFD. Only the content-addressed format holds such names; this one refuses them.
     if (hasEscapes(entry.path) || (entry.linkpath !== undefined && hasEscapes(entry.linkpath))) {
-      const which = hasEscapes(entry.path) ? 'has a name' : 'is a symlink whose target';
+      const which = hasEscapes(entry.path)
+        ? 'has a name'
+        : entry.kind === 'hardlink'
+          ? 'is a hardlink to a name that'
+          : 'is a symlink whose target';
       throw invalid(
         shownName(entry.path),
         `${which} is not UTF-8, which a tar.gz checkpoint cannot name (the content-addressed format, written wherever the zstd command is installed, can)`,
