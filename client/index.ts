@@ -238,6 +238,8 @@ export class StasisClient {
   /** Create and drive standalone sandboxes (no Run, no agent loop). */
   readonly sandboxes: SandboxesApi;
   private readonly identities = new Map<string, StasisClient>();
+  /** The shared task queue of the workers this client drives (options.taskQueue, checked). */
+  private readonly taskQueue: string;
   /** Made by {@link withIdentity}: the connection is its parent's, and close() leaves it open. */
   private borrowsConnection = false;
 
@@ -251,6 +253,7 @@ export class StasisClient {
     // A worker polls only such a queue (STASIS_TASK_QUEUE), and listings put it in a visibility query.
     if (typeof taskQueue !== 'string' || !QUEUE_NAME.test(taskQueue))
       throw new StasisError('INVALID_ARGUMENT', `taskQueue: ${QUEUE_NAME_RULE} (got ${JSON.stringify(taskQueue)})`);
+    this.taskQueue = taskQueue;
     const hostPaths = options.hostPaths ?? { allowed: [] };
     this.runs = new RunsApi(temporal, taskQueue, hostPaths);
     this.sandboxes = new SandboxesApi(
@@ -334,11 +337,7 @@ export class StasisClient {
    * retries and latency of the hosts its store holds figures of.
    */
   async metricsSnapshot(): Promise<MetricsSnapshot> {
-    return collectMetrics(
-      open(this.temporal),
-      this.options.taskQueue ?? DEFAULT_TASK_QUEUE,
-      this.options.workerMetrics,
-    );
+    return collectMetrics(open(this.temporal), this.taskQueue, this.options.workerMetrics);
   }
 
   /**

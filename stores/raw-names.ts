@@ -9,12 +9,10 @@
 // Node's fs encodes a string path as UTF-8 (a lone surrogate as EF BF BD): a path holding an escape
 // is handed to fs as its bytes (fsPath).
 
-const LONE_SURROGATE = /\p{Cs}/u;
+import { hasLoneSurrogate } from '../common/wire-json';
 
 /** Whether `text` holds a lone surrogate (an escaped byte, or anything else no UTF-8 spells). */
-export function hasEscapes(text: string): boolean {
-  return LONE_SURROGATE.test(text);
-}
+export const hasEscapes: (text: string) => boolean = hasLoneSurrogate;
 
 /** The string of a name's (or a path's, or a symlink target's) bytes: UTF-8, each byte of an invalid sequence escaped. */
 export function nameFromBytes(bytes: Uint8Array): string {

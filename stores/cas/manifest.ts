@@ -214,19 +214,22 @@ export async function encodeManifest(manifest: Manifest): Promise<Buffer> {
 }
 
 /**
- * The top object's bytes, stored under MANIFEST_SUFFIX: gzip, synchronously (a few KiB at 20,000
- * files take well under a millisecond; the zstd command took ~30 ms a call).
- */
-/**
  * The JSON bytes (top object and segments together) a restore reads of a manifest under `limits`: an
  * entry holds about 200, so this keeps a bomb out. A release checks its manifest against it too
  * (takeCheckpoint): a long path or link target of bytes that are not UTF-8 takes six in JSON (`\udcff`)
  * per byte, and a checkpoint over the budget would be stored, compute terminated, and every restore refused.
  */
 export function manifestJsonBudget(limits: ArchiveLimits): number {
-  return Math.min(limits.maxEntries * 8192, MAX_MANIFEST_JSON_BYTES);
+  return Math.min(limits.maxEntries * MANIFEST_JSON_BYTES_PER_ENTRY, MAX_MANIFEST_JSON_BYTES);
 }
 
+/** What manifestJsonBudget allows per entry of `maxEntries`. */
+export const MANIFEST_JSON_BYTES_PER_ENTRY = 8192;
+
+/**
+ * The top object's bytes, stored under MANIFEST_SUFFIX: gzip, synchronously (a few KiB at 20,000
+ * files take well under a millisecond; the zstd command took ~30 ms a call).
+ */
 export function encodeTop(top: TopManifest): Buffer {
   return zlib.gzipSync(Buffer.from(JSON.stringify(top)), { level: 6 });
 }
@@ -250,7 +253,7 @@ export async function readManifest(
   budget.left -= json.length;
   const value = parseJson(json, uri);
   const format = (value as { format?: unknown } | undefined)?.format;
-  if (format !== 'stasis-cas-2' && format !== 'stasis-cas-3')
+  if (typeof format !== 'string' || !isSplitFormat(format))
     return checkManifest(parseOr(ManifestV1, value, uri), uri, packsPrefixOf(uri), limits);
   const top = parseOr(TopManifest, value, uri);
   onPacks?.(top.packs);

@@ -19,6 +19,7 @@ import {
   encodeTop,
   MANIFEST_SUFFIX,
   MAX_PACK_BYTES,
+  MANIFEST_JSON_BYTES_PER_ENTRY,
   manifestJsonBudget,
   PACK_BYTES,
   PACKS_DIR,
@@ -285,7 +286,7 @@ async function storeManifest(
   if (jsonBytes > budget)
     throw new StasisError(
       'CHECKPOINT_INVALID',
-      `the checkpoint's manifest would be ${jsonBytes} bytes of JSON, above the ${budget} a restore reads (${input.limits.maxEntries} entries × 8192): long names or link targets, most of them not UTF-8, take that much`,
+      `the checkpoint's manifest would be ${jsonBytes} bytes of JSON, above the ${budget} a restore reads (${input.limits.maxEntries} entries × ${MANIFEST_JSON_BYTES_PER_ENTRY}): long names or link targets, most of them not UTF-8, take that much`,
     );
   const checkpoint = await storeTop(input, top, stats);
   return { checkpoint, manifest: { ...manifest, format, segments: refs } };
