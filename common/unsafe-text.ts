@@ -15,22 +15,29 @@
  * operators and the deprecated format characters U+2060–U+206F, BOM U+FEFF, interlinear annotation
  * U+FFF9–U+FFFB, and the tag characters U+E0000–U+E007F (invisible text a model reads: "ASCII
  * smuggling"). An emoji's ZWJ or tags are shown escaped too: a command is read, not decorated.
- * Variation selectors are not in the set (U+FE0F is in most emoji shown in colour).
  *
- * Astral (the tags): build the RegExp with UNSAFE_TEXT_FLAGS.
+ * And the variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF), which show as nothing after any
+ * character: 256 of them spell any bytes ("emoji smuggling"), and one after a name makes another
+ * name (`./build\u{e0100}` is not `./build`). Only the one selector an emoji takes is left as it
+ * is: U+FE0E or U+FE0F right after an emoji character (`❤️`, a keycap `1️⃣`); a second one, or one
+ * after anything else, is escaped.
+ *
+ * One character per match (the selector's rule looks at the character before it). Astral (the tags,
+ * the selectors): build the RegExp with UNSAFE_TEXT_FLAGS.
  */
-export const UNSAFE_TEXT_CLASS =
+export const UNSAFE_TEXT_PATTERN =
   '[\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u034f\\u061c\\u115f\\u1160\\u180e\\u200b-\\u200f\\u2028-\\u202e' +
-  '\\u2060-\\u206f\\u3164\\ufeff\\uffa0\\ufff9-\\ufffb\\u{e0000}-\\u{e007f}]';
+  '\\u2060-\\u206f\\u3164\\ufe00-\\ufe0d\\ufeff\\uffa0\\ufff9-\\ufffb\\u{e0000}-\\u{e007f}\\u{e0100}-\\u{e01ef}]' +
+  '|(?<!\\p{Emoji})[\\ufe0e\\ufe0f]';
 
-/** The flags UNSAFE_TEXT_CLASS needs: `u`, so an astral character is one code point, not two halves. */
+/** The flags UNSAFE_TEXT_PATTERN needs: `u`, so an astral character is one code point, not two halves (and `\p{…}` works). */
 export const UNSAFE_TEXT_FLAGS = 'u';
 
-/** A fresh global RegExp of UNSAFE_TEXT_CLASS. */
+/** A fresh global RegExp of UNSAFE_TEXT_PATTERN. */
 export function unsafeTextPattern(): RegExp {
   // Each joiner and combining mark of the class is meant on its own: it is what is matched.
   // eslint-disable-next-line no-misleading-character-class
-  return new RegExp(UNSAFE_TEXT_CLASS, `${UNSAFE_TEXT_FLAGS}g`);
+  return new RegExp(UNSAFE_TEXT_PATTERN, `${UNSAFE_TEXT_FLAGS}g`);
 }
 
 /** How an unsafe character is shown: `\u` and its four hex digits, or `\u{…}` for an astral one. */

@@ -1,4 +1,4 @@
-import { UNSAFE_TEXT_CLASS, UNSAFE_TEXT_FLAGS } from './unsafe-text';
+import { UNSAFE_TEXT_PATTERN, UNSAFE_TEXT_FLAGS } from './unsafe-text';
 // What every JSON request must be beyond its schema (I-JSON, RFC 7493, and a
 // nesting limit): no key twice in an object (parsers disagree on which one
 // counts), only well-formed Unicode (a lone surrogate cannot travel as UTF-8,
@@ -18,7 +18,7 @@ const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[
 export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
 
 /** Any character of the set shown escaped to people (common/unsafe-text.ts, its one home); not global. */
-export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_CLASS, UNSAFE_TEXT_FLAGS);
+export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_PATTERN, UNSAFE_TEXT_FLAGS);
 /** Why a name (a client identity, who answered) holding one is refused: it would read as another name. */
 export const CONTROL_CHARACTER_PROBLEM = 'must not contain a control, bidi or invisible character';
 /** Why a string holding a lone surrogate is refused. */

@@ -23,19 +23,24 @@ import {
  * `\n`, a mark that reorders), each written out here rather than taken from common/unsafe-text.ts:
  * zero-width and bidi marks, the Arabic letter mark, word joiner and invisible operators, the
  * deprecated format characters, BOM, soft hyphen, Mongolian vowel separator, line and paragraph
- * separators, interlinear annotation, Hangul fillers, the combining grapheme joiner, and the tag
- * characters (astral: "ASCII smuggling" that a person cannot see and a model reads).
+ * separators, interlinear annotation, Hangul fillers, the combining grapheme joiner, the tag
+ * characters (astral: "ASCII smuggling" that a person cannot see and a model reads), and the variation
+ * selectors no emoji takes (U+FE00–U+FE0D, and the astral U+E0100–U+E01EF: "emoji smuggling").
  */
 const INVISIBLE = [
   ...['\u200b', '\u200c', '\u200d', '\u200e', '\u200f', '\u061c', '\u2060', '\u2061', '\u2062', '\u2063'],
   ...['\u2064', '\u2065', '\u206a', '\u206f', '\ufeff', '\u00ad', '\u180e', '\u2028', '\u2029', '\ufff9'],
   ...['\ufffa', '\ufffb', '\u115f', '\u1160', '\u3164', '\uffa0', '\u034f'],
   ...['\u{e0000}', '\u{e0001}', '\u{e0041}', '\u{e007f}'],
+  ...['\ufe00', '\ufe01', '\ufe0d', '\u{e0100}', '\u{e0155}', '\u{e01ef}'],
 ];
-/** What terminalSafe must never print as it is: controls, bidi, and the invisible characters above. */
+/**
+ * What terminalSafe must never print as it is: controls, bidi, the invisible characters above, and
+ * U+FE0E/U+FE0F anywhere but right after an emoji character (the one selector an emoji takes).
+ */
 const UNSAFE =
   // eslint-disable-next-line no-control-regex, no-misleading-character-class
-  /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufeff\uffa0\ufff9-\ufffb\u{e0000}-\u{e007f}]/u;
+  /[\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0d\ufeff\uffa0\ufff9-\ufffb\u{e0000}-\u{e007f}\u{e0100}-\u{e01ef}]|(?<!\p{Emoji})[\ufe0e\ufe0f]/u;
 /** Strings an attacker would write: shell syntax, quotes, escapes, controls, bidi, invisible characters, plus any other text. */
 const hostile = fc.string({
   unit: fc.oneof(
@@ -43,6 +48,7 @@ const hostile = fc.string({
       ...["'", '"', '$', '(', ')', '`', '|', '[', ']', '\\', ' ', ';', '&', '*', '~', '!', '#', '<', '>', '\t'],
       ...['\n', '\r', '\u001b', '\u0007', '\u009b', '\u0085', '\u007f', '\u202e', '\u2066', '\u2069', '\u0001'],
       ...['$(touch x)', '\u001b]0;title\u0007', '\u001b[2K\u001b[1A', 'rm -rf ./build\u200b', '\u{e0069}\u{e0067}'],
+      ...['\ufe0e', '\ufe0f', '\u2764', '\u{1f600}', '1', '\u20e3', '\u{1f3fb}'],
       ...INVISIBLE,
     ),
     fc.string({ unit: 'binary', maxLength: 2 }),
@@ -84,6 +90,28 @@ describe('terminalSafe', () => {
         const safe = terminalSafe(`${before}${c}${after}`);
         expect(safe).toContain(shown);
         expect(safe).not.toMatch(UNSAFE);
+      }),
+    );
+  });
+
+  test('a variation selector is shown as it is only where an emoji takes it: one, right after the emoji', () => {
+    // The selectors an emoji takes: shown as the emoji they make.
+    expect(terminalSafe('ship it \u2764\ufe0f')).toBe('ship it \u2764\ufe0f');
+    expect(terminalSafe('step 1\ufe0f\u20e3 \u263a\ufe0e')).toBe('step 1\ufe0f\u20e3 \u263a\ufe0e');
+    // After a name they make another name, which reads as the first.
+    expect(terminalSafe('rm -rf ./build\ufe0f')).toBe('rm -rf ./build\\ufe0f');
+    expect(terminalSafe('./build\u{e0100}')).toBe('./build\\u{e0100}');
+    expect(terminalSafe('\u2764\ufe0f\ufe0f')).toBe('\u2764\ufe0f\\ufe0f');
+    // Emoji smuggling: any bytes as selectors after one emoji (0x00-0x0f → U+FE00.., 0x10.. → U+E0100..).
+    const selector = (byte: number) => String.fromCodePoint(byte < 16 ? 0xfe00 + byte : 0xe0100 + byte - 16);
+    fc.assert(
+      fc.property(fc.constantFrom('\u{1f600}', '\u2764', '#', 'a'), fc.uint8Array({ minLength: 1 }), (emoji, bytes) => {
+        const hidden = [...bytes].map(selector).join('');
+        const safe = terminalSafe(`${emoji}${hidden}`);
+        expect(safe).not.toMatch(UNSAFE);
+        // Every byte is in sight: only a first U+FE0E/U+FE0F after an emoji stays a selector.
+        const kept = /\p{Emoji}/u.test(emoji) && (bytes[0] === 14 || bytes[0] === 15) ? 1 : 0;
+        expect(safe.match(/\\u(\{[0-9a-f]+\}|[0-9a-f]{4})/g) ?? []).toHaveLength(bytes.length - kept);
       }),
     );
   });

@@ -33,6 +33,8 @@ import { CONTROL_CHARACTER } from '../../common/wire-json';
 const unsafeChar = fc.constantFrom(
   ...['\u0007', '\n', '\u0085', '\u202e', '\u2067', '\u200b', '\u200d', '\u061c', '\u2060', '\ufeff'],
   ...['\u00ad', '\u180e', '\u2028', '\u2029', '\ufffa', '\u115f', '\u3164', '\u034f', '\u{e0041}', '\u{e007f}'],
+  // Variation selectors no emoji takes, wherever they are (U+FE0E/U+FE0F: in the examples below).
+  ...['\ufe00', '\ufe0d', '\u{e0100}', '\u{e01ef}'],
 );
 const text = fc.oneof(
   fc.string(),
@@ -248,11 +250,14 @@ test('respondedBy: a name holding a control, bidi or invisible character, or a l
     response: { decision: 'approve' },
     respondedBy,
   });
-  expect(RespondInput.safeParse(named('alice')).success).toBe(true);
-  expect(respondInputIssues(named('alice'))).toEqual([]);
+  // An emoji with the one selector it takes is a name like any other.
+  for (const fine of ['alice', 'ops \u2764\ufe0f', 'team 1\ufe0f\u20e3']) {
+    expect(RespondInput.safeParse(named(fine)).success).toBe(true);
+    expect(respondInputIssues(named(fine))).toEqual([]);
+  }
   const bad = fc.oneof(
     fc.tuple(fc.string({ maxLength: 8 }), unsafeChar, fc.string({ maxLength: 8 })).map((parts) => parts.join('')),
-    fc.constantFrom('alice\u200b', 'bob\u0007', '\ud800', 'x\udc00y'),
+    fc.constantFrom('alice\u200b', 'bob\u0007', '\ud800', 'x\udc00y', 'alice\ufe0f', 'ops \u2764\ufe0f\ufe0f'),
   );
   fc.assert(
     fc.property(bad, (respondedBy) => {
