@@ -52,6 +52,8 @@ export const MAX_PACK_BYTES = PACK_BYTES + CHUNK_SIZES.max;
 
 const Sha256 = z.string().regex(/^[0-9a-f]{64}$/);
 const Ns = z.string().regex(/^[0-9]{1,25}$/);
+/** A file's time in nanoseconds: before 1970 it is negative (`touch -d 1969-12-31` is any sandbox's to make). */
+const FileNs = z.string().regex(/^-?[0-9]{1,25}$/);
 
 export const ManifestEntry = z.object({
   /** `workspace/a/b` */
@@ -62,13 +64,13 @@ export const ManifestEntry = z.object({
   m: z.number().int().nonnegative(),
   s: z.number().int().nonnegative(),
   /** mtime in nanoseconds, as a decimal string; written to the microsecond (storedMtime), as a restore sets it */
-  mt: Ns,
+  mt: FileNs,
   /**
    * ctime in nanoseconds: earlier versions wrote it, read and ignored now. A ctime is a fact of the host
    * (a restore elsewhere gives every file a new one), so it lives only in the local baseline: in a
    * segment it made every segment new after a restore on another host.
    */
-  ct: Ns.optional(),
+  ct: FileNs.optional(),
   /** a symlink's target, verbatim; a hardlink's first path */
   l: z.string().optional(),
   /** a file's chunk hashes, in order */
@@ -144,7 +146,7 @@ export type Manifest = z.infer<typeof Manifest>;
 export type PackRef = Manifest['packs'][number];
 
 const SHA256 = /^[0-9a-f]{64}$/;
-const NS = /^[0-9]{1,25}$/;
+const FILE_NS = /^-?[0-9]{1,25}$/;
 const KINDS = new Set(['d', 'f', 'l', 'h']);
 const isCount = (x: unknown) => typeof x === 'number' && Number.isInteger(x) && x >= 0;
 
@@ -162,8 +164,8 @@ export function isManifestEntry(value: unknown): value is ManifestEntry {
     isCount(e.m) &&
     isCount(e.s) &&
     typeof e.mt === 'string' &&
-    NS.test(e.mt) &&
-    (e.ct === undefined || (typeof e.ct === 'string' && NS.test(e.ct))) &&
+    FILE_NS.test(e.mt) &&
+    (e.ct === undefined || (typeof e.ct === 'string' && FILE_NS.test(e.ct))) &&
     (e.l === undefined || typeof e.l === 'string') &&
     (e.c === undefined || (Array.isArray(e.c) && e.c.every((h) => typeof h === 'string' && SHA256.test(h))))
   );

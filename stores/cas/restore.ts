@@ -460,14 +460,23 @@ function writeAll(fd: number, chunk: Buffer, position: number): void {
 }
 
 /**
- * Seconds for utimes: Node passes them as a double, which keeps about a quarter
- * of a microsecond at today's dates and is truncated to whole nanoseconds: aimed
- * at the middle of the microsecond, so the microsecond always comes back.
+ * Seconds for utimes, as a numeric string: Node takes a number below 0 as "now" (a file of 1969 came back
+ * dated today), a numeric string as it is. It becomes a double, which keeps about a quarter of a
+ * microsecond at today's dates, and libuv truncates its nanoseconds toward zero, then to the microsecond:
+ * aimed half a microsecond past the microsecond on the side away from zero, so it always comes back.
  */
-function seconds(ns: string): number {
+function seconds(ns: string): string {
   const value = BigInt(ns);
-  const micros = (value % 1_000_000_000n) / 1000n;
-  return Number(value / 1_000_000_000n) + (Number(micros) * 1000 + 500) / 1e9;
+  // Whole seconds rounded down and the microseconds past them (0-999,999), before 1970 as after.
+  let whole = value / 1_000_000_000n;
+  let rest = value % 1_000_000_000n;
+  if (rest < 0n) {
+    rest += 1_000_000_000n;
+    whole -= 1n;
+  }
+  const micros = Number(rest / 1000n);
+  const nudge = whole < 0n ? -500 : 500;
+  return String(Number(whole) + (micros * 1000 + nudge) / 1e9);
 }
 
 /** A pack's decompressed bytes, and the chunks in it whose bytes do not hash to their name (→ what they hash to). */

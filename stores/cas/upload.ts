@@ -24,6 +24,7 @@ import {
   PACK_BYTES,
   PACKS_DIR,
   PACK_SUFFIX,
+  isManifestEntry,
   isSplitFormat,
   packsPrefixOf,
   splitFormat,
@@ -140,6 +141,14 @@ export async function takeCheckpoint(input: {
           const hash = chunks[readyChunks];
           if (packer.located(hash) === undefined && !known.has(hash)) return;
         }
+      }
+      // What restore reads, checked as it checks it: a writer and a reader that disagree (an mtime
+      // before 1970 once) fail the release, which keeps compute, rather than store what never restores.
+      if (!isManifestEntry(entry as unknown)) {
+        throw new StasisError(
+          'CHECKPOINT_INVALID',
+          `${entry.p}: its entry is not one a restore reads (${JSON.stringify(entry)})`,
+        );
       }
       segments.add(entry);
     }
