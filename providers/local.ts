@@ -30,6 +30,7 @@ import {
 import { findExecutable } from './executables';
 import { readWorkspaceFile, writeWorkspaceFile } from './files';
 import { withLifecycleLock } from './lock';
+import { WorkspaceClaims } from './workspace-claims';
 import {
   freezeSandbox,
   killSandbox,
@@ -133,9 +134,29 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   function locked<T>(sandboxId: string, fn: () => Promise<T>): Promise<T> {
     return withLifecycleLock(sandboxId, async () => {
       await settle(sandboxId, false);
-      return fn();
+      try {
+        return await fn();
+      } finally {
+        // A provision or restore that claimed an active workspace has written its state, or failed without one.
+        claims.settled(sandboxId);
+      }
     });
   }
+
+  /** Active workspaces must not nest on this host (workspace-claims.ts); the record is the sandboxes' states. */
+  const claims = new WorkspaceClaims(async () => {
+    let names: string[];
+    try {
+      names = await fs.readdir(sandboxesDir(deps.dataDir));
+    } catch (err) {
+      if (hasErrorCode(err, 'ENOENT')) return [];
+      throw err;
+    }
+    const states = await Promise.all(names.map((id) => readState(pathsOf(id)).catch(() => undefined)));
+    return states.flatMap((state) =>
+      state?.workspace.kind === 'active' ? [{ sandboxId: state.sandboxId, hostPath: state.workspace.hostPath }] : [],
+    );
+  });
 
   /** Queues the settling of `sandboxId` behind the current holder of its lock (the release that leaves it). */
   function settleSoon(sandboxId: string): void {
@@ -319,7 +340,12 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
   }
 
   /** Creates the directories of a new sandbox; an active workspace is a link to its (created if missing) host path. */
-  async function layOut(paths: SandboxPaths, workspace: Workspace, limits: SandboxLimits | undefined): Promise<void> {
+  async function layOut(
+    sandboxId: string,
+    paths: SandboxPaths,
+    workspace: Workspace,
+    limits: SandboxLimits | undefined,
+  ): Promise<void> {
     // The root first, durably: the two below never race to create it (the loser would not sync its entry). Whoever
     // else creates it (a restore's downloads) does so durably too, and is waited for before the state is written.
     await makeDirDurable(paths.root);
@@ -337,6 +363,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       await fs.mkdir(paths.workspace, { recursive: true });
       return;
     }
+    await claims.claim(sandboxId, workspace.hostPath, 'workspace.hostPath');
     await fs.mkdir(workspace.hostPath, { recursive: true });
     await fs.symlink(workspace.hostPath, paths.workspace).catch((err: unknown) => {
       if (!hasErrorCode(err, 'EEXIST')) throw err;
@@ -407,7 +434,9 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
       const restoring =
         existing ?? freshState(request.sandboxId, request.fence, workspace, request.env ?? {}, request.limits);
       // The volume is made while the checkpoint downloads (restoreSnapshot writes nothing on it before).
-      const volumeReady = layOut(paths, workspace, restoring.limits).then(() => markStage('volume ready'));
+      const volumeReady = layOut(request.sandboxId, paths, workspace, restoring.limits).then(() =>
+        markStage('volume ready'),
+      );
       volumeReady.catch(() => undefined); // awaited by restoreSnapshot, which settles only after it
       try {
         markStage('old compute ended');
@@ -502,7 +531,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
           );
         if (request.provisionId) state.provisionedBy = request.provisionId;
         if (request.template) state.template = request.template;
-        await layOut(paths, state.workspace, state.limits);
+        await layOut(request.sandboxId, paths, state.workspace, state.limits);
         await writeState(paths, state);
       });
     },
