@@ -13,6 +13,7 @@ import {
   RUN_ID_PREFIX_PROBLEM,
   RUN_STATUSES,
   SANDBOX_WORKFLOW_PREFIX,
+  reservedRunIdProblem,
   workspacePathProblem,
 } from './wire-checks';
 import {
@@ -38,7 +39,11 @@ export const NewRunId = z
   .min(1)
   .max(RUN_ID_MAX, RUN_ID_MAX_PROBLEM)
   .regex(IDENTIFIER_RE, IDENTIFIER_PROBLEM)
-  .refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM);
+  .refine((id) => !id.startsWith(SANDBOX_WORKFLOW_PREFIX), RUN_ID_PREFIX_PROBLEM)
+  .superRefine((id, ctx) => {
+    const problem = reservedRunIdProblem(id);
+    if (problem) ctx.addIssue({ code: z.ZodIssueCode.custom, message: problem });
+  });
 
 export const Duration = z.string().regex(DURATION_RE, DURATION_PROBLEM);
 

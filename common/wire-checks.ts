@@ -21,6 +21,24 @@ export interface WireIssue {
 export const SANDBOX_WORKFLOW_PREFIX = 'sandbox-';
 export const RUN_ID_PREFIX_PROBLEM = `must not start with "${SANDBOX_WORKFLOW_PREFIX}" (the workflow ids of standalone sandboxes)`;
 
+/** Webhook deliveries' workflow ids are `webhook-<deliveryId>` (workflows/webhook-delivery.ts). */
+export const WEBHOOK_WORKFLOW_PREFIX = 'webhook-';
+/** An unnamed child Run's id is `<parentRunId>.child-<n>` (workflows/definitions.ts plainChildRunId). */
+export const CHILD_RUN_MARK = '.child-';
+const CHILD_RUN_ID_END = new RegExp(`${CHILD_RUN_MARK.replace('.', '\\.')}[0-9]+$`);
+/**
+ * Why a caller may not choose an id Stasis gives its own workflows: started first, it took the id from
+ * them (a delivery's start failed and its notification was lost; a child's spawn failed). Only ids a
+ * caller chooses are refused (NewRunId at the client and the API); Runs that have such ids are read as any.
+ */
+export function reservedRunIdProblem(id: string): string | undefined {
+  if (id.startsWith(WEBHOOK_WORKFLOW_PREFIX))
+    return `must not start with "${WEBHOOK_WORKFLOW_PREFIX}" (the workflow ids of webhook deliveries)`;
+  if (CHILD_RUN_ID_END.test(id))
+    return `must not end with "${CHILD_RUN_MARK}<n>" (the ids Stasis gives the Runs a Run spawns unnamed)`;
+  return undefined;
+}
+
 /** An id a caller may choose (a Run's, an action's): up to IDENTIFIER_MAX of these, starting with a letter or digit. */
 export const IDENTIFIER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 export const IDENTIFIER_MAX = 128;

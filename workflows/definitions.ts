@@ -1,6 +1,6 @@
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
 import { sha256Hex } from '../common/hashes';
-import { RUN_ID_MAX, SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
+import { CHILD_RUN_MARK, RUN_ID_MAX, SANDBOX_WORKFLOW_PREFIX } from '../common/wire-checks';
 import type {
   ActionRequest,
   ActionView,
@@ -80,7 +80,7 @@ export const reconcileSignal = defineSignal<[ReconcileInput]>('reconcile');
 export const sandboxWorkflowId = (sandboxId: string): string => `${SANDBOX_WORKFLOW_PREFIX}${sandboxId}`;
 
 /** The id of a Run's `n`th child when its spawn gives none: `<parentRunId>.child-<n>`, as Runs before the cap had it. */
-export const plainChildRunId = (parentRunId: string, n: number): string => `${parentRunId}.child-${n}`;
+export const plainChildRunId = (parentRunId: string, n: number): string => `${parentRunId}${CHILD_RUN_MARK}${n}`;
 
 /**
  * The id of a Run's `n`th child when its spawn gives none: plainChildRunId while that is a new Run's id
@@ -93,6 +93,6 @@ export const plainChildRunId = (parentRunId: string, n: number): string => `${pa
 export function childRunId(parentRunId: string, n: number): string {
   const plain = plainChildRunId(parentRunId, n);
   if (plain.length <= RUN_ID_MAX) return plain;
-  const tail = `.h${sha256Hex(parentRunId).slice(0, 16)}.child-${n}`;
+  const tail = `.h${sha256Hex(parentRunId).slice(0, 16)}${CHILD_RUN_MARK}${n}`;
   return `${parentRunId.slice(0, RUN_ID_MAX - tail.length)}${tail}`;
 }

@@ -3,6 +3,7 @@ import { nonRetryableErrorTypes } from '../common/errors';
 import type { Activities } from '../activities';
 import type { WebhookDelivery } from '../common/webhooks';
 import { failureMessage } from './failures';
+import { WEBHOOK_WORKFLOW_PREFIX } from '../common/wire-checks';
 
 // One webhook delivery as a workflow of its own, started by a Run and left to run (ABANDON): it retries
 // until the receiver takes it, and the Run waits only for it to start, never for the receiver, so a
@@ -21,7 +22,7 @@ export const deliveries = proxyActivities<Activities>({
 });
 
 /** The workflow id of a delivery: its deliveryId is unique across Runs and continue-as-new. */
-export const webhookDeliveryId = (deliveryId: string): string => `webhook-${deliveryId}`;
+export const webhookDeliveryId = (deliveryId: string): string => `${WEBHOOK_WORKFLOW_PREFIX}${deliveryId}`;
 
 /** Delivers `delivery` (the Run that started it may have closed or continued as new meanwhile). */
 export async function webhookDeliveryWorkflow(delivery: WebhookDelivery): Promise<void> {

@@ -129,3 +129,26 @@ test('a spawner whose spawn failed on a taken id completes while that Run lives 
   await eventually(async () => (await snapshot(spawner)).status === 'COMPLETED', 60_000, 'spawner COMPLETED');
   expect((await snapshot(other)).status).toBe('RUNNING');
 });
+
+test('an agent cannot take the id of another Run’s webhook delivery or unnamed child: 400 naming runId, nothing started', async () => {
+  // A delivery's id is `webhook-<first run id>-<n>` (its receiver sees them) and an unnamed child's
+  // `<parent>.child-<n>`: started first by a Run, they made the delivery's start fail (its
+  // notifications were lost) and the parent's spawn fail.
+  const parent = await startExternal();
+  for (const [body, field] of [
+    [external('webhook-0b5e1c2a-7f3d-4e8a-9c1b-2d3e4f5a6b7c-2'), 'body.runId'],
+    [external(`${parent}.child-1`), 'body.runId'],
+  ] as const) {
+    const refused = await agent('POST', '/api/v1/runs', { body });
+    expect([refused.status, errorCode(refused)]).toEqual([400, 'INVALID_ARGUMENT']);
+    expect(errorMessage(refused)).toContain(field);
+    const id = (body as { runId: string }).runId;
+    await expect(api.stack.temporal.workflow.getHandle(id).describe()).rejects.toThrow(/not found/i);
+  }
+  // Nor through a spawn action of an external agent.
+  const spawned = await agent('POST', `/api/v1/runs/${parent}/actions?waitMs=0`, {
+    body: { actionId: 's1', action: { type: 'spawn', spec: external(`${parent}.child-2`) } },
+  });
+  expect([spawned.status, errorCode(spawned)]).toEqual([400, 'INVALID_ARGUMENT']);
+  expect(errorMessage(spawned)).toMatch(/runId: must not end with "\.child-<n>"/);
+});

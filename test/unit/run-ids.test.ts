@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { Identifier, NewRunId, RunSpec } from '../../common/schemas';
+import { Identifier, NewRunId, RunId, RunSpec } from '../../common/schemas';
 import { RUN_ID_MAX, RUN_SANDBOX_SUFFIX } from '../../common/wire-checks';
 import { runSpecIssues } from '../../common/run-spec-checks';
 import { childRunId, plainChildRunId } from '../../workflows/definitions';
@@ -18,11 +18,14 @@ const runId = fc
   .map(([first, rest]) => first + rest)
   .filter((id) => NewRunId.safeParse(id).success);
 
-test('property: a child id is a new Run id whose sandbox id is an identifier, the plain one whenever that fits', () => {
+test('property: a child id is an addressable Run id no caller may take, whose sandbox id is an identifier, the plain one whenever that fits', () => {
   fc.assert(
     fc.property(runId, fc.integer({ min: 1, max: 100_000 }), (parent, n) => {
       const id = childRunId(parent, n);
-      expect(NewRunId.safeParse(id).success).toBe(true);
+      expect(RunId.safeParse(id).success).toBe(true);
+      expect(id.length).toBeLessThanOrEqual(RUN_ID_MAX);
+      // Reserved: a Run started under it first would make the parent's spawn fail.
+      expect(NewRunId.safeParse(id).error?.issues[0].message).toMatch(/must not end with "\.child-<n>"/);
       expect(Identifier.safeParse(`${id}${RUN_SANDBOX_SUFFIX}`).success).toBe(true);
       const plain = plainChildRunId(parent, n);
       if (plain.length <= RUN_ID_MAX) expect(id).toBe(plain);
@@ -83,3 +86,43 @@ test.each([RUN_ID_MAX + 1, 128])(
     expect(RunSpec.safeParse({ ...spec, runId: 'r'.repeat(RUN_ID_MAX) }).success).toBe(true);
   },
 );
+
+test('ids Stasis gives its own workflows are refused as new Run ids, with the reason, and still read as Run ids', () => {
+  const table: [string, RegExp | undefined][] = [
+    ['webhook-0b5e-1', /must not start with "webhook-" \(the workflow ids of webhook deliveries\)/],
+    ['webhook-', /must not start with "webhook-"/],
+    ['victim.child-1', /must not end with "\.child-<n>"/],
+    ['a.b.child-12', /must not end with "\.child-<n>"/],
+    ['sandbox-x', /must not start with "sandbox-"/],
+    // Only the exact forms: a name that merely looks alike is a name.
+    ['webhooks-x', undefined],
+    ['my-webhook-1', undefined],
+    ['x.child-', undefined],
+    ['x.child-1a', undefined],
+    ['x-child-1', undefined],
+  ];
+  for (const [id, refused] of table) {
+    const parsed = NewRunId.safeParse(id);
+    if (refused) expect(parsed.error?.issues.map((i) => i.message)).toEqual([expect.stringMatching(refused)]);
+    else expect(parsed.success).toBe(true);
+    // A Run that has such an id (a child, one started before) is still addressed by it.
+    if (!id.startsWith('sandbox-')) expect(RunId.safeParse(id).success).toBe(true);
+  }
+  // Through a whole spec, at the top and in a spawn step alike, naming the field.
+  const spec = (runId: string, childId: string) => ({
+    runId,
+    agent: {
+      driver: 'scripted',
+      steps: [{ spawn: { runId: childId, agent: { driver: 'scripted', steps: [] }, sandbox: { provider: 'local' } } }],
+    },
+    sandbox: { provider: 'local' },
+  });
+  expect(RunSpec.safeParse(spec('webhook-a-2', 'ok')).error?.issues[0].path).toEqual(['runId']);
+  expect(RunSpec.safeParse(spec('ok', 'p.child-1')).error?.issues[0].path).toEqual([
+    'agent',
+    'steps',
+    0,
+    'spawn',
+    'runId',
+  ]);
+});
