@@ -88,6 +88,11 @@ function next(steps: Step[], index: number, lastResult: unknown, edited: string 
   }
   if ('ask' in step) {
     const { ask: prompt, kind, onDeny, ...fields } = step;
+    // A later ask that reviews the command shows the one that will run: an earlier approver's edit,
+    // not the step's original (a second approver was shown `echo ORIGINAL`, approved it, and the
+    // edited command ran).
+    if (edited !== undefined && fields.action?.command !== undefined)
+      fields.action = { ...fields.action, command: edited };
     return advance(
       { type: 'interaction', kind: kind ?? 'approval', prompt, ...fields },
       // A denied gate must not fall through silently: a denial fails the Run unless the step says continue.

@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import { walkScripted } from '../helpers/scripted-walk';
 import { RunSpec } from '../../common/schemas';
 import { computeRunHashes } from '../../common/hashes';
@@ -50,6 +51,49 @@ describe('scripted driver', () => {
       code: 'EXPECT_FILE_MISMATCH',
       message: expect.stringContaining('f'),
     });
+  });
+
+  test('property: an edited command is what the next exec runs, and what every later ask of a command shows until then', async () => {
+    type Answer = { decision: 'approve' } | { decision: 'edit'; action: { command: string } };
+    const step = fc.oneof(
+      fc.constantFrom('a', 'b', 'c').map((c) => ({ exec: `echo ${c}` })),
+      fc
+        .constantFrom('a', 'b')
+        .map((c) => ({ ask: 'run it?', action: { command: `echo ${c}` }, accepts: ['approve', 'edit'] })),
+      fc.constant({ ask: 'go on?' }),
+      fc.constant({ writeFile: { path: 'f', content: 'x' } }),
+    );
+    const answer: fc.Arbitrary<Answer> = fc.oneof(
+      fc.constant({ decision: 'approve' as const }),
+      fc.constantFrom('x', 'y', 'z').map((c) => ({ decision: 'edit' as const, action: { command: `echo ${c}` } })),
+    );
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(step, { maxLength: 8 }),
+        fc.array(answer, { minLength: 8, maxLength: 8 }),
+        async (steps, answers) => {
+          // Each interaction gets the next drawn answer; other actions a plain result.
+          const results: unknown[] = [];
+          let asked = 0;
+          for (const s of steps) results.push('ask' in s ? answers[asked++] : { exitCode: 0 });
+          const walked = await walkScripted(steps, results);
+          // An approver's edit, waiting for the next exec step.
+          let edited: string | undefined;
+          walked.forEach(({ action }, i) => {
+            if (action.type === 'interaction' && action.action?.command !== undefined) {
+              // A second approver is shown what will run, not the step's original command.
+              if (edited !== undefined) expect(action.action.command).toBe(edited);
+              const given = results[i] as Answer;
+              if (given.decision === 'edit') edited = given.action.command;
+            }
+            if (action.type === 'job') {
+              expect(action.command).toBe(edited ?? (steps[i] as { exec: string }).exec);
+              edited = undefined;
+            }
+          });
+        },
+      ),
+    );
   });
 
   test('without a complete step the last result is the output', async () => {
