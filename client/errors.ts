@@ -4,7 +4,12 @@ import {
   WorkflowFailedError,
   WorkflowUpdateFailedError,
 } from '@temporalio/client';
-import { ApplicationFailure, WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/common';
+import {
+  ApplicationFailure,
+  CancelledFailure,
+  WorkflowExecutionAlreadyStartedError,
+  WorkflowNotFoundError,
+} from '@temporalio/common';
 import { END_REASON, findCause, GRPC_STATUS, isErrorCode, StasisError, toInternal } from '../common/errors';
 import type { RunSnapshot } from '../common/schemas';
 import { isTerminal as isTerminalStatus } from '../workflows/run-state';
@@ -58,6 +63,10 @@ export function toStasisError(err: unknown, what: string): StasisError {
     const code = failure.type;
     return new StasisError(isErrorCode(code) ? code : 'INTERNAL', failure.message);
   }
+  // An Update whose handler was waiting when the workflow was cancelled (a suspend or resume racing a
+  // cancel): the Run is ending, which is no server error.
+  if (err instanceof WorkflowUpdateFailedError && findCause(err, (e) => e instanceof CancelledFailure))
+    return new StasisError('INVALID_STATE_TRANSITION', `${what} was cancelled while it took this request`);
   if (
     err instanceof WorkflowUpdateFailedError ||
     err instanceof WorkflowFailedError ||

@@ -142,3 +142,23 @@ test('a Run cancelled while its sandbox is provisioned ends CANCELLED with the s
   expect(end.processes).toBe(0);
   expect(await checkpointKeys(s3, end.record.sandboxId)).toEqual([]);
 });
+
+test('a suspend waiting on a provisioning Run that is cancelled meanwhile is 409 INVALID_STATE_TRANSITION, not INTERNAL', async () => {
+  stalling = false;
+  stall = { call: 'start', when: 'after' };
+  const { runId } = await stack.client.runs.start({
+    agent: { driver: 'scripted', steps: [{ exec: 'echo hi' }, { complete: 'done' }] },
+    sandbox: { provider: 'slow' },
+  });
+  await untilStalling();
+  // The suspend's handler waits for the provisioning to settle; the cancel ends the Run under it.
+  const suspend = stack.client.runs.suspend(runId).catch((err: unknown) => err);
+  await new Promise((r) => setTimeout(r, 500));
+  const end = await cancelAndSettle(runId);
+  expect(end.status).toBe('CANCELLED');
+  expect(await suspend).toMatchObject({
+    code: 'INVALID_STATE_TRANSITION',
+    httpStatus: 409,
+    message: `run ${runId} was cancelled while it took this request`,
+  });
+});
