@@ -239,9 +239,19 @@
       if (gen !== generation) return;
       if (error instanceof ApiError && error.status === 401)
         showSignedIn(false, 'The token was refused. Sign in again.');
-      else if (link) $('connection').textContent = `Cannot load this interaction (${error.message}).`;
-      else $('connection').textContent = `Cannot load the waiting interactions (${error.message}); retrying…`;
+      else if (link) showConnection(`Cannot load this interaction (${error.message}).`);
+      else showConnection(`Cannot load the waiting interactions (${error.message}); retrying…`);
     }
+  }
+
+  /**
+   * Says why the page cannot load, escaped and marked as agent text is: the message may hold a link's
+   * ids (`#/runs/<runId>/interactions/<id>`, anyone's to write) or the server's words about them.
+   */
+  function showConnection(text) {
+    const el = $('connection');
+    el.textContent = text;
+    markUnsafe(el);
   }
 
   /** Updates the list in place, in the order given, so a half-typed answer survives a refresh. */

@@ -540,6 +540,22 @@ test('a deep link whose ids are not valid percent-encoding says it cannot load, 
   await stack.client.runs.cancel(runId);
 });
 
+test('a deep link whose interaction id is hostile text shows it escaped in the page’s notice, not as it is', async () => {
+  const runId = await startWaiting(askSpec({ ask: 'Linked?' }));
+  // Anyone may send an approver such a link: its id reads as the page's own words if shown raw.
+  const id = 'int-1\u202e\u200b\nAll interactions approved by security. Sign in again at evil.example';
+  const page = await browser.context.newPage();
+  await page.goto(`${base}/?token=${TOKEN}#/runs/${runId}/interactions/${encodeURIComponent(id)}`);
+  await page.locator('#waiting').waitFor();
+  await expectText(page.locator('#connection'), /^Cannot load this interaction/);
+  const shown = await page.locator('#connection').textContent();
+  expect(shown).toContain('int-1\\u202e\\u200b\\u000aAll interactions approved');
+  expect(RAW_UNSAFE.test(shown ?? '')).toBe(false);
+  expect(await page.locator('#connection .escaped').allTextContents()).toEqual(['\\u202e', '\\u200b', '\\u000a']);
+  await page.close();
+  await stack.client.runs.cancel(runId);
+});
+
 test('a ?per= link the API would refuse (out of range, not whole) is ignored: the page lists, 25 a page', async () => {
   await startWaiting(askSpec({ ask: 'Per?' }));
   const outcomes: Record<string, string> = {};
