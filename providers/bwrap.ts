@@ -8,6 +8,7 @@ import { sandboxEnv, SYSTEM_PATH, type CommandWrapper } from './command';
 import { findExecutable } from './executables';
 import { createLocalProvider, type LocalProviderOptions } from './local';
 import { markerOnly } from './processes';
+import { sandboxSeccompProgram } from './seccomp';
 
 // The `bwrap` provider: the local provider with every command (and the init
 // process) inside bubblewrap: own pid and network namespaces, a read-only view
@@ -15,6 +16,8 @@ import { markerOnly } from './processes';
 // /home/sandbox and /envs. Other sandboxes and the data dir are not visible.
 // A sandbox outlives the worker that started it (no --die-with-parent), as a
 // local one does: the next worker finds its processes and adopts them.
+// Its processes run as the worker's uid, with no capability and under a seccomp
+// filter (seccomp.ts) that refuses setuid/setgid modes, the kernel keyrings and io_uring.
 
 const SANDBOX_HOME = '/home/sandbox';
 
@@ -111,7 +114,10 @@ function findBwrap(configured: string | undefined): string {
  * sandbox reaches it: it is started by absolute path, in `/`, with a fixed environment
  * (PATH and the sandbox's marker only); the sandbox's environment is set inside with
  * --clearenv/--setenv. `network: true` keeps the host's network (for EXTERNAL jobs, whose work is
- * calling services); everything else stays as closed.
+ * calling services); everything else stays as closed. Every process runs under the seccomp filter of
+ * seccomp.ts, which bwrap reads from descriptor 3 (a pipe the process starter fills; bwrap closes it
+ * once read, so the sandbox never holds it); on an architecture the filter has no table for,
+ * check() and wrap() fail with NOT_SUPPORTED.
  */
 export function bubblewrapCommands(bwrapPath?: string, options: { network?: boolean } = {}): CommandWrapper {
   const mounts = systemMounts();
@@ -122,6 +128,7 @@ export function bubblewrapCommands(bwrapPath?: string, options: { network?: bool
   return {
     check() {
       available ??= Promise.resolve()
+        .then(() => sandboxSeccompProgram())
         .then(() => promisify(execFile)(resolve(), ['--version'], { env: { PATH: SYSTEM_PATH }, cwd: '/' }))
         .then(
           () => undefined,
@@ -152,6 +159,8 @@ export function bubblewrapCommands(bwrapPath?: string, options: { network?: bool
         // Root inside keeps no capability: it cannot mount a cgroup fs to leave its group, nor raise its limits.
         '--cap-drop',
         'ALL',
+        '--seccomp',
+        '3',
         ...mounts,
         '--proc',
         '/proc',
@@ -176,7 +185,13 @@ export function bubblewrapCommands(bwrapPath?: string, options: { network?: bool
         '--',
         ...argv,
       ];
-      return { file: resolve(), args, cwd: '/', env: { PATH: SYSTEM_PATH, ...markerOnly(env) } };
+      return {
+        file: resolve(),
+        args,
+        cwd: '/',
+        env: { PATH: SYSTEM_PATH, ...markerOnly(env) },
+        fd3: sandboxSeccompProgram(),
+      };
     },
   };
 }

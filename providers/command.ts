@@ -17,6 +17,8 @@ export interface WrappedCommand {
   cwd: string;
   /** The environment of the process the host starts. */
   env: Record<string, string>;
+  /** Bytes the host's process reads on descriptor 3 (see SpawnRequest.fd3): bubblewrap's seccomp program. */
+  fd3?: Uint8Array;
 }
 
 export interface CommandWrapper {

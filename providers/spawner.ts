@@ -1,5 +1,6 @@
 import { fork, spawn, type ChildProcess } from 'node:child_process';
 import * as path from 'node:path';
+import type { Writable } from 'node:stream';
 import { StasisError } from '../common/errors';
 import { processStat } from './proc-files';
 
@@ -25,6 +26,11 @@ export interface SpawnRequest {
    * A command travels here rather than in argv: one argument is limited to 128 KiB.
    */
   stdin?: string;
+  /**
+   * Readable on descriptor 3 of the process, then end of file (absent: descriptor 3 is not open). How
+   * bubblewrap gets its seccomp program (`--seccomp 3`): from memory, with no file to keep on the host.
+   */
+  fd3?: Uint8Array;
 }
 
 /** How a foreground process ended, with its output (each stream capped). */
@@ -201,6 +207,7 @@ function start(request: ToHelper, reply: (message: FromHelper) => void): void {
       request.stdin === undefined ? 'ignore' : 'pipe',
       request.background ? 'ignore' : 'pipe',
       request.background ? 'ignore' : 'pipe',
+      ...(request.fd3 === undefined ? [] : ['pipe' as const]),
     ],
   });
   // Read now, before this helper's event loop can reap the child (a zombie's stat is still there): its
@@ -217,6 +224,9 @@ function start(request: ToHelper, reply: (message: FromHelper) => void): void {
   // A process that exits without reading its input closes the pipe (EPIPE): its exit says what happened.
   child.stdin?.on('error', () => undefined);
   child.stdin?.end(request.stdin);
+  const fd3 = request.fd3 === undefined ? undefined : (child.stdio[3] as Writable | null | undefined);
+  fd3?.on('error', () => undefined); // likewise, if it exits before reading
+  fd3?.end(request.fd3);
   child.once('spawn', () => {
     if (child.pid === undefined) return; // not started: 'error' reports it
     reply({ id: request.id, kind: 'spawned', pid: child.pid, startTime });
@@ -236,7 +246,7 @@ function requestProblem(request: Record<string, unknown>): string | undefined {
     if (Buffer.byteLength(value) > MAX_ARG_BYTES) return `${field} is too long (over 128 KiB)`;
     return undefined;
   };
-  const { file, args, cwd, env, background, maxOutputBytes, stdin } = request;
+  const { file, args, cwd, env, background, maxOutputBytes, stdin, fd3 } = request;
   const problems = [text(file, 'file'), text(cwd, 'cwd')];
   if (!Array.isArray(args)) problems.push('args must be an array');
   else args.forEach((arg, i) => problems.push(text(arg, `args[${i}]`)));
@@ -252,6 +262,7 @@ function requestProblem(request: Record<string, unknown>): string | undefined {
   if (typeof maxOutputBytes !== 'number' || !Number.isSafeInteger(maxOutputBytes) || maxOutputBytes < 0)
     problems.push('maxOutputBytes must be a non-negative integer');
   if (stdin !== undefined && typeof stdin !== 'string') problems.push('stdin must be a string');
+  if (fd3 !== undefined && !(fd3 instanceof Uint8Array)) problems.push('fd3 must be bytes');
   return problems.find((p) => p !== undefined);
 }
 

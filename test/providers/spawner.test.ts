@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { fork, spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, mkdtempSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { spawnerPid, startProcess, type SpawnRequest } from '../../providers/spawner';
@@ -107,6 +107,18 @@ describe('a hostile request never takes the starter down', () => {
   });
 });
 
+test('bytes given as fd3 are read on descriptor 3 up to end of file, by foreground and background processes', async () => {
+  const bytes = Buffer.from([0, 1, 2, 255, 10, 0x20]); // bwrap's seccomp program is binary
+  const exit = await (await startProcess(request(['od -An -tu1 <&3'], { fd3: bytes }))).exited;
+  expect(exit.code).toBe(0);
+  expect(exit.stdout.trim().split(/\s+/)).toEqual(['0', '1', '2', '255', '10', '32']);
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'fd3-'));
+  const out = path.join(dir, 'out');
+  await startProcess(request([`cat <&3 > ${out}.tmp && mv ${out}.tmp ${out}`], { background: true, fd3: bytes }));
+  for (let i = 0; i < 500 && !existsSync(out); i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
+  expect(readFileSync(out)).toEqual(bytes);
+});
+
 describe('the starter’s wire protocol, spoken directly', () => {
   // Straight to the helper over its IPC channel, past every check on the worker's side.
   let helper: ChildProcess;
@@ -159,9 +171,10 @@ describe('the starter’s wire protocol, spoken directly', () => {
       { ...good(13), env: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`V${i}`, 'v'.repeat(100 * 1024)])) },
       { ...good(14), stdin: 5 },
       { ...good(15), cwd: '/nonexistent-dir' },
+      { ...good(16), fd3: 'not bytes' },
     ];
     for (const message of garbage) helper.send(message as never);
-    for (let id = 1; id <= 15; id += 1) await replyTo(id, 'failed');
+    for (let id = 1; id <= 16; id += 1) await replyTo(id, 'failed');
     helper.send(good(100));
     await replyTo(100, 'spawned');
     expect(await replyTo(100, 'exited')).toMatchObject({ exit: { code: 0, stdout: 'ok\n' } });
