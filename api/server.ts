@@ -13,6 +13,7 @@ import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
 import { duplicateKey, jsonValueProblem } from '../common/wire-json';
+import { decodeUtf8, notUtf8 } from '../common/utf8';
 import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
@@ -147,19 +148,23 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
-    if (body === '') return done(null, undefined);
+  // As bytes: a body that is not UTF-8 is refused, where a string parser would have turned its bad
+  // bytes into U+FFFD and recorded or run that instead.
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, bytes, done) => {
+    if ((bytes as Buffer).length === 0) return done(null, undefined);
+    const body = decodeUtf8(bytes as Buffer);
+    if (body === undefined) return done(new StasisError('INVALID_ARGUMENT', notUtf8('body')), undefined);
     // The default parser drops a leading byte order mark; JSON text must not carry one (RFC 8259 §8.1),
     // and `\ufeff{}` taken as `{}` cancelled a Run.
-    if ((body as string).charCodeAt(0) === 0xfeff)
+    if (body.charCodeAt(0) === 0xfeff)
       return done(
         new StasisError('INVALID_ARGUMENT', 'body: starts with a byte order mark (U+FEFF); send JSON text without one'),
         undefined,
       );
-    parseJson(request, body as string, (err, value) => {
+    parseJson(request, body, (err, value) => {
       if (err) return done(err, undefined);
       // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.
-      const twice = duplicateKey(body as string);
+      const twice = duplicateKey(body);
       const problem =
         twice !== undefined
           ? `body: the key ${JSON.stringify(twice)} appears twice in one object`

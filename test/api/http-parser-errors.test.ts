@@ -1,6 +1,8 @@
+import { isUtf8 } from 'node:buffer';
 import * as net from 'node:net';
 import fc from 'fast-check';
 import type { FastifyInstance } from 'fastify';
+import { apiRoutes } from '../../api/routes';
 import { buildApi } from '../../api/server';
 import type { StasisClient } from '../../client';
 
@@ -12,8 +14,9 @@ let app: FastifyInstance;
 let port: number;
 
 beforeAll(async () => {
-  // No request here gets as far as the client.
-  app = buildApi({ client: {} as StasisClient, tokens: [TOKEN], logger: false });
+  // No request here gets as far as the client: one that did would fail (500), its client being empty.
+  const empty = { withIdentity: () => ({}) } as unknown as StasisClient;
+  app = buildApi({ client: empty, tokens: [TOKEN], logger: false });
   await app.listen({ host: '127.0.0.1', port: 0 });
   port = (app.server.address() as net.AddressInfo).port;
 });
@@ -83,6 +86,76 @@ test('property: any control character in a header value is answered in the contr
     fc.asyncProperty(fc.constantFrom(...controls), fc.string({ maxLength: 20 }), async (c, rest) => {
       const value = Buffer.concat([Buffer.from(`Bearer ${rest.replace(/[^ -~]/g, '')}`), Buffer.from([c])]);
       expect(answer(await raw(withAuthorization(value)))).toBe('400 INVALID_ARGUMENT');
+    }),
+    { numRuns: 60 },
+  );
+});
+
+/** Every route that takes a JSON body, its path parameters filled in. */
+const JSON_BODY_ROUTES = apiRoutes()
+  .filter((r) => r.body !== undefined && r.body !== 'bytes')
+  .map((r) => ({ method: r.method, path: r.path.replace(/\{\w+\}/g, 'x1') }));
+
+/** A request to `route` with these exact body bytes, as JSON. */
+const withJsonBody = (route: { method: string; path: string }, body: Buffer) =>
+  Buffer.concat([
+    Buffer.from(
+      `${route.method} ${route.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TOKEN.secret}\r\n` +
+        `Content-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n`,
+      'latin1',
+    ),
+    body,
+  ]);
+
+/** `{error: {code, message}}` of an answer (undefined when it is not one). */
+const errorOf = (r: { body: string }) => {
+  try {
+    return (JSON.parse(r.body) as { error?: { code: string; message: string } }).error;
+  } catch {
+    return undefined;
+  }
+};
+
+test('property: a JSON body that is not UTF-8 is 400 "body: not valid UTF-8" on every JSON route, never read as U+FFFD', async () => {
+  expect(JSON_BODY_ROUTES.length).toBeGreaterThan(5);
+  // Bytes as they come off the wire, kept only when they are not UTF-8 (Node's own validator decides).
+  const notUtf8 = fc.uint8Array({ minLength: 1, maxLength: 12 }).filter((b) => !isUtf8(b));
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom(...JSON_BODY_ROUTES),
+      fc.constantFrom('comment', 'command', 'provider', 'decision', 'input'),
+      fc.string({ maxLength: 10 }),
+      notUtf8,
+      async (route, field, before, bad) => {
+        // Inside a JSON string, where a string parser took the bad bytes as U+FFFD and went on.
+        const body = Buffer.concat([
+          Buffer.from(`{"${field}":${JSON.stringify(before).slice(0, -1)}`),
+          bad,
+          Buffer.from('"}'),
+        ]);
+        const r = await raw(withJsonBody(route, body));
+        // The client here is empty: a request that got past the parser would have failed with 500.
+        expect({ status: r.status, error: errorOf(r) }).toEqual({
+          status: 400,
+          error: { code: 'INVALID_ARGUMENT', message: expect.stringMatching(/^body: not valid UTF-8/) },
+        });
+        expect(r.head).toMatch(/^cache-control: *no-store/im);
+      },
+    ),
+    { numRuns: 150 },
+  );
+});
+
+test('property: a JSON body that is UTF-8 passes the parser, whatever characters it holds', async () => {
+  await fc.assert(
+    fc.asyncProperty(fc.string({ unit: 'grapheme', maxLength: 20 }), async (text) => {
+      // An unknown field: the schema, after the parser, names it.
+      const body = Buffer.from(JSON.stringify({ command: 'true', unknownField: text }), 'utf8');
+      const r = await raw(withJsonBody({ method: 'POST', path: '/api/v1/sandboxes/x1/exec' }, body));
+      expect({ status: r.status, message: errorOf(r)?.message }).toEqual({
+        status: 400,
+        message: expect.stringContaining('unknownField'),
+      });
     }),
     { numRuns: 60 },
   );
