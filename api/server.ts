@@ -12,7 +12,7 @@ import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
-import { duplicateKey, jsonValueProblem } from '../common/wire-json';
+import { parseJsonText } from '../common/wire-json';
 import { decodeUtf8, notUtf8 } from '../common/utf8';
 import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
@@ -145,32 +145,18 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   const clientOf = (caller: Caller | undefined) =>
     caller ? options.client.withIdentity(`${API_IDENTITY_PREFIX}${caller.name}`) : options.client;
 
-  // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
-  const parseJson = app.getDefaultJsonParser('error', 'error');
-  app.removeContentTypeParser('application/json');
   // As bytes: a body that is not UTF-8 is refused, where a string parser would have turned its bad
-  // bytes into U+FFFD and recorded or run that instead.
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, bytes, done) => {
+  // bytes into U+FFFD and recorded or run that instead. Then the JSON rules every surface shares
+  // (parseJsonText: one key once per object, well-formed Unicode, bounded nesting, no `__proto__`),
+  // each refusal naming where it is. fastify's own parser refused `__proto__` as "not valid JSON".
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_request, bytes, done) => {
+    // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
     if ((bytes as Buffer).length === 0) return done(null, undefined);
     const body = decodeUtf8(bytes as Buffer);
-    if (body === undefined) return done(new StasisError('INVALID_ARGUMENT', notUtf8('body')), undefined);
-    // The default parser drops a leading byte order mark; JSON text must not carry one (RFC 8259 §8.1),
-    // and `\ufeff{}` taken as `{}` cancelled a Run.
-    if (body.charCodeAt(0) === 0xfeff)
-      return done(
-        new StasisError('INVALID_ARGUMENT', 'body: starts with a byte order mark (U+FEFF); send JSON text without one'),
-        undefined,
-      );
-    parseJson(request, body, (err, value) => {
-      if (err) return done(err, undefined);
-      // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.
-      const twice = duplicateKey(body);
-      const problem =
-        twice !== undefined
-          ? `body: the key ${JSON.stringify(twice)} appears twice in one object`
-          : jsonValueProblem(value, 'body');
-      done(problem ? new StasisError('INVALID_ARGUMENT', problem) : null, problem ? undefined : value);
-    });
+    const parsed = body === undefined ? { problem: notUtf8('body') } : parseJsonText(body, 'body');
+    if (parsed.problem !== undefined) return done(new StasisError('INVALID_ARGUMENT', parsed.problem), undefined);
+    done(null, parsed.value);
   });
 
   // Every answer (errors included) holds a caller's data: no cache may keep it, and no browser

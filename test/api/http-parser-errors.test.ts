@@ -160,3 +160,44 @@ test('property: a JSON body that is UTF-8 passes the parser, whatever characters
     { numRuns: 60 },
   );
 });
+
+test('property: a `__proto__` key anywhere in a JSON body, however it is escaped, is 400 naming its path (not "not valid JSON")', async () => {
+  // Each character of the key as itself or as a \uXXXX escape: JSON.parse reads them all as `__proto__`.
+  const spelledProto = fc
+    .array(fc.boolean(), { minLength: 9, maxLength: 9 })
+    .map((escaped) =>
+      [...'__proto__'].map((c, i) => (escaped[i] ? `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}` : c)).join(''),
+    );
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom(...JSON_BODY_ROUTES),
+      fc.array(fc.constantFrom('labels', 'env', 'agent', 'spec', 'a'), { maxLength: 3 }),
+      spelledProto,
+      fc.jsonValue({ maxDepth: 1 }),
+      async (route, keys, key, value) => {
+        const text = keys.reduceRight(
+          (inner, k) => `{"x":1,"${k}":${inner}}`,
+          `{"team":"a","${key}":${JSON.stringify(value)}}`,
+        );
+        const r = await raw(withJsonBody(route, Buffer.from(text)));
+        expect({ status: r.status, error: errorOf(r) }).toEqual({
+          status: 400,
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: `${['body', ...keys, '__proto__'].join('.')}: the key "__proto__" is not accepted (it would set an object's prototype)`,
+          },
+        });
+        // Nothing reached a prototype on the way.
+        expect(Object.keys(Object.prototype)).toEqual([]);
+      },
+    ),
+    { numRuns: 150 },
+  );
+  const ctor = await raw(
+    withJsonBody(
+      { method: 'POST', path: '/api/v1/sandboxes' },
+      Buffer.from('{"provider":"local","labels":{"constructor":{"prototype":{"x":"y"}}}}'),
+    ),
+  );
+  expect(errorOf(ctor)?.message).toMatch(/^body\.labels\.constructor\.prototype: the key "prototype" inside/);
+});
