@@ -201,3 +201,71 @@ test('property: a `__proto__` key anywhere in a JSON body, however it is escaped
   );
   expect(errorOf(ctor)?.message).toMatch(/^body\.labels\.constructor\.prototype: the key "prototype" inside/);
 });
+
+test('property: a query parameter a route does not name (a misspelt filter, waitMs, limit) is 400 naming it on every route', async () => {
+  // A valid body where a route needs one, so only the query is wrong.
+  const bodies: Record<string, string> = {
+    'POST /api/v1/runs/{id}/actions': '{"actionId":"a1","action":{"type":"complete"}}',
+  };
+  const routes = apiRoutes()
+    .filter(
+      (r) =>
+        r.body === undefined ||
+        r.body === 'bytes' ||
+        r.body.safeParse(undefined).success ||
+        bodies[`${r.method} ${r.path}`],
+    )
+    .map((r) => ({
+      method: r.method,
+      path: r.path.replace(/\{\w+\}/g, 'x1'),
+      known: Object.keys(r.query?.shape ?? {}),
+      // A route's required parameters, given, so only the unknown one is wrong.
+      given: r.query?.shape.path ? 'path=a.txt&' : '',
+      body: bodies[`${r.method} ${r.path}`] ?? '',
+    }));
+  expect(routes.map((r) => `${r.method} ${r.path}`)).toEqual(
+    expect.arrayContaining([
+      'GET /api/v1/runs',
+      'GET /api/v1/interactions',
+      'POST /api/v1/runs/x1/actions',
+      'GET /api/v1/sandboxes/x1/files',
+    ]),
+  );
+  const knownNames = ['status', 'limit', 'after', 'waitMs', 'state', 'label', 'pageSize', 'nextPageToken', 'path'];
+  // Near misses of the real names (case, a letter dropped or doubled) and any other name, as sent on the wire.
+  const nearMiss = fc
+    .tuple(fc.constantFrom(...knownNames), fc.nat(), fc.constantFrom('case', 'drop', 'double'))
+    .map(([name, at, how]) => {
+      const i = at % name.length;
+      if (how === 'case') return name.toLowerCase() === name ? name.toUpperCase() : name.toLowerCase();
+      if (how === 'drop') return name.slice(0, i) + name.slice(i + 1);
+      return name.slice(0, i) + name[i] + name.slice(i);
+    });
+  const anyName = fc.oneof(fc.string({ minLength: 1, maxLength: 10 }), fc.constantFrom('__proto__', 'constructor'));
+  await fc.assert(
+    fc.asyncProperty(
+      fc.constantFrom(...routes),
+      fc.oneof(nearMiss, anyName),
+      fc.string({ maxLength: 8 }),
+      async (route, name, value) => {
+        fc.pre(!route.known.includes(name) && name !== '');
+        const target = `${route.path}?${route.given}${encodeURIComponent(name)}=${encodeURIComponent(value)}`;
+        const r = await raw(
+          Buffer.from(
+            `${route.method} ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${TOKEN.secret}\r\n` +
+              `Content-Type: application/json\r\nContent-Length: ${route.body.length}\r\nConnection: close\r\n\r\n${route.body}`,
+          ),
+        );
+        // The client here is empty: a request that got past the query would have failed with 500.
+        expect({ status: r.status, error: errorOf(r) }).toEqual({
+          status: 400,
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: expect.stringContaining(`query: Unrecognized key: "${name}"`),
+          },
+        });
+      },
+    ),
+    { numRuns: 200 },
+  );
+});
