@@ -1,4 +1,4 @@
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import fastify, {
   type ConnectionError,
@@ -185,22 +185,37 @@ export function buildApi(options: ApiOptions): FastifyInstance {
     for (const route of routes.filter((r) => r.body === 'bytes')) register(files, route, clientOf);
   });
   registerWebPage(app);
+  // Node hands a CONNECT request to 'connect' listeners, and without one closes the socket unanswered.
+  // No route tunnels: answer it as any other method no route takes (401 under /api without a token).
+  app.server.on('connect', (request: IncomingMessage, socket: Socket) => {
+    // The socket is ours now: a peer that resets it must not become an uncaught error.
+    socket.on('error', () => socket.destroy());
+    const url = request.url ?? '';
+    const failure =
+      API_PATH.test(url) && authenticate(request.headers.authorization) === undefined
+        ? new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required')
+        : new StasisError('NOT_FOUND', `no route CONNECT ${url.split('?')[0]}`);
+    socket.end(rawAnswer(failure));
+  });
   return app;
+}
+
+/** `failure` as a whole HTTP/1.1 answer in the contract's shape (no-store), for a socket no reply object has. */
+function rawAnswer(failure: StasisError): string {
+  const body = JSON.stringify(errorBody(failure));
+  return (
+    `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
+    `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+    `Cache-Control: ${NO_STORE_HEADERS['cache-control']}\r\nX-Content-Type-Options: ${NO_STORE_HEADERS['x-content-type-options']}\r\n` +
+    `Connection: close\r\n\r\n${body}`
+  );
 }
 
 /** Answers a request the HTTP parser refused, then closes the connection (its bytes cannot be trusted). */
 function answerClientError(err: ConnectionError, socket: Socket): void {
   // A reset connection has no one to answer.
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const failure = clientFailure(err);
-  const body = JSON.stringify(errorBody(failure));
-  if (socket.writable)
-    socket.write(
-      `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
-        `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-        `Cache-Control: ${NO_STORE_HEADERS['cache-control']}\r\nX-Content-Type-Options: ${NO_STORE_HEADERS['x-content-type-options']}\r\n` +
-        `Connection: close\r\n\r\n${body}`,
-    );
+  if (socket.writable) socket.write(rawAnswer(clientFailure(err)));
   socket.destroy(err);
 }
 

@@ -269,3 +269,33 @@ test('property: a query parameter a route does not name (a misspelt filter, wait
     { numRuns: 200 },
   );
 });
+
+test('property: a CONNECT request is answered in the contract (404, or 401 under /api without a token), no-store, then closed', async () => {
+  const target = fc.oneof(
+    // authority-form, as a proxy client sends it
+    fc.tuple(fc.domain(), fc.integer({ min: 1, max: 65_535 })).map(([host, port]) => `${host}:${port}`),
+    fc.constantFrom('127.0.0.1:7233', '[::1]:9000', '/api/v1/me', '/api/v1/runs?status=WAITING', '/', '/metrics'),
+    fc.webPath().map((p) => `/api${p.startsWith('/') ? p : `/${p}`}`),
+  );
+  await fc.assert(
+    fc.asyncProperty(target, fc.boolean(), async (to, signed) => {
+      const headers = signed ? `Authorization: Bearer ${TOKEN.secret}\r\n` : '';
+      const r = await raw(Buffer.from(`CONNECT ${to} HTTP/1.1\r\nHost: ${to}\r\n${headers}\r\n`, 'latin1'));
+      const underApi = /^\/api(\/|\?|$)/.test(to);
+      expect({ to, answer: answer(r) }).toEqual({
+        to,
+        answer: underApi && !signed ? '401 UNAUTHORIZED' : '404 NOT_FOUND',
+      });
+      expect(r.head).toMatch(/^cache-control: *no-store/im);
+      expect(r.head).toMatch(/^x-content-type-options: *nosniff/im);
+    }),
+    { numRuns: 80 },
+  );
+  // The server still serves after them.
+  const me = await raw(
+    Buffer.from(
+      `GET /api/v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN.secret}\r\nConnection: close\r\n\r\n`,
+    ),
+  );
+  expect(me.status).toBe(200);
+});
