@@ -101,7 +101,7 @@ export function refusal(
     : undefined;
 }
 
-/** Params and query ignore what they do not name; a body must not carry unknown fields. */
+/** Path parameters are the router's (only those the path names); a body must not carry unknown fields. */
 const NONE = z.object({});
 const EMPTY: Empty = z.object({}).strict();
 
@@ -110,6 +110,9 @@ export function defineRoute<
   Q extends z.ZodObject = Empty,
   B extends z.ZodType | 'bytes' = z.ZodOptional<Empty>,
 >(spec: RouteSpec<P, Q, B>): RouteDef {
+  // A query parameter the route does not name is refused (`query: Unrecognized key: "stauts"`), never
+  // ignored: a misspelt filter listed everything, a misspelt `waitMs` waited the default.
+  const query = (spec.query ?? EMPTY).strict();
   return {
     method: spec.method,
     path: spec.path,
@@ -137,7 +140,7 @@ export function defineRoute<
         throw forbidden(caller, 'admin', `body.${adminField}`);
       return spec.handle({
         params: parseInput(spec.params ?? NONE, raw.params ?? {}, 'params') as z.infer<P>,
-        query: parseInput(spec.query ?? NONE, raw.query ?? {}, 'query') as z.infer<Q>,
+        query: parseInput(query, raw.query ?? {}, 'query') as z.infer<Q>,
         body,
         caller,
         client: raw.client,

@@ -20,17 +20,22 @@ export const RunParams = z.object({ id: Identifier });
 export const InteractionParams = z.object({ id: Identifier, iid: Identifier });
 export const SandboxParams = z.object({ id: Identifier });
 export const ActionParams = z.object({ id: Identifier, actionId: Identifier });
-/** How long POST .../actions waits for the action before answering 202. */
-export const ActionWaitQuery = z.object({
-  waitMs: z
-    .string()
-    .regex(/^[0-9]+$/, 'must be a whole number of milliseconds')
-    .transform(Number)
-    .pipe(ActionWaitMs)
-    .optional(),
-});
+// Queries are strict, like bodies: an unknown (misspelt) parameter is a 400 naming it, never ignored
+// (defineRoute makes every route's query strict too).
 
-export const ListRunsQuery = z.object({
+/** How long POST .../actions waits for the action before answering 202. */
+export const ActionWaitQuery = z
+  .object({
+    waitMs: z
+      .string()
+      .regex(/^[0-9]+$/, 'must be a whole number of milliseconds')
+      .transform(Number)
+      .pipe(ActionWaitMs)
+      .optional(),
+  })
+  .strict();
+
+const ListRunsFields = {
   status: RunStatus.optional(),
   // Decimal digits only: Number() would also take ' 5', '0x10' and '1e2'.
   limit: z
@@ -39,17 +44,20 @@ export const ListRunsQuery = z.object({
     .transform(Number)
     .pipe(RunListLimit)
     .optional(),
-});
-export const FileQuery = z.object({ path: WorkspacePath });
+};
+export const ListRunsQuery = z.object(ListRunsFields).strict();
+export const FileQuery = z.object({ path: WorkspacePath }).strict();
 /** A page of the pending interactions: `after` is the `next` of the page before. */
-export const PendingInteractionsQuery = z.object({
-  limit: ListRunsQuery.shape.limit,
-  after: z
-    .string()
-    .max(2048)
-    .refine((a) => decodeCursor(a) !== null, 'not a page cursor this API gave')
-    .optional(),
-});
+export const PendingInteractionsQuery = z
+  .object({
+    limit: ListRunsFields.limit,
+    after: z
+      .string()
+      .max(2048)
+      .refine((a) => decodeCursor(a) !== null, 'not a page cursor this API gave')
+      .optional(),
+  })
+  .strict();
 export const PendingInteractionList = z.object({
   interactions: z.array(PendingInteraction),
   next: z.string().optional(),

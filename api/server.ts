@@ -1,4 +1,4 @@
-import { STATUS_CODES } from 'node:http';
+import { STATUS_CODES, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import fastify, {
   type ConnectionError,
@@ -12,7 +12,8 @@ import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
-import { duplicateKey, jsonValueProblem } from '../common/wire-json';
+import { parseJsonText } from '../common/wire-json';
+import { decodeUtf8, notUtf8 } from '../common/utf8';
 import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
@@ -144,28 +145,18 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   const clientOf = (caller: Caller | undefined) =>
     caller ? options.client.withIdentity(`${API_IDENTITY_PREFIX}${caller.name}`) : options.client;
 
-  // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
-  const parseJson = app.getDefaultJsonParser('error', 'error');
+  // As bytes: a body that is not UTF-8 is refused, where a string parser would have turned its bad
+  // bytes into U+FFFD and recorded or run that instead. Then the JSON rules every surface shares
+  // (parseJsonText: one key once per object, well-formed Unicode, bounded nesting, no `__proto__`),
+  // each refusal naming where it is. fastify's own parser refused `__proto__` as "not valid JSON".
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
-    if (body === '') return done(null, undefined);
-    // The default parser drops a leading byte order mark; JSON text must not carry one (RFC 8259 §8.1),
-    // and `\ufeff{}` taken as `{}` cancelled a Run.
-    if ((body as string).charCodeAt(0) === 0xfeff)
-      return done(
-        new StasisError('INVALID_ARGUMENT', 'body: starts with a byte order mark (U+FEFF); send JSON text without one'),
-        undefined,
-      );
-    parseJson(request, body as string, (err, value) => {
-      if (err) return done(err, undefined);
-      // Beyond JSON: one key once per object, well-formed Unicode, bounded nesting.
-      const twice = duplicateKey(body as string);
-      const problem =
-        twice !== undefined
-          ? `body: the key ${JSON.stringify(twice)} appears twice in one object`
-          : jsonValueProblem(value, 'body');
-      done(problem ? new StasisError('INVALID_ARGUMENT', problem) : null, problem ? undefined : value);
-    });
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_request, bytes, done) => {
+    // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
+    if ((bytes as Buffer).length === 0) return done(null, undefined);
+    const body = decodeUtf8(bytes as Buffer);
+    const parsed = body === undefined ? { problem: notUtf8('body') } : parseJsonText(body, 'body');
+    if (parsed.problem !== undefined) return done(new StasisError('INVALID_ARGUMENT', parsed.problem), undefined);
+    done(null, parsed.value);
   });
 
   // Every answer (errors included) holds a caller's data: no cache may keep it, and no browser
@@ -194,22 +185,37 @@ export function buildApi(options: ApiOptions): FastifyInstance {
     for (const route of routes.filter((r) => r.body === 'bytes')) register(files, route, clientOf);
   });
   registerWebPage(app);
+  // Node hands a CONNECT request to 'connect' listeners, and without one closes the socket unanswered.
+  // No route tunnels: answer it as any other method no route takes (401 under /api without a token).
+  app.server.on('connect', (request: IncomingMessage, socket: Socket) => {
+    // The socket is ours now: a peer that resets it must not become an uncaught error.
+    socket.on('error', () => socket.destroy());
+    const url = request.url ?? '';
+    const failure =
+      API_PATH.test(url) && authenticate(request.headers.authorization) === undefined
+        ? new StasisError('UNAUTHORIZED', 'a valid "Authorization: Bearer <token>" header is required')
+        : new StasisError('NOT_FOUND', `no route CONNECT ${url.split('?')[0]}`);
+    socket.end(rawAnswer(failure));
+  });
   return app;
+}
+
+/** `failure` as a whole HTTP/1.1 answer in the contract's shape (no-store), for a socket no reply object has. */
+function rawAnswer(failure: StasisError): string {
+  const body = JSON.stringify(errorBody(failure));
+  return (
+    `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
+    `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+    `Cache-Control: ${NO_STORE_HEADERS['cache-control']}\r\nX-Content-Type-Options: ${NO_STORE_HEADERS['x-content-type-options']}\r\n` +
+    `Connection: close\r\n\r\n${body}`
+  );
 }
 
 /** Answers a request the HTTP parser refused, then closes the connection (its bytes cannot be trusted). */
 function answerClientError(err: ConnectionError, socket: Socket): void {
   // A reset connection has no one to answer.
   if (err.code === 'ECONNRESET' || socket.destroyed) return;
-  const failure = clientFailure(err);
-  const body = JSON.stringify(errorBody(failure));
-  if (socket.writable)
-    socket.write(
-      `HTTP/1.1 ${failure.httpStatus} ${STATUS_CODES[failure.httpStatus]}\r\n` +
-        `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-        `Cache-Control: ${NO_STORE_HEADERS['cache-control']}\r\nX-Content-Type-Options: ${NO_STORE_HEADERS['x-content-type-options']}\r\n` +
-        `Connection: close\r\n\r\n${body}`,
-    );
+  if (socket.writable) socket.write(rawAnswer(clientFailure(err)));
   socket.destroy(err);
 }
 

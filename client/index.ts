@@ -97,32 +97,18 @@ export { StasisError } from '../common/errors';
 
 /**
  * `value` as JSON first, as REST's body parser takes it (JSON at all: no BigInt, function, symbol,
- * NaN, Infinity or circular object; well-formed Unicode; bounded nesting), then parsed by `schema`
- * (INVALID_ARGUMENT naming each bad field), without a `__proto__` key, and no larger than
+ * NaN, Infinity or circular object; well-formed Unicode; bounded nesting; no `__proto__` key, which
+ * zod's records and objects would drop silently), then parsed by `schema` (INVALID_ARGUMENT naming
+ * each bad field), and no larger than
  * JSON_INPUT_LIMIT_BYTES as JSON (PAYLOAD_TOO_LARGE): what the REST API accepts, and what Temporal can carry.
  */
 function checkedInput<S extends z.ZodType>(schema: S, value: unknown, what: string): z.infer<S> {
   const problem = jsonValueProblem(value, what);
   if (problem) throw new StasisError('INVALID_ARGUMENT', problem);
   const valid = parseOrInvalid(schema, value, what);
-  const proto = protoKeyPath(value);
-  // zod's records and objects drop the key silently; REST refuses it (fastify's onProtoPoisoning).
-  if (proto)
-    throw new StasisError('INVALID_ARGUMENT', `${[what, ...proto].join('.')}: the key "__proto__" is not accepted`);
   const tooLarge = inputTooLarge(what, valid);
   if (tooLarge) throw new StasisError('PAYLOAD_TOO_LARGE', tooLarge);
   return valid;
-}
-
-/** The path to the first own `__proto__` key (as JSON.parse makes one) in an already shallow value. */
-function protoKeyPath(value: unknown): string[] | undefined {
-  if (typeof value !== 'object' || value === null) return undefined;
-  for (const [key, item] of Object.entries(value)) {
-    if (key === '__proto__') return [key];
-    const below = protoKeyPath(item);
-    if (below) return [key, ...below];
-  }
-  return undefined;
 }
 
 /** `value` in a refusal: as JSON, a long string cut to 64 characters. */

@@ -7,7 +7,10 @@ import { UNSAFE_TEXT_PATTERN, UNSAFE_TEXT_FLAGS } from './unsafe-text';
 // recursive code that validates and serialises them). A value a library caller
 // passes must also be JSON at all: no BigInt, function, symbol, NaN, Infinity
 // or circular object (JSON.stringify throws on some and silently drops or nulls
-// the others; a parsed request never holds one).
+// the others; a parsed request never holds one). And no key `__proto__`, nor
+// a `constructor` holding a `prototype` (JSON.parse makes them own keys, harmless
+// until code merges or copies them: zod's records and objects then dropped
+// `__proto__` silently, and a copy by assignment would set a prototype).
 
 /** Deepest nesting of arrays and objects a request may carry. */
 export const MAX_JSON_DEPTH = 64;
@@ -21,6 +24,11 @@ export const hasLoneSurrogate = (s: string): boolean => LONE_SURROGATE.test(s);
 export const CONTROL_CHARACTER = new RegExp(UNSAFE_TEXT_PATTERN, UNSAFE_TEXT_FLAGS);
 /** Why a name (a client identity, who answered) holding one is refused: it would read as another name. */
 export const CONTROL_CHARACTER_PROBLEM = 'must not contain a control, bidi or invisible character';
+/** Why a key `__proto__` is refused. */
+export const PROTO_KEY_PROBLEM = 'the key "__proto__" is not accepted (it would set an object\'s prototype)';
+/** Why a key `prototype` inside a key `constructor` is refused. */
+export const CONSTRUCTOR_PROTOTYPE_PROBLEM =
+  'the key "prototype" inside "constructor" is not accepted (it would reach a prototype)';
 /** Why a string holding a lone surrogate is refused. */
 export const LONE_SURROGATE_PROBLEM = 'must be well-formed Unicode (it holds a lone surrogate)';
 
@@ -92,11 +100,16 @@ export function findJsonProblem(value: unknown): JsonProblem | undefined {
       for (const [key, item] of Object.entries(v)) {
         if (hasLoneSurrogate(key))
           return { path, message: 'a key must be well-formed Unicode (it holds a lone surrogate)' };
+        if (key === '__proto__') return { path: [...path, key], message: PROTO_KEY_PROBLEM };
+        if (key === 'constructor' && typeof item === 'object' && item !== null && hasOwn(item, 'prototype'))
+          return { path: [...path, key, 'prototype'], message: CONSTRUCTOR_PROTOTYPE_PROBLEM };
         stack.push({ value: item, path: [...path, key], parent: walked });
       }
   }
   return undefined;
 }
+
+const hasOwn = (v: object, key: string): boolean => Object.prototype.hasOwnProperty.call(v, key);
 
 /** A value on findJsonProblem's walk, with the one it is in. */
 interface Walked {
@@ -151,4 +164,29 @@ export function duplicateKey(text: string): string | undefined {
     else if (c === ',' && open[open.length - 1]?.keys) open[open.length - 1].expectKey = true;
   }
   return undefined;
+}
+
+/** JSON text as a surface takes it: its value, or the one line that says what is wrong with it. */
+export type ParsedJsonText = { value: unknown; problem?: undefined } | { problem: string };
+
+/**
+ * JSON text as every surface takes it (a REST body, a file the CLI reads), `at` naming it in a
+ * problem (`body`, `spec`): no byte order mark, JSON (JSON.parse: a `__proto__` key becomes an own
+ * key, never a prototype), no key twice in one object, then findJsonProblem (a `__proto__` key named
+ * where it is). The value is returned only when nothing is wrong.
+ */
+export function parseJsonText(text: string, at: string): ParsedJsonText {
+  // JSON text must not carry one (RFC 8259 §8.1); parsers that drop it took `\ufeff{}` as `{}`.
+  if (text.charCodeAt(0) === 0xfeff)
+    return { problem: `${at}: starts with a byte order mark (U+FEFF); send JSON text without one` };
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    return { problem: `${at}: not valid JSON (${(err as Error).message})` };
+  }
+  const twice = duplicateKey(text);
+  if (twice !== undefined) return { problem: `${at}: the key ${JSON.stringify(twice)} appears twice in one object` };
+  const problem = jsonValueProblem(value, at);
+  return problem ? { problem } : { value };
 }

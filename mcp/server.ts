@@ -16,6 +16,7 @@ import {
   RunSpec,
   SandboxListFilter,
 } from '../common/schemas';
+import { jsonValueProblem } from '../common/wire-json';
 import { version } from '../package.json';
 import type { ApiClient } from './api-client';
 
@@ -198,6 +199,10 @@ export function createMcpServer(api: ApiClient, me: Me): McpServer {
   server.server.setRequestHandler(ToolCall, async ({ params }) => {
     const found = tools.get(params.name);
     if (!found) return refusal(new StasisError('NOT_FOUND', `tool ${JSON.stringify(params.name)} not found`));
+    // The JSON rules of every surface first (common/wire-json.ts): the schema's records would drop a
+    // `__proto__` key silently, and REST refuses it.
+    const problem = jsonValueProblem(params.arguments ?? {}, 'arguments');
+    if (problem) return refusal(new StasisError('INVALID_ARGUMENT', problem));
     const parsed = found.input.safeParse(params.arguments ?? {});
     if (!parsed.success) {
       const issues = parsed.error.issues.map((issue) => ({ ...issue, path: ['arguments', ...issue.path] }));

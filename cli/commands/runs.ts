@@ -2,6 +2,8 @@ import { readFile } from 'node:fs/promises';
 import * as os from 'node:os';
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
+import { decodeUtf8, notUtf8 } from '../../common/utf8';
+import { parseJsonText } from '../../common/wire-json';
 import { MAX_RUN_LIST_LIMIT, RunStatus, type InteractionResponse } from '../../common/schemas';
 import type { CliContext } from '../context';
 import { interactionLine, runText, terminalSafe } from '../format';
@@ -9,18 +11,23 @@ import { wholeNumber } from '../options';
 
 // `stasis run start|get|list` and `stasis approve`.
 
-async function readSpec(file: string): Promise<unknown> {
-  let text: string;
+/**
+ * A RunSpec file, read as REST reads a body (common/wire-json.ts, parseJsonText): UTF-8 only, no byte
+ * order mark, JSON, no key twice in one object (JSON.parse kept the last one, where a reader of the
+ * file sees the first), no `__proto__` key, well-formed Unicode, bounded nesting. INVALID_ARGUMENT
+ * naming the file and what is wrong.
+ */
+export async function readSpec(file: string): Promise<unknown> {
+  let bytes: Buffer;
   try {
-    text = await readFile(file, 'utf8');
+    bytes = await readFile(file);
   } catch (err) {
     throw new StasisError('INVALID_ARGUMENT', `spec: cannot read ${file}: ${(err as Error).message}`);
   }
-  try {
-    return JSON.parse(text);
-  } catch (err) {
-    throw new StasisError('INVALID_ARGUMENT', `spec: ${file} is not JSON: ${(err as Error).message}`);
-  }
+  const text = decodeUtf8(bytes);
+  const parsed = text === undefined ? { problem: notUtf8('spec') } : parseJsonText(text, 'spec');
+  if (parsed.problem !== undefined) throw new StasisError('INVALID_ARGUMENT', `${parsed.problem} (in ${file})`);
+  return parsed.value;
 }
 
 export function runCommands(program: Command, begin: (cmd: Command) => CliContext): void {

@@ -527,6 +527,14 @@ describe('sandboxes', () => {
     });
     expect(text.status).toBe(204);
     expect((await exec(id, { command: 'cat hello.json' })).json).toMatchObject({ stdout: '{"a":1}' });
+    // File content is bytes whatever its type says: not UTF-8 under application/json is kept as sent.
+    const notText = Buffer.from([0x7b, 0xff, 0xfe, 0x80, 0x7d]);
+    const putNotText = await alice('PUT', `/api/v1/sandboxes/${id}/files?path=bytes.json`, {
+      raw: notText,
+      contentType: 'application/json',
+    });
+    expect(putNotText.status).toBe(204);
+    expect((await alice('GET', `/api/v1/sandboxes/${id}/files?path=bytes.json`)).bytes.equals(notText)).toBe(true);
     await expectRefused(alice('GET', `/api/v1/sandboxes/${id}/files?path=missing.txt`), 404, 'NOT_FOUND');
 
     await expectState(op(id, 'pause'), 'paused');

@@ -1,8 +1,11 @@
+import { isUtf8 } from 'node:buffer';
 import { execFileSync, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import fc from 'fast-check';
+import { readSpec } from '../../cli/commands/runs';
 import type { InteractionRequest, MetricsSnapshot, RunSnapshot, SandboxView } from '../../common/schemas';
 import { freePorts } from '../../platform/servers';
 import { eventually } from '../helpers/stack';
@@ -423,6 +426,86 @@ test('errors: a refused operation exits 1, a bad variable or usage exits 2', asy
   const noTokens = await stasis('api');
   expect(noTokens.code).toBe(2);
   expect(noTokens.stderr).toContain('STASIS_API_TOKENS: must be set');
+});
+
+test('property: a spec file with a key twice (however escaped), a __proto__ key, bytes that are not UTF-8 or a BOM is refused naming it, as REST refuses the body', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'cli-spec-'));
+  const file = path.join(dir, 'spec.json');
+  const refusal = async (bytes: Buffer) => {
+    writeFileSync(file, bytes);
+    return readSpec(file).then(
+      () => undefined,
+      (err: { code?: string; message?: string }) => ({ code: err.code, message: err.message }),
+    );
+  };
+  // Each character of a key as itself or as a \uXXXX escape.
+  const spelled = (key: string) =>
+    fc
+      .array(fc.boolean(), { minLength: key.length, maxLength: key.length })
+      .map((escaped) =>
+        [...key].map((c, i) => (escaped[i] ? `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}` : c)).join(''),
+      );
+  // A key and a second spelling of it, drawn from the text's own escapes.
+  const twice = fc.stringMatching(/^[a-z]{1,8}$/).chain((k) => fc.tuple(fc.constant(k), spelled(k)));
+  await fc.assert(
+    fc.asyncProperty(twice, fc.jsonValue({ maxDepth: 1 }), fc.jsonValue({ maxDepth: 1 }), async ([k, second], a, b) => {
+      const text = `{"agent":{"driver":"scripted","${k}":${JSON.stringify(a)},"${second}":${JSON.stringify(b)}},"sandbox":{"provider":"local"}}`;
+      // ("driver" is there once already: it is the key named either way.)
+      expect(await refusal(Buffer.from(text))).toEqual({
+        code: 'INVALID_ARGUMENT',
+        message: `spec: the key ${JSON.stringify(k)} appears twice in one object (in ${file})`,
+      });
+    }),
+    { numRuns: 100 },
+  );
+  await fc.assert(
+    fc.asyncProperty(spelled('__proto__'), fc.jsonValue({ maxDepth: 1 }), async (proto, value) => {
+      const text = `{"agent":{"driver":"scripted","steps":[{"complete":"x"}]},"sandbox":{"provider":"local","env":{"${proto}":${JSON.stringify(value)}}}}`;
+      expect(await refusal(Buffer.from(text))).toEqual({
+        code: 'INVALID_ARGUMENT',
+        message: expect.stringMatching(/^spec\.sandbox\.env\.__proto__: the key "__proto__" is not accepted/),
+      });
+    }),
+    { numRuns: 50 },
+  );
+  // Bytes as a file may hold them, kept only when they are not UTF-8 (Node's own validator decides).
+  await fc.assert(
+    fc.asyncProperty(
+      fc.uint8Array({ minLength: 1, maxLength: 8 }).filter((b) => !isUtf8(b)),
+      async (bad) => {
+        const bytes = Buffer.concat([
+          Buffer.from('{"agent":{"driver":"scripted","steps":[{"complete":"'),
+          bad,
+          Buffer.from('"}]}}'),
+        ]);
+        expect(await refusal(bytes)).toEqual({
+          code: 'INVALID_ARGUMENT',
+          message: expect.stringMatching(/^spec: not valid UTF-8/),
+        });
+      },
+    ),
+    { numRuns: 100 },
+  );
+  expect((await refusal(Buffer.from('\ufeff{}')))?.message).toMatch(/^spec: starts with a byte order mark/);
+  const good = '{"agent":{"driver":"scripted","steps":[{"complete":"é ✓ 🙂"}]},"sandbox":{"provider":"local"}}';
+  writeFileSync(file, good);
+  expect(await readSpec(file)).toEqual(JSON.parse(good));
+});
+
+test('stasis run start refuses a spec file with a key twice (exit 1, INVALID_ARGUMENT naming the key) and starts nothing', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'cli-spec-'));
+  const file = path.join(dir, 'spec.json');
+  // A reviewer reading the file top-down sees the first `steps`; JSON.parse kept the second.
+  writeFileSync(
+    file,
+    '{"agent":{"driver":"scripted","steps":[{"complete":"reviewed steps"}],"steps":[{"complete":"other steps"}]},"sandbox":{"provider":"local"}}',
+  );
+  const before = JSON.parse((await stasis('run', 'list', '--json')).stdout) as { runs: unknown[] };
+  const result = await stasis('run', 'start', file);
+  expect(result.code).toBe(1);
+  expect(result.stderr).toContain(`INVALID_ARGUMENT: spec: the key "steps" appears twice in one object (in ${file})`);
+  const after = JSON.parse((await stasis('run', 'list', '--json')).stdout) as { runs: unknown[] };
+  expect(after.runs.length).toBe(before.runs.length);
 });
 
 test('stasis api serves with configured tokens and stops on SIGTERM', async () => {

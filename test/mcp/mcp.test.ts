@@ -293,6 +293,35 @@ async function workflowCount(): Promise<number> {
   return n;
 }
 
+test('a `__proto__` key in env, labels or a spec is refused naming it, as REST refuses it, not silently dropped', async () => {
+  const before = await workflowCount();
+  // As a JSON-RPC line parses (the SDK's stdio transport sends it as written): `__proto__` an own key.
+  const sandboxWith = JSON.parse('{"provider":"local","labels":{"team":"x","__proto__":"evil"}}') as Record<
+    string,
+    unknown
+  >;
+  expect(await refusal('sandbox_create', sandboxWith)).toEqual({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringMatching(/^arguments\.labels\.__proto__: the key "__proto__" is not accepted/),
+  });
+  const execWith = JSON.parse(
+    '{"sandboxId":"sbx-none","command":"echo \\"[$__proto__]\\"","env":{"MARK":"m","\\u005f_proto__":"set"}}',
+  ) as Record<string, unknown>;
+  expect(await refusal('sandbox_exec', execWith)).toEqual({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringMatching(/^arguments\.env\.__proto__: /),
+  });
+  const specWith = JSON.parse(
+    '{"spec":{"agent":{"driver":"scripted","steps":[{"complete":"x"}]},"sandbox":{"provider":"local","env":{"__proto__":"x"}}}}',
+  ) as Record<string, unknown>;
+  expect(await refusal('run_start', specWith)).toEqual({
+    code: 'INVALID_ARGUMENT',
+    message: expect.stringMatching(/^arguments\.spec\.sandbox\.env\.__proto__: /),
+  });
+  await new Promise((r) => setTimeout(r, 1500));
+  expect(await workflowCount()).toBe(before);
+});
+
 describe('the token decides what the agent may do', () => {
   const waitingRun = async (): Promise<string> => {
     const { runId } = await stack.client.runs.start({

@@ -408,6 +408,8 @@ test('property: withIdentity takes every identity of 1-256 characters free of co
 // was dropped or turned into null on its way to Temporal.
 
 const key = fc.stringMatching(/^[a-z]{1,6}$/);
+/** JSON values without the key `__proto__` (fast-check draws it now and then; findJsonProblem refuses it). */
+const plainJson = fc.jsonValue({ maxDepth: 1 }).filter((v) => !JSON.stringify(v).includes('"__proto__"'));
 /** A value JSON cannot carry, and where findJsonProblem names it below the place it is put. */
 const notJsonValues = fc.oneof(
   fc.bigInt().map((value) => ({ value: value as unknown, below: [] as string[], what: /a BigInt/ })),
@@ -484,7 +486,7 @@ test('property: a value JSON cannot carry, anywhere in a free-form payload (comp
     fc.asyncProperty(
       notJsonValues,
       fc.array(key, { maxLength: 4 }),
-      fc.array(fc.dictionary(key, fc.jsonValue({ maxDepth: 1 }), { maxKeys: 3, noNullPrototype: true }), {
+      fc.array(fc.dictionary(key, plainJson, { maxKeys: 3, noNullPrototype: true }), {
         minLength: 4,
         maxLength: 4,
       }),
