@@ -817,7 +817,8 @@ export class RunsApi {
 /**
  * Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a
  * Run's. Only the sandboxes of this client's task queue: one of another deployment sharing the namespace is
- * NOT_FOUND, as an unknown one (client/owned-workflows.ts).
+ * NOT_FOUND, as an unknown one (client/owned-workflows.ts). A sandbox whose workflow has ended (destroyed, its
+ * provisioning failed, terminated in Temporal) is gone: NOT_FOUND to every call, and listed only as `destroyed`.
  */
 export class SandboxesApi {
   /** The sandboxes of this queue checked so far, for Updates. */
@@ -885,15 +886,16 @@ export class SandboxesApi {
     return listSandboxes(this.temporal, this.taskQueue, parsed);
   }
 
-  /** The sandbox's state and details. NOT_FOUND if unknown or destroyed. */
+  /** The sandbox's state and details. NOT_FOUND if unknown, destroyed or its workflow ended (as destroy says). */
   async get(sandboxId: string): Promise<SandboxView> {
     checkId(sandboxId, 'sandboxId');
-    // Described first: the queue check.
-    const { handle } = await this.owned.describe<typeof sandboxWorkflow>(
+    // Described first: the queue check, and a closed workflow (which would still answer its last state).
+    const { handle, description } = await this.owned.describe<typeof sandboxWorkflow>(
       this.temporal,
       sandboxWorkflowId(sandboxId),
       `sandbox ${sandboxId}`,
     );
+    if (workflowClosed(description.status.name)) throw gone(sandboxId);
     let view: SandboxView;
     try {
       view = await handle.query(sandboxQuery);
