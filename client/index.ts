@@ -92,6 +92,7 @@ import { grpcErrorOf, isClosedWorkflow, refusedByClosedRun, toStasisError } from
 import { actionEndedOutside, closeReason, endedOutside, isSettled, workflowClosed } from './closed-run';
 import { sendUpdate } from './updates';
 import { collectMetrics, type WorkerMetricsSource } from './metrics';
+import { OwnedWorkflows } from './owned-workflows';
 
 export { StasisError } from '../common/errors';
 
@@ -341,22 +342,38 @@ export class StasisClient {
   }
 }
 
-/** Runs: durable agent Runs, each a `runWorkflow` whose workflow id is the Run id. */
+/**
+ * Runs: durable agent Runs, each a `runWorkflow` whose workflow id is the Run id. Only the Runs of this
+ * client's task queue: a Run of another deployment sharing the namespace is NOT_FOUND, as an unknown one
+ * (client/owned-workflows.ts).
+ */
 export class RunsApi {
+  /** The Runs of this queue checked so far, for Updates and cancels. */
+  private readonly owned: OwnedWorkflows;
+
   constructor(
     private readonly client: Client,
     private readonly taskQueue: string,
     private readonly hostPaths: HostPathPolicy,
-  ) {}
+  ) {
+    this.owned = new OwnedWorkflows(taskQueue, 'runWorkflow');
+  }
 
   /** The Temporal client, while the connection is open. */
   private get temporal(): Client {
     return open(this.client);
   }
 
-  private handle(runId: string): WorkflowHandle<typeof runWorkflow> {
+  /** The Run described now, checked to be of this queue (NOT_FOUND otherwise): for reads. */
+  private described(runId: string) {
     checkRunId(runId);
-    return this.temporal.workflow.getHandle<typeof runWorkflow>(runId);
+    return this.owned.describe<typeof runWorkflow>(this.temporal, runId, `run ${runId}`);
+  }
+
+  /** A handle for Updates and cancel, bound to the chain checked to be of this queue (NOT_FOUND otherwise). */
+  private handle(runId: string): Promise<WorkflowHandle<typeof runWorkflow>> {
+    checkRunId(runId);
+    return this.owned.forUpdate<typeof runWorkflow>(this.temporal, runId, `run ${runId}`);
   }
 
   /**
@@ -370,7 +387,7 @@ export class RunsApi {
     await checkHostPaths(activeWorkspacesOfRun(valid), this.hostPaths, `${options.inputName ?? 'spec'}.`);
     const runId = valid.runId ?? `run-${randomUUID()}`;
     try {
-      await this.temporal.workflow.start<typeof runWorkflow>('runWorkflow', {
+      const started = await this.temporal.workflow.start<typeof runWorkflow>('runWorkflow', {
         taskQueue: this.taskQueue,
         workflowId: runId,
         workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
@@ -390,11 +407,14 @@ export class RunsApi {
               .join('\n')
           : undefined,
       });
+      this.owned.remember(runId, started.firstExecutionRunId);
     } catch (err) {
+      // The same words whoever holds the id (this deployment or another in the namespace): a workflow id
+      // is unique in a namespace, and this says only that it is taken. The other's workflow is untouched.
       if (err instanceof WorkflowExecutionAlreadyStartedError)
         throw new StasisError(
           'ALREADY_EXISTS',
-          `run ${runId} already exists (a Run id is used once, also after its Run ended)`,
+          `run ${runId} already exists (a Run id is used once in the Temporal namespace, also after its Run ended)`,
         );
       throw toStasisError(err, `run ${runId}`);
     }
@@ -406,31 +426,23 @@ export class RunsApi {
    * A Run whose workflow Temporal closed without the Run's end (terminated, timed out) is FAILED with RUN_FAILED.
    */
   async get(runId: string): Promise<RunSnapshot> {
-    const handle = this.handle(runId);
+    // Described first (the queue check): a workflow closed then answers its last state, for good.
+    const { handle, description } = await this.described(runId);
     try {
       const snapshot = await handle.query(snapshotQuery);
-      if (isTerminal(snapshot.status)) return snapshot;
-      const closed = await this.closedStatus(handle);
-      if (!closed) return snapshot;
-      // Closed since the query, perhaps by its own end: a closed workflow answers its last state.
-      const last = await handle.query(snapshotQuery);
-      return isTerminal(last.status) ? last : endedOutside(last, await closeReason(this.temporal, runId, closed));
+      const closed = description.status.name;
+      if (isTerminal(snapshot.status) || !workflowClosed(closed)) return snapshot;
+      return endedOutside(snapshot, await closeReason(this.temporal, runId, closed));
     } catch (err) {
       throw toStasisError(err, `run ${runId}`);
     }
   }
 
-  /** The status of the Run's workflow when it has closed (TERMINATED, TIMED_OUT, …), else undefined. */
-  private async closedStatus(handle: WorkflowHandle<typeof runWorkflow>): Promise<string | undefined> {
-    const { name } = (await handle.describe()).status;
-    return workflowClosed(name) ? name : undefined;
-  }
-
   /** The operator view, with a retrying release's (or restore's, fused or not) live attempt count and last error from Temporal. */
   async resource(runId: string): Promise<ResourceView> {
-    const handle = this.handle(runId);
+    const { handle, description } = await this.described(runId);
     try {
-      const [view, description] = await Promise.all([handle.query(resourceQuery), handle.describe()]);
+      const view = await handle.query(resourceQuery);
       const pending = (type: string) => description.raw.pendingActivities?.find((a) => a.activityType?.name === type);
       const state = view.record.state;
       const retrying =
@@ -600,9 +612,10 @@ export class RunsApi {
     const valid = checkedInput(InteractionResponse, response, 'response');
     let answered: InteractionRequest;
     try {
+      const handle = await this.handle(runId);
       answered = await sendUpdate(
         (id) =>
-          this.handle(runId).executeUpdate(respondUpdate, {
+          handle.executeUpdate(respondUpdate, {
             args: [{ interactionId, response: valid, ...(respondedBy !== undefined ? { respondedBy } : {}) }],
             updateId: id,
           }),
@@ -650,7 +663,10 @@ export class RunsApi {
     );
     if (refused && refused !== 'duplicate') throw new StasisError(refused.code, refused.message);
     try {
-      await this.handle(runId).signal(respondSignal, {
+      // A signal names only the workflow id: the get above checked it is this queue's Run.
+      await (
+        await this.handle(runId)
+      ).signal(respondSignal, {
         interactionId,
         response: valid,
         ...(respondedBy !== undefined ? { respondedBy } : {}),
@@ -663,7 +679,8 @@ export class RunsApi {
   /** Releases the Run's sandbox now (a manual suspension); resolves once the release is admitted. */
   async suspend(runId: string): Promise<RunSnapshot> {
     try {
-      return await sendUpdate((updateId) => this.handle(runId).executeUpdate(suspendRunUpdate, { updateId }));
+      const handle = await this.handle(runId);
+      return await sendUpdate((updateId) => handle.executeUpdate(suspendRunUpdate, { updateId }));
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -676,7 +693,8 @@ export class RunsApi {
    */
   async resume(runId: string): Promise<RunSnapshot> {
     try {
-      return await sendUpdate((updateId) => this.handle(runId).executeUpdate(resumeRunUpdate, { updateId }));
+      const handle = await this.handle(runId);
+      return await sendUpdate((updateId) => handle.executeUpdate(resumeRunUpdate, { updateId }));
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -692,7 +710,7 @@ export class RunsApi {
     if (isTerminal(current.status))
       throw new StasisError('INVALID_STATE_TRANSITION', `run ${runId} is ${current.status}`);
     try {
-      await this.handle(runId).cancel();
+      await (await this.handle(runId)).cancel();
     } catch (err) {
       throw await this.closedRunError(runId, err);
     }
@@ -720,7 +738,8 @@ export class RunsApi {
     }
     let view: ActionView;
     try {
-      view = await sendUpdate((updateId) => this.handle(runId).executeUpdate(actUpdate, { args: [valid], updateId }));
+      const handle = await this.handle(runId);
+      view = await sendUpdate((updateId) => handle.executeUpdate(actUpdate, { args: [valid], updateId }));
     } catch (err) {
       // A retried action of a Run that has since ended: its outcome, if the Run kept it.
       const known = isClosedWorkflow(err) ? await this.action(runId, valid.actionId).catch(() => undefined) : undefined;
@@ -740,17 +759,16 @@ export class RunsApi {
   async action(runId: string, actionId: string): Promise<ActionView> {
     checkRunId(runId);
     checkId(actionId, 'actionId');
-    const handle = this.handle(runId);
+    // Described first (the queue check): a workflow closed then answers its last state, for good.
+    const { handle, description } = await this.described(runId);
     let view: ActionView | null;
     try {
       view = await handle.query(actionQuery, actionId);
-      // Under way: unless the workflow closed without the Run's end (then it never settles).
-      const closed = view && !isSettled(view) ? await this.closedStatus(handle) : undefined;
-      if (closed) {
-        // A Run that ended on its own settles its actions (failed with its reason): still under way, it did not.
-        view = await handle.query(actionQuery, actionId);
-        if (view && !isSettled(view)) view = actionEndedOutside(view, await closeReason(this.temporal, runId, closed));
-      }
+      // Under way in a workflow closed without the Run's end: it never settles (a Run that ended on
+      // its own settles its actions, failed with its reason).
+      const closed = description.status.name;
+      if (view && !isSettled(view) && workflowClosed(closed))
+        view = actionEndedOutside(view, await closeReason(this.temporal, runId, closed));
     } catch (err) {
       throw toStasisError(err, `run ${runId}`);
     }
@@ -772,28 +790,48 @@ export class RunsApi {
 
   /** An update to a closed Run: say why in the contract's terms. */
   private async closedRunError(runId: string, err: unknown): Promise<StasisError> {
-    if (!isClosedWorkflow(err)) return toStasisError(err, `run ${runId}`);
+    if (!isClosedWorkflow(err)) {
+      const failure = toStasisError(err, `run ${runId}`);
+      // Temporal no longer has the chain checked (deleted): the next call checks the id again.
+      if (failure.code === 'NOT_FOUND') this.owned.forget(runId);
+      return failure;
+    }
     return refusedByClosedRun(runId, err, await this.get(runId).catch(() => undefined));
   }
 }
 
-/** Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a Run's. */
+/**
+ * Standalone sandboxes: each a `sandboxWorkflow` (id `sandbox-<sandboxId>`) with the same lifecycle rules as a
+ * Run's. Only the sandboxes of this client's task queue: one of another deployment sharing the namespace is
+ * NOT_FOUND, as an unknown one (client/owned-workflows.ts). A sandbox whose workflow has ended (destroyed, its
+ * provisioning failed, terminated in Temporal) is gone: NOT_FOUND to every call, and listed only as `destroyed`.
+ */
 export class SandboxesApi {
+  /** The sandboxes of this queue checked so far, for Updates. */
+  private readonly owned: OwnedWorkflows;
+
   constructor(
     private readonly client: Client,
     private readonly taskQueue: string,
     private readonly suspendedRetentionSeconds: number,
     private readonly hostPaths: HostPathPolicy,
-  ) {}
+  ) {
+    this.owned = new OwnedWorkflows(taskQueue, 'sandboxWorkflow');
+  }
 
   /** The Temporal client, while the connection is open. */
   private get temporal(): Client {
     return open(this.client);
   }
 
-  private handle(sandboxId: string): WorkflowHandle<typeof sandboxWorkflow> {
+  /** A handle for Updates, bound to the chain checked to be of this queue (NOT_FOUND otherwise). */
+  private handle(sandboxId: string): Promise<WorkflowHandle<typeof sandboxWorkflow>> {
     checkId(sandboxId, 'sandboxId');
-    return this.temporal.workflow.getHandle<typeof sandboxWorkflow>(sandboxWorkflowId(sandboxId));
+    return this.owned.forUpdate<typeof sandboxWorkflow>(
+      this.temporal,
+      sandboxWorkflowId(sandboxId),
+      `sandbox ${sandboxId}`,
+    );
   }
 
   /**
@@ -805,7 +843,7 @@ export class SandboxesApi {
     await checkHostPaths(activeWorkspacesOfSandbox(create), this.hostPaths, `${options.inputName ?? 'sandbox'}.`);
     const sandboxId = `sbx-${randomUUID().slice(0, 12)}`;
     try {
-      await this.temporal.workflow.start<typeof sandboxWorkflow>('sandboxWorkflow', {
+      const started = await this.temporal.workflow.start<typeof sandboxWorkflow>('sandboxWorkflow', {
         taskQueue: this.taskQueue,
         workflowId: sandboxWorkflowId(sandboxId),
         args: [{ sandboxId, create, suspendedRetentionSeconds: this.suspendedRetentionSeconds }],
@@ -818,7 +856,8 @@ export class SandboxesApi {
         ],
         staticSummary: `Stasis sandbox ${sandboxId} (${create.provider})`,
       });
-      return await sendUpdate((updateId) => this.handle(sandboxId).executeUpdate(sandboxReadyUpdate, { updateId }));
+      this.owned.remember(started.workflowId, started.firstExecutionRunId);
+      return await sendUpdate((updateId) => started.executeUpdate(sandboxReadyUpdate, { updateId }));
     } catch (err) {
       throw toStasisError(err, `sandbox ${sandboxId}`);
     }
@@ -833,15 +872,23 @@ export class SandboxesApi {
     return listSandboxes(this.temporal, this.taskQueue, parsed);
   }
 
-  /** The sandbox's state and details. NOT_FOUND if unknown or destroyed. */
+  /** The sandbox's state and details. NOT_FOUND if unknown, destroyed or its workflow ended (as destroy says). */
   async get(sandboxId: string): Promise<SandboxView> {
+    checkId(sandboxId, 'sandboxId');
+    // Described first: the queue check, and a closed workflow (which would still answer its last state).
+    const { handle, description } = await this.owned.describe<typeof sandboxWorkflow>(
+      this.temporal,
+      sandboxWorkflowId(sandboxId),
+      `sandbox ${sandboxId}`,
+    );
+    if (workflowClosed(description.status.name)) throw gone(sandboxId);
     let view: SandboxView;
     try {
-      view = await this.handle(sandboxId).query(sandboxQuery);
+      view = await handle.query(sandboxQuery);
     } catch (err) {
       throw toStasisError(err, `sandbox ${sandboxId}`);
     }
-    if (view.state === 'destroyed') throw new StasisError('NOT_FOUND', `sandbox ${sandboxId} not found (destroyed)`);
+    if (view.state === 'destroyed') throw gone(sandboxId);
     return view;
   }
 
@@ -863,8 +910,8 @@ export class SandboxesApi {
   async exec(sandboxId: string, input: unknown): Promise<ExecResult> {
     checkId(sandboxId, 'sandboxId');
     const valid = checkedInput(ExecInput, input, 'exec');
-    return this.update(sandboxId, (updateId) =>
-      this.handle(sandboxId).executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
+    return this.update(sandboxId, (handle, updateId) =>
+      handle.executeUpdate(execSandboxUpdate, { args: [valid], updateId }),
     );
   }
 
@@ -872,8 +919,8 @@ export class SandboxesApi {
   async readFile(sandboxId: string, path: string): Promise<Buffer> {
     checkId(sandboxId, 'sandboxId');
     if (!path) throw new StasisError('INVALID_ARGUMENT', 'path: required');
-    const out = await this.update(sandboxId, (updateId) =>
-      this.handle(sandboxId).executeUpdate(readFileUpdate, { args: [{ path }], updateId }),
+    const out = await this.update(sandboxId, (handle, updateId) =>
+      handle.executeUpdate(readFileUpdate, { args: [{ path }], updateId }),
     );
     return Buffer.from(out.contentBase64, 'base64');
   }
@@ -892,8 +939,8 @@ export class SandboxesApi {
     if (bytes.length > FILE_LIMIT_BYTES) {
       throw new StasisError('PAYLOAD_TOO_LARGE', `file content must be at most ${FILE_LIMIT_BYTES} bytes`);
     }
-    await this.update(sandboxId, (updateId) =>
-      this.handle(sandboxId).executeUpdate(writeFileUpdate, {
+    await this.update(sandboxId, (handle, updateId) =>
+      handle.executeUpdate(writeFileUpdate, {
         args: [{ path, contentBase64: bytes.toString('base64') }],
         updateId,
       }),
@@ -901,15 +948,28 @@ export class SandboxesApi {
   }
 
   private change(sandboxId: string, def: typeof startSandboxUpdate): Promise<SandboxView> {
-    return this.update(sandboxId, (updateId) => this.handle(sandboxId).executeUpdate(def, { updateId }));
+    return this.update(sandboxId, (handle, updateId) => handle.executeUpdate(def, { updateId }));
   }
 
-  private async update<T>(sandboxId: string, call: (updateId: string) => Promise<T>): Promise<T> {
+  /** `call` sent as an Update (sendUpdate's retries) to the sandbox, once checked to be of this queue. */
+  private async update<T>(
+    sandboxId: string,
+    call: (handle: WorkflowHandle<typeof sandboxWorkflow>, updateId: string) => Promise<T>,
+  ): Promise<T> {
+    const handle = await this.handle(sandboxId);
     try {
-      return await sendUpdate(call);
+      return await sendUpdate((updateId) => call(handle, updateId));
     } catch (err) {
-      if (isClosedWorkflow(err)) throw new StasisError('NOT_FOUND', `sandbox ${sandboxId} not found (destroyed)`);
-      throw toStasisError(err, `sandbox ${sandboxId}`);
+      if (isClosedWorkflow(err)) throw gone(sandboxId);
+      const failure = toStasisError(err, `sandbox ${sandboxId}`);
+      // Temporal no longer has the chain checked (deleted): the next call checks the id again.
+      if (failure.code === 'NOT_FOUND') this.owned.forget(sandboxWorkflowId(sandboxId));
+      throw failure;
     }
   }
+}
+
+/** A sandbox whose workflow has ended, or that is destroyed: no call reaches it any more. */
+function gone(sandboxId: string): StasisError {
+  return new StasisError('NOT_FOUND', `sandbox ${sandboxId} not found (destroyed)`);
 }

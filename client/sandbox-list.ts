@@ -28,15 +28,21 @@ type ParsedFilter = Omit<SandboxListFilter, 'label'> & { label?: (readonly [stri
 /**
  * The visibility query of a filter on the sandboxes of `taskQueue` (as a Run list is: another deployment
  * in the namespace, on its own queue, has its own); label keys and values, and queue names
- * (QUEUE_NAME), are restricted to characters that need no quoting.
+ * (QUEUE_NAME), are restricted to characters that need no quoting. Every state but `destroyed` lists
+ * only sandboxes whose workflow runs: one whose workflow ended otherwise (its provisioning failed, it
+ * was terminated in Temporal) is gone, as get and destroy say (NOT_FOUND), and shows in no list.
  */
 export function sandboxListQuery(taskQueue: string, filter: Pick<ParsedFilter, 'state' | 'label'>): string {
   return [
     `StasisKind = 'sandbox'`,
     `TaskQueue = '${taskQueue}'`,
-    // A continued-as-new run is the same sandbox, already listed by its newest run.
-    `ExecutionStatus != 'ContinuedAsNew'`,
-    filter.state ? `StasisStatus = '${filter.state}'` : `StasisStatus != 'destroyed'`,
+    ...(filter.state === 'destroyed'
+      ? // A continued-as-new run is the same sandbox, listed by its newest run.
+        [`ExecutionStatus != 'ContinuedAsNew'`, `StasisStatus = 'destroyed'`]
+      : [
+          `ExecutionStatus = 'Running'`,
+          filter.state ? `StasisStatus = '${filter.state}'` : `StasisStatus != 'destroyed'`,
+        ]),
     ...(filter.label ?? []).map(([key, value]) => `StasisLabels = '${key}:${value}'`),
   ].join(' AND ');
 }

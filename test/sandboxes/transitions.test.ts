@@ -103,11 +103,12 @@ test('an unknown sandbox is 404', async () => {
   await expect(client.sandboxes.start('sbx-nope')).rejects.toMatchObject({ code: 'NOT_FOUND', httpStatus: 404 });
 });
 
-test('a sandbox whose provider no worker has fails to create naming it, and is listed and shown failed, not created', async () => {
+test('a sandbox whose provider no worker has fails to create naming it, and leaves nothing listed, shown or to destroy', async () => {
   const tag = `probe:${Date.now().toString(36)}`;
   const [key, value] = tag.split(':');
   // Was INTERNAL ("Workflow Update failed because the Workflow completed before the Update completed"),
-  // and the sandbox stayed `created` in every list.
+  // and the sandbox stayed `created` in every list; then it was listed and shown `failed` for good while
+  // destroy said it was not found (destroyed): a 400 that left a sandbox nobody could remove.
   const err = await client.sandboxes.create({ provider: 'no-such-provider', labels: { [key]: value } }).then(
     () => undefined,
     (e: unknown) => e,
@@ -117,23 +118,41 @@ test('a sandbox whose provider no worker has fails to create naming it, and is l
     httpStatus: 400,
     message: expect.stringContaining('provider: no sandbox provider named "no-such-provider" on this worker'),
   });
-  const listed = await eventually(
+  // Its workflow, found in Temporal (the refusal names no sandbox id), has ended and published `failed`.
+  const query = `TaskQueue = '${stack.config.STASIS_TASK_QUEUE}' AND StasisLabels = '${tag}' AND StasisStatus = 'failed'`;
+  const workflowId = await eventually(
     async () => {
-      const { sandboxes } = await client.sandboxes.list({ label: [tag], state: 'failed' });
-      return sandboxes.length === 1 ? sandboxes[0] : undefined;
+      for await (const wf of stack.temporal.workflow.list({ query }))
+        if (wf.status.name === 'FAILED') return wf.workflowId;
+      return undefined;
     },
     30_000,
-    'the sandbox listed failed',
+    'the refused sandbox published failed',
   );
-  expect((await client.sandboxes.list({ label: [tag], state: 'created' })).sandboxes).toEqual([]);
-  const shown = await client.sandboxes.get(listed.sandboxId);
-  expect(shown).toMatchObject({
-    state: 'failed',
-    error: {
-      code: 'INVALID_ARGUMENT',
-      message: expect.stringMatching(/^provisioning failed: .*no sandbox provider named/),
-    },
-  });
+  const sandboxId = workflowId.slice('sandbox-'.length);
+  for (const state of [undefined, 'failed', 'created', 'destroyed'] as const)
+    expect((await client.sandboxes.list({ label: [tag], ...(state ? { state } : {}) })).sandboxes).toEqual([]);
+  const gone = { code: 'NOT_FOUND', httpStatus: 404, message: `sandbox ${sandboxId} not found (destroyed)` };
+  await expect(client.sandboxes.get(sandboxId)).rejects.toMatchObject(gone);
+  await expect(client.sandboxes.destroy(sandboxId)).rejects.toMatchObject(gone);
+});
+
+test('a sandbox whose workflow was terminated in Temporal is gone alike: no list shows it, get and destroy are NOT_FOUND', async () => {
+  const tag = `term:${Date.now().toString(36)}`;
+  const [key, value] = tag.split(':');
+  const { sandboxId } = await client.sandboxes.create({ provider: 'local', labels: { [key]: value } });
+  await client.sandboxes.start(sandboxId);
+  await stack.temporal.workflow.getHandle(`sandbox-${sandboxId}`).terminate('by hand');
+  // Visibility shows the termination a moment later.
+  for (const state of [undefined, 'running', 'destroyed'] as const)
+    await eventually(
+      async () => (await client.sandboxes.list({ label: [tag], ...(state ? { state } : {}) })).sandboxes.length === 0,
+      30_000,
+      `no ${state ?? 'default'} list shows it`,
+    );
+  const gone = { code: 'NOT_FOUND', httpStatus: 404, message: `sandbox ${sandboxId} not found (destroyed)` };
+  await expect(client.sandboxes.get(sandboxId)).rejects.toMatchObject(gone);
+  await expect(client.sandboxes.destroy(sandboxId)).rejects.toMatchObject(gone);
 });
 
 test('calls waiting on a provisioning that fails for good are refused with its failure, and the workflow ends', async () => {

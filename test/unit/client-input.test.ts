@@ -231,6 +231,8 @@ test("writeFile takes a Buffer or Uint8Array's bytes, and refuses any other cont
   const recording = {
     workflow: {
       getHandle: () => ({
+        // The queue check (a sandbox of this client's default queue).
+        describe: async () => ({ taskQueue: 'stasis', type: 'sandboxWorkflow', status: { name: 'RUNNING' }, raw: {} }),
         executeUpdate: async (_def: unknown, options: { args: unknown[] }) => void sent.push(options.args[0]),
       }),
     },
