@@ -1,9 +1,8 @@
 import * as path from 'node:path';
-import type { SandboxProvider } from '../../providers/api';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { rawTree } from '../helpers/raw-tree';
 import { context, s3StoreFromEnv } from './helpers';
-import { makeHost, sh } from './harness';
+import { makeHost, sh, snapshotAndTerminate } from './harness';
 
 // A sandbox that makes names that are not UTF-8 with its own shell (a Latin-1 checkout, `touch $'\xff'`)
 // is released (compute terminated, its checkpoint in the store) and restored on another host that never
@@ -19,20 +18,6 @@ const MAKE_NAMES = [
   `ln -s "$(printf '../\\376/\\355\\262\\200')" "$(printf 'l\\375')"`,
   `printf 'real U+FFFD\\n' > "$(printf 'caf\\357\\277\\275.txt')"`,
 ].join(' && ');
-
-/** Releases sandbox `id` with a snapshot under `fence`, as a Run's suspend does. */
-function snapshotAndTerminate(provider: SandboxProvider, id: string, fence: number) {
-  return provider.release(
-    {
-      sandboxId: id,
-      idempotencyKey: `run/${id}/${fence}/release`,
-      mode: 'SNAPSHOT_AND_TERMINATE',
-      fence,
-      reason: 'interaction',
-    },
-    context(),
-  );
-}
 
 it('names a sandbox made that are not UTF-8 are restored on another host from the store, byte for byte', async () => {
   const store = s3StoreFromEnv();

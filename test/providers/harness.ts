@@ -91,3 +91,17 @@ export async function startCounter(provider: SandboxProvider, sandboxId: string,
 export async function readCounter(workspace: string, file = 'counter'): Promise<number> {
   return Number((await fs.readFile(path.join(workspace, file), 'utf8').catch(() => '0')).trim() || '0');
 }
+
+/** Releases sandbox `id` with a snapshot under `fence`, as a Run's suspend does. */
+export function snapshotAndTerminate(provider: SandboxProvider, id: string, fence: number) {
+  return provider.release(
+    {
+      sandboxId: id,
+      idempotencyKey: `run/${id}/${fence}/release`,
+      mode: 'SNAPSHOT_AND_TERMINATE',
+      fence,
+      reason: 'interaction',
+    },
+    context(),
+  );
+}

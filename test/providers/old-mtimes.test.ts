@@ -1,10 +1,9 @@
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
 import fc from 'fast-check';
-import type { SandboxProvider } from '../../providers/api';
 import { sandboxPaths } from '../../providers/sandbox-state';
 import { context, s3StoreFromEnv } from './helpers';
-import { makeHost, sh } from './harness';
+import { makeHost, sh, snapshotAndTerminate } from './harness';
 
 // A sandbox's files may be dated before 1970 (`touch -d 1969-12-31`, an archive extracted with its old
 // dates): their mtimes are negative. The release wrote them into the manifest, restore refused the
@@ -29,20 +28,6 @@ function epoch({ seconds, nanos }: { seconds: number; nanos: number }): string {
   const sign = ns < 0n ? '-' : '';
   const abs = ns < 0n ? -ns : ns;
   return `@${sign}${abs / 1_000_000_000n}.${(abs % 1_000_000_000n).toString().padStart(9, '0')}`;
-}
-
-/** Releases sandbox `id` with a snapshot under `fence`, as a Run's suspend does. */
-function snapshotAndTerminate(provider: SandboxProvider, id: string, fence: number) {
-  return provider.release(
-    {
-      sandboxId: id,
-      idempotencyKey: `run/${id}/${fence}/release`,
-      mode: 'SNAPSHOT_AND_TERMINATE',
-      fence,
-      reason: 'interaction',
-    },
-    context(),
-  );
 }
 
 it('files, directories and symlinks dated before 1970 are restored on another host from the store, to the microsecond', async () => {

@@ -121,15 +121,20 @@ describe.each([
   });
 });
 
-test('a Run cancelled while its sandbox is provisioned ends CANCELLED with the sandbox destroyed, no process left', async () => {
+/** Starts a Run whose provisioning stalls once the sandbox's processes run, as a provision that starts them and then waits would. */
+async function startStalledInProvisioning(): Promise<string> {
   stalling = false;
-  // Stalls once the sandbox's processes run, as a provision that starts them and then waits would.
   stall = { call: 'start', when: 'after' };
   const { runId } = await stack.client.runs.start({
     agent: { driver: 'scripted', steps: [{ exec: 'echo hi' }, { complete: 'done' }] },
     sandbox: { provider: 'slow' },
   });
   await untilStalling();
+  return runId;
+}
+
+test('a Run cancelled while its sandbox is provisioned ends CANCELLED with the sandbox destroyed, no process left', async () => {
+  const runId = await startStalledInProvisioning();
   const { record } = saw(await stack.client.runs.resource(runId));
   expect(record.state).toBe('PROVISIONING');
   expect(await provider().processCount(record.sandboxId)).toBeGreaterThan(0);
@@ -144,13 +149,7 @@ test('a Run cancelled while its sandbox is provisioned ends CANCELLED with the s
 });
 
 test('a suspend waiting on a provisioning Run that is cancelled meanwhile is 409 INVALID_STATE_TRANSITION, not INTERNAL', async () => {
-  stalling = false;
-  stall = { call: 'start', when: 'after' };
-  const { runId } = await stack.client.runs.start({
-    agent: { driver: 'scripted', steps: [{ exec: 'echo hi' }, { complete: 'done' }] },
-    sandbox: { provider: 'slow' },
-  });
-  await untilStalling();
+  const runId = await startStalledInProvisioning();
   // The suspend's handler waits for the provisioning to settle; the cancel ends the Run under it.
   const suspend = stack.client.runs.suspend(runId).catch((err: unknown) => err);
   await new Promise((r) => setTimeout(r, 500));
