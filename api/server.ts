@@ -12,8 +12,7 @@ import type { StasisClient } from '../client';
 import { ConfigError } from '../common/config';
 import { StasisError } from '../common/errors';
 import type { ApiToken } from '../common/roles';
-import { parseJsonText } from '../common/wire-json';
-import { decodeUtf8, notUtf8 } from '../common/utf8';
+import { parseJsonBytes } from '../common/utf8';
 import { FILE_LIMIT_BYTES, JSON_INPUT_LIMIT_BYTES } from '../common/payload-limits';
 import { registerWebPage } from '../web/assets';
 import { bearerAuth, type Caller } from './auth';
@@ -153,8 +152,7 @@ export function buildApi(options: ApiOptions): FastifyInstance {
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_request, bytes, done) => {
     // Bodyless POSTs (suspend, cancel, ...) may still say `Content-Type: application/json`.
     if ((bytes as Buffer).length === 0) return done(null, undefined);
-    const body = decodeUtf8(bytes as Buffer);
-    const parsed = body === undefined ? { problem: notUtf8('body') } : parseJsonText(body, 'body');
+    const parsed = parseJsonBytes(bytes as Buffer, 'body');
     if (parsed.problem !== undefined) return done(new StasisError('INVALID_ARGUMENT', parsed.problem), undefined);
     done(null, parsed.value);
   });

@@ -156,7 +156,7 @@ export function createLocalProvider(deps: ProviderDeps, options: LocalProviderOp
     return states.flatMap((state) =>
       state?.workspace.kind === 'active' ? [{ sandboxId: state.sandboxId, hostPath: state.workspace.hostPath }] : [],
     );
-  });
+  }, `workspace-claims:${deps.dataDir}`);
 
   /** Queues the settling of `sandboxId` behind the current holder of its lock (the release that leaves it). */
   function settleSoon(sandboxId: string): void {

@@ -1,6 +1,7 @@
 import * as path from 'node:path';
 import { StasisError } from '../common/errors';
 import { isWithin, resolveOnHost } from '../common/host-paths';
+import { withLifecycleLock } from './lock';
 
 // A sandbox owns every name inside its active workspace: it may rename a directory there and put a
 // symlink in its place. If another sandbox's active workspace were that directory, the link would
@@ -19,10 +20,15 @@ export interface RecordedWorkspace {
 export class WorkspaceClaims {
   /** Host paths (as resolved) of provisions and restores under way, whose state may not be written yet. */
   private readonly inFlight = new Map<string, string>();
-  private queue: Promise<unknown> = Promise.resolve();
 
-  /** `recorded`: the active workspaces in the host's sandbox states now. */
-  constructor(private readonly recorded: () => Promise<RecordedWorkspace[]>) {}
+  /**
+   * `recorded`: the active workspaces in the host's sandbox states now; `lockKey`: this host's key of the
+   * lifecycle lock (no sandbox id holds `:`), so two claims on one host never interleave.
+   */
+  constructor(
+    private readonly recorded: () => Promise<RecordedWorkspace[]>,
+    private readonly lockKey: string,
+  ) {}
 
   /**
    * Claims `hostPath` for `sandboxId` until `settled`: INVALID_ARGUMENT naming `field` if it lies inside or
@@ -30,9 +36,7 @@ export class WorkspaceClaims {
    */
   claim(sandboxId: string, hostPath: string, field: string): Promise<void> {
     // One claim at a time: two provisions of nested paths at once must not both pass.
-    const turn = this.queue.then(() => this.check(sandboxId, hostPath, field));
-    this.queue = turn.catch(() => undefined);
-    return turn;
+    return withLifecycleLock(this.lockKey, () => this.check(sandboxId, hostPath, field));
   }
 
   /** The sandbox's provision or restore is over: its state on disk (or none) is the record from now on. */

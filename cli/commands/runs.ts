@@ -2,8 +2,7 @@ import { readFile } from 'node:fs/promises';
 import * as os from 'node:os';
 import type { Command } from 'commander';
 import { StasisError } from '../../common/errors';
-import { decodeUtf8, notUtf8 } from '../../common/utf8';
-import { parseJsonText } from '../../common/wire-json';
+import { parseJsonBytes } from '../../common/utf8';
 import { MAX_RUN_LIST_LIMIT, RunStatus, type InteractionResponse } from '../../common/schemas';
 import type { CliContext } from '../context';
 import { interactionLine, runText, terminalSafe } from '../format';
@@ -24,8 +23,7 @@ export async function readSpec(file: string): Promise<unknown> {
   } catch (err) {
     throw new StasisError('INVALID_ARGUMENT', `spec: cannot read ${file}: ${(err as Error).message}`);
   }
-  const text = decodeUtf8(bytes);
-  const parsed = text === undefined ? { problem: notUtf8('spec') } : parseJsonText(text, 'spec');
+  const parsed = parseJsonBytes(bytes, 'spec');
   if (parsed.problem !== undefined) throw new StasisError('INVALID_ARGUMENT', `${parsed.problem} (in ${file})`);
   return parsed.value;
 }
